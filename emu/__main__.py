@@ -1,0 +1,3 @@
+from emu.cli import main
+
+raise SystemExit(main())

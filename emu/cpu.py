@@ -1,0 +1,294 @@
+"""The one module that imports Unicorn: registers, memory, hooks and runs.
+
+Register I/O goes through ``uc_reg_read``/``uc_reg_write`` (and their batch forms)
+called directly with ctypes: the binding's ``reg_read`` costs ~1.9 us a call, the
+raw call ~0.5 us (notes/peers-and-unicorn.md 4.2). Hooks are registered through
+``uc_hook_add`` directly for the same reason; an exception raised inside a hook
+stops the run and is re-raised by :meth:`Cpu.run`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import unicorn
+import unicorn.x86_const as x86
+from unicorn.unicorn_py3.unicorn import uclib
+
+from emu.abi import Prot
+
+
+class Reg(enum.IntEnum):
+    """x86-64 registers the harness touches, valued as Unicorn's ids."""
+
+    RAX = x86.UC_X86_REG_RAX
+    RBX = x86.UC_X86_REG_RBX
+    RCX = x86.UC_X86_REG_RCX
+    RDX = x86.UC_X86_REG_RDX
+    RSI = x86.UC_X86_REG_RSI
+    RDI = x86.UC_X86_REG_RDI
+    RBP = x86.UC_X86_REG_RBP
+    RSP = x86.UC_X86_REG_RSP
+    R8 = x86.UC_X86_REG_R8
+    R9 = x86.UC_X86_REG_R9
+    R10 = x86.UC_X86_REG_R10
+    R11 = x86.UC_X86_REG_R11
+    R12 = x86.UC_X86_REG_R12
+    R13 = x86.UC_X86_REG_R13
+    R14 = x86.UC_X86_REG_R14
+    R15 = x86.UC_X86_REG_R15
+    RIP = x86.UC_X86_REG_RIP
+    RFLAGS = x86.UC_X86_REG_EFLAGS
+    FS_BASE = x86.UC_X86_REG_FS_BASE
+    GS_BASE = x86.UC_X86_REG_GS_BASE
+    MXCSR = x86.UC_X86_REG_MXCSR
+
+
+GPRS: tuple[Reg, ...] = (
+    Reg.RAX, Reg.RBX, Reg.RCX, Reg.RDX, Reg.RSI, Reg.RDI, Reg.RBP, Reg.RSP,
+    Reg.R8, Reg.R9, Reg.R10, Reg.R11, Reg.R12, Reg.R13, Reg.R14, Reg.R15,
+)
+
+# Order of the syscall snapshot: number, six arguments, then where and with which flags.
+SYSCALL_REGS: tuple[Reg, ...] = (
+    Reg.RAX, Reg.RDI, Reg.RSI, Reg.RDX, Reg.R10, Reg.R8, Reg.R9, Reg.RIP, Reg.RFLAGS,
+)
+
+
+class Access(enum.Enum):
+    READ = "read"
+    WRITE = "write"
+    FETCH = "fetch"
+
+
+@dataclass(frozen=True, slots=True)
+class BadAccess:
+    """What a faulting guest access touched (recorded by the invalid-memory hook)."""
+
+    access: Access
+    address: int
+    size: int
+    unmapped: bool
+
+
+class StopReason(enum.Enum):
+    FINISHED = "finished"  # reached `until`, or stopped by emu_stop
+    INVALID_INSN = "invalid instruction"
+    BAD_ACCESS = "bad memory access"
+    OTHER = "other"
+
+
+_UC_ACCESS = {
+    unicorn.UC_MEM_READ_UNMAPPED: (Access.READ, True),
+    unicorn.UC_MEM_WRITE_UNMAPPED: (Access.WRITE, True),
+    unicorn.UC_MEM_FETCH_UNMAPPED: (Access.FETCH, True),
+    unicorn.UC_MEM_READ_PROT: (Access.READ, False),
+    unicorn.UC_MEM_WRITE_PROT: (Access.WRITE, False),
+    unicorn.UC_MEM_FETCH_PROT: (Access.FETCH, False),
+}
+
+_SYSCALL_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_INTR_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p)
+_CODE_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p)
+_MEM_CB = ctypes.CFUNCTYPE(
+    ctypes.c_bool, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+)
+
+_HOOK_MEM_INVALID = (
+    unicorn.UC_HOOK_MEM_READ_UNMAPPED | unicorn.UC_HOOK_MEM_WRITE_UNMAPPED | unicorn.UC_HOOK_MEM_FETCH_UNMAPPED
+    | unicorn.UC_HOOK_MEM_READ_PROT | unicorn.UC_HOOK_MEM_WRITE_PROT | unicorn.UC_HOOK_MEM_FETCH_PROT
+)
+
+
+class _RegBatch:
+    """Preallocated buffers for one fixed list of registers (one C call per read or write)."""
+
+    def __init__(self, regs: Sequence[Reg]) -> None:
+        n = len(regs)
+        self.count = n
+        self.ids = (ctypes.c_int * n)(*regs)
+        self.values = (ctypes.c_uint64 * n)()
+        base = ctypes.addressof(self.values)
+        self.ptrs = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)])
+
+
+@dataclass(frozen=True, slots=True)
+class HookHandle:
+    """Returned by every ``add_*_hook``; pass it to :meth:`Cpu.remove_hook`."""
+
+    value: int
+
+
+class Cpu:
+    """One x86-64 CPU with its memory, as Unicorn provides it."""
+
+    def __init__(self) -> None:
+        self._uc = unicorn.Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_64)
+        self._uch = self._uc._uch
+        self._callbacks: dict[int, object] = {}
+        self._hook_error: BaseException | None = None
+        self._one = ctypes.c_uint64()
+        self._one_ref = ctypes.byref(self._one)
+        self._syscall_batch = _RegBatch(SYSCALL_REGS)
+        self._ret_batch = _RegBatch((Reg.RAX, Reg.RCX, Reg.R11))
+        self._gpr_batch = _RegBatch(GPRS + (Reg.RIP, Reg.RFLAGS))
+        self.last_bad_access: BadAccess | None = None
+        self._add_hook(_HOOK_MEM_INVALID, _MEM_CB(self._on_invalid_mem), 1, 0)
+
+    # ---------------------------------------------------------------- registers
+    def read(self, reg: Reg) -> int:
+        uclib.uc_reg_read(self._uch, reg, self._one_ref)
+        return self._one.value
+
+    def write(self, reg: Reg, value: int) -> None:
+        self._one.value = value & 0xFFFFFFFFFFFFFFFF
+        uclib.uc_reg_write(self._uch, reg, self._one_ref)
+
+    def read_syscall(self) -> Sequence[int]:
+        """rax, rdi, rsi, rdx, r10, r8, r9, rip (at the ``syscall``), rflags in one call."""
+        b = self._syscall_batch
+        uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
+        return b.values
+
+    def write_syscall_return(self, rax: int, rcx: int, r11: int) -> None:
+        b = self._ret_batch
+        v = b.values
+        v[0] = rax & 0xFFFFFFFFFFFFFFFF
+        v[1] = rcx
+        v[2] = r11
+        uclib.uc_reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
+
+    def read_gprs(self) -> dict[Reg, int]:
+        """All 16 GPRs plus rip and rflags."""
+        b = self._gpr_batch
+        uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
+        return {reg: b.values[i] for i, reg in enumerate(GPRS + (Reg.RIP, Reg.RFLAGS))}
+
+    def write_regs(self, values: dict[Reg, int]) -> None:
+        for reg, value in values.items():
+            self.write(reg, value)
+
+    def read_xmm(self, index: int) -> int:
+        value = self._uc.reg_read(x86.UC_X86_REG_XMM0 + index)
+        assert isinstance(value, int)
+        return value
+
+    def write_xmm(self, index: int, value: int) -> None:
+        self._uc.reg_write(x86.UC_X86_REG_XMM0 + index, value)
+
+    # ------------------------------------------------------------------- memory
+    def mem_map(self, addr: int, size: int, prot: Prot) -> None:
+        self._uc.mem_map(addr, size, int(prot))
+
+    def mem_unmap(self, addr: int, size: int) -> None:
+        self._uc.mem_unmap(addr, size)
+
+    def mem_protect(self, addr: int, size: int, prot: Prot) -> None:
+        self._uc.mem_protect(addr, size, int(prot))
+
+    def mem_read(self, addr: int, size: int) -> bytes:
+        return bytes(self._uc.mem_read(addr, size))
+
+    def mem_write(self, addr: int, data: bytes) -> None:
+        self._uc.mem_write(addr, data)
+
+    def flush_code(self, begin: int, end: int) -> None:
+        """Drop translated code for [begin, end) so patched bytes and new hooks take effect."""
+        self._uc.ctl_remove_cache(begin, end)
+
+    # -------------------------------------------------------------------- hooks
+    def _guard(self, fn: Callable[..., object], default: object = None) -> Callable[..., object]:
+        def wrapper(*args: object) -> object:
+            try:
+                return fn(*args)
+            except BaseException as exc:  # re-raised by run()
+                if self._hook_error is None:
+                    self._hook_error = exc
+                uclib.uc_emu_stop(self._uch)
+                return default
+
+        return wrapper
+
+    def _add_hook(self, kind: int, cfunc: object, begin: int, end: int, *extra: int) -> HookHandle:
+        handle = ctypes.c_size_t()
+        status = uclib.uc_hook_add(
+            self._uch, ctypes.byref(handle), kind, ctypes.cast(cfunc, ctypes.c_void_p), None,
+            ctypes.c_uint64(begin), ctypes.c_uint64(end), *[ctypes.c_int(e) for e in extra],
+        )
+        if status != unicorn.UC_ERR_OK:
+            raise unicorn.UcError(status)
+        self._callbacks[handle.value] = cfunc
+        return HookHandle(handle.value)
+
+    def remove_hook(self, hook: HookHandle) -> None:
+        uclib.uc_hook_del(self._uch, ctypes.c_size_t(hook.value))
+        self._callbacks.pop(hook.value, None)
+
+    def add_syscall_hook(self, callback: Callable[[], None]) -> HookHandle:
+        guarded = self._guard(callback)
+        return self._add_hook(
+            unicorn.UC_HOOK_INSN, _SYSCALL_CB(lambda _uc, _ud: guarded()), 1, 0, x86.UC_X86_INS_SYSCALL
+        )
+
+    def add_interrupt_hook(self, callback: Callable[[int], None]) -> HookHandle:
+        guarded = self._guard(callback)
+        return self._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(lambda _uc, intno, _ud: guarded(intno)), 1, 0)
+
+    def add_code_hook(self, callback: Callable[[int, int], None], begin: int, end: int) -> HookHandle:
+        """Fires before each instruction in [begin, end] (inclusive; Unicorn's convention)."""
+        guarded = self._guard(callback)
+        return self._add_hook(
+            unicorn.UC_HOOK_CODE, _CODE_CB(lambda _uc, addr, size, _ud: guarded(addr, size)), begin, end
+        )
+
+    def add_block_hook(self, callback: Callable[[int, int], None]) -> HookHandle:
+        guarded = self._guard(callback)
+        return self._add_hook(
+            unicorn.UC_HOOK_BLOCK, _CODE_CB(lambda _uc, addr, size, _ud: guarded(addr, size)), 1, 0
+        )
+
+    def add_mem_write_hook(self, callback: Callable[[int, int, int], None], begin: int, end: int) -> HookHandle:
+        guarded = self._guard(callback)
+
+        def on_write(_uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
+            guarded(addr, size, value)
+            return True
+
+        return self._add_hook(unicorn.UC_HOOK_MEM_WRITE, _MEM_CB(on_write), begin, end)
+
+    def _on_invalid_mem(self, _uc: object, access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
+        kind, unmapped = _UC_ACCESS.get(access, (Access.READ, True))
+        self.last_bad_access = BadAccess(kind, addr, size, unmapped)
+        return False
+
+    # --------------------------------------------------------------------- runs
+    def run(self, begin: int, timeout_us: int = 0, count: int = 0) -> StopReason:
+        """Run from ``begin`` until stopped; re-raise any exception a hook raised."""
+        self.last_bad_access = None
+        try:
+            self._uc.emu_start(begin, 0xFFFFFFFFFFFFFFFF, timeout=timeout_us, count=count)
+            reason = StopReason.FINISHED
+        except unicorn.UcError as err:
+            reason = _reason(err.errno)
+        if self._hook_error is not None:
+            exc, self._hook_error = self._hook_error, None
+            raise exc
+        return reason
+
+    def stop(self) -> None:
+        uclib.uc_emu_stop(self._uch)
+
+
+def _reason(errno: int) -> StopReason:
+    if errno == unicorn.UC_ERR_INSN_INVALID:
+        return StopReason.INVALID_INSN
+    if errno in (
+        unicorn.UC_ERR_READ_UNMAPPED, unicorn.UC_ERR_WRITE_UNMAPPED, unicorn.UC_ERR_FETCH_UNMAPPED,
+        unicorn.UC_ERR_READ_PROT, unicorn.UC_ERR_WRITE_PROT, unicorn.UC_ERR_FETCH_PROT,
+        unicorn.UC_ERR_READ_UNALIGNED, unicorn.UC_ERR_WRITE_UNALIGNED, unicorn.UC_ERR_FETCH_UNALIGNED,
+    ):
+        return StopReason.BAD_ACCESS
+    return StopReason.OTHER

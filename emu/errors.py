@@ -1,0 +1,41 @@
+"""One root exception for every harness error, and the exit statuses the CLI uses.
+
+A *guest* error (an errno, a fatal signal) is not an exception: it is part of the
+run's result. These exceptions are the harness's own: bad input, misuse, limits.
+"""
+
+from __future__ import annotations
+
+EXIT_HARNESS_ERROR = 2
+"""Bad input or misuse: one line on stderr, no traceback."""
+EXIT_INSN_LIMIT = 124
+"""The guest ran past ``--max-insns``."""
+EXIT_TIMEOUT = 125
+"""The guest ran past ``--timeout``."""
+
+
+class EmuError(Exception):
+    """Root of every error the harness raises on purpose."""
+
+    exit_status = EXIT_HARNESS_ERROR
+
+
+class LoadError(EmuError):
+    """The binary (or its interpreter) cannot be loaded; the message names the file."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class UsageError(EmuError):
+    """The caller asked for something that cannot be done (bad option, bad spec)."""
+
+
+class MemoryFault(EmuError):
+    """The harness itself touched guest memory that is not mapped (a kernel bug, not a guest fault)."""
+
+
+class PatchMismatch(EmuError):
+    """``Memory.patch`` found other bytes than the caller expected (the kernel's verify step failed)."""

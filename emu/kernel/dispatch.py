@@ -1,0 +1,138 @@
+"""The syscall entry: snapshot the registers, dispatch by number, write the result back.
+
+The errno boundary lives here: handlers raise SyscallError(errno) and this writes
+-errno into rax. An unknown number is -ENOSYS and is recorded. On the way out the
+fake kernel sets rcx = return address and r11 = rflags, as the CPU's ``syscall``
+and the kernel's SYSRET do (spec 2.0); Unicorn does neither.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from emu.cpu import Cpu
+from emu.kernel.clock import VirtualClock
+from emu.kernel.errno_ import SyscallError
+from emu.kernel.fs import FdTable
+from emu.kernel.process import DEFAULT_RLIMITS
+from emu.kernel.signal import SignalState
+from emu.kernel.strace import format_call, format_result
+from emu.kernel.table import Row, build_table
+from emu.kernel.vfs import Vfs
+from emu.memory import Memory, UserFault
+
+SYSCALL_INSN_LEN = 2
+REALTIME_START_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
+
+
+@dataclass(frozen=True, slots=True)
+class KernelConfig:
+    """Everything that makes a run deterministic and sandboxed; all of it injectable."""
+
+    rootfs: str = "/"
+    cwd: str | None = None  # default: the host's cwd when rootfs is "/", else "/"
+    pid: int = 4242
+    ppid: int = 4241
+    uid: int = field(default_factory=os.getuid)
+    gid: int = field(default_factory=os.getgid)
+    seed: int = 0
+    realtime_start_ns: int = REALTIME_START_NS
+    hostname: str = "uprobe-emu"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who the guest process is: what /proc/self and the id syscalls report."""
+
+    pid: int
+    ppid: int
+    uid: int
+    gid: int
+    exe: str
+    argv: tuple[bytes, ...]
+    envp: tuple[bytes, ...]
+    auxv: tuple[tuple[int, int], ...]
+
+
+@dataclass
+class Brk:
+    start: int
+    current: int
+
+
+Tracer = Callable[[str], None]
+
+
+class Kernel:
+    """One process's view of the kernel: files, memory syscalls, identity, time, signals."""
+
+    def __init__(self, cpu: Cpu, mem: Memory, config: KernelConfig, extra_rows: tuple[Row, ...] = ()) -> None:
+        self.cpu = cpu
+        self.mem = mem
+        self.config = config
+        self.table = build_table(extra_rows)
+        self.files = FdTable()
+        cwd = config.cwd or (os.getcwd() if config.rootfs == "/" else "/")
+        self.vfs = Vfs(config.rootfs, cwd)
+        self.clock = VirtualClock(config.realtime_start_ns)
+        self.random = random.Random(config.seed)
+        self.signals = SignalState()
+        self.rlimits = dict(DEFAULT_RLIMITS)
+        self.brk = Brk(0, 0)
+        self.ident = Identity(config.pid, config.ppid, config.uid, config.gid, "", (), (), ())
+        self.umask = 0o022
+        self.next_inode = 1000
+        self.clear_child_tid = 0
+        self.robust_list = 0
+        self.rseq: tuple[int, int, int] | None = None
+        self.counts: Counter[int] = Counter()
+        self.unknown: Counter[int] = Counter()
+        self.tracer: Tracer | None = None
+
+    def name_of(self, nr: int) -> str:
+        row = self.table.get(nr)
+        return row.name if row else f"syscall_{nr:#x}"
+
+    def on_syscall(self) -> None:
+        """UC_HOOK_INSN(SYSCALL): rip is at the ``syscall`` instruction; Unicorn adds 2 afterwards."""
+        v = self.cpu.read_syscall()
+        nr, a0, a1, a2, a3, a4, a5, rip, rflags = v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]
+        self.counts[nr] += 1
+        row = self.table.get(nr)
+        if row is None:
+            self.unknown[nr] += 1
+            ret = -errno.ENOSYS
+        else:
+            try:
+                ret = row.handler(self, a0, a1, a2, a3, a4, a5)
+            except SyscallError as err:
+                ret = -err.errno
+            except UserFault:
+                ret = -errno.EFAULT
+        if self.tracer is not None:
+            self._trace(nr, row, (a0, a1, a2, a3, a4, a5), ret)
+        # SYSRET: user rcx <- return address, r11 <- rflags (spec 2.0).
+        self.cpu.write_syscall_return(ret, rip + SYSCALL_INSN_LEN, rflags)
+
+    def _trace(self, nr: int, row: Row | None, args: tuple[int, ...], ret: int) -> None:
+        assert self.tracer is not None
+        if row is None:
+            shown = ", ".join(hex(a) for a in args)
+            self.tracer(f"{self.name_of(nr)}({shown}) = {format_result('', ret)}")
+        else:
+            self.tracer(format_call(row.name, row.args, args, ret, self.mem))
+
+    def trace_exit(self, name: str, status: int) -> None:
+        if self.tracer is not None:
+            self.tracer(f"{name}({status}) = ?")
+
+    def syscall_counts(self) -> dict[str, int]:
+        return {self.name_of(nr): n for nr, n in sorted(self.counts.items())}
+
+    def unknown_syscalls(self) -> dict[str, int]:
+        return {self.name_of(nr): n for nr, n in sorted(self.unknown.items())}

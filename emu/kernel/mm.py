@@ -1,0 +1,159 @@
+"""Memory syscalls: mmap, munmap, mprotect, mremap, madvise, brk."""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import TYPE_CHECKING
+
+from emu import abi
+from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, page_up
+from emu.kernel.errno_ import SyscallError
+
+if TYPE_CHECKING:
+    from emu.kernel.dispatch import Kernel
+
+PROT_MASK = 0x7
+MADV_DONTNEED = 4
+MADV_FREE = 8
+MAP_TYPE = 0x0F
+
+
+def _prot(prot: int) -> Prot:
+    if prot & ~(PROT_MASK | 0x01000000 | 0x02000000):  # PROT_GROWSDOWN/UP tolerated
+        raise SyscallError(errno.EINVAL)
+    return Prot(prot & PROT_MASK)
+
+
+def _fd(value: int) -> int:
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _place(k: Kernel, addr: int, length: int, flags: int) -> int:
+    if flags & abi.MAP_FIXED:
+        if addr % PAGE_SIZE or addr + length > TASK_SIZE or addr == 0:
+            raise SyscallError(errno.EINVAL if addr % PAGE_SIZE else errno.ENOMEM)
+        return addr
+    if flags & abi.MAP_FIXED_NOREPLACE:
+        if addr % PAGE_SIZE:
+            raise SyscallError(errno.EINVAL)
+        if not k.mem.is_free(addr, addr + length):
+            raise SyscallError(errno.EEXIST)
+        return addr
+    hint = page_up(addr) if addr else 0
+    if hint and hint + length <= TASK_SIZE and k.mem.is_free(hint, hint + length):
+        return hint
+    found = k.mem.find_free(length)
+    if found is None:
+        raise SyscallError(errno.ENOMEM)
+    return found
+
+
+def sys_mmap(k: Kernel, addr: int, length: int, prot: int, flags: int, fd: int, offset: int) -> int:
+    if length == 0 or offset % PAGE_SIZE:
+        raise SyscallError(errno.EINVAL)
+    kind = flags & MAP_TYPE
+    if kind not in (abi.MAP_PRIVATE, abi.MAP_SHARED, 0x03):
+        raise SyscallError(errno.EINVAL)
+    length = page_up(length)
+    if length > TASK_SIZE:
+        raise SyscallError(errno.ENOMEM)
+    protection = _prot(prot)
+    data = b""
+    file_args: dict[str, object] = {}
+    if not flags & abi.MAP_ANONYMOUS:
+        entry = k.files.get(_fd(fd))
+        if kind != abi.MAP_PRIVATE and protection & Prot.WRITE:
+            raise SyscallError(errno.EACCES)  # the sandbox only opens files read-only
+        data = entry.file.mmap_bytes(offset, length)
+        st = entry.file.stat()
+        file_args = dict(name=entry.file.guest_path, offset=offset, dev=(os.major(st.dev), os.minor(st.dev)),
+                         inode=st.ino)
+    start = _place(k, addr, length, flags)
+    k.mem.map(start, length, protection, shared=kind == abi.MAP_SHARED, data=data, **file_args)  # type: ignore[arg-type]
+    return start
+
+
+def sys_munmap(k: Kernel, addr: int, length: int, *_: int) -> int:
+    if addr % PAGE_SIZE or length == 0 or addr + length > TASK_SIZE:
+        raise SyscallError(errno.EINVAL)
+    k.mem.unmap(addr, length)
+    return 0
+
+
+def sys_mprotect(k: Kernel, addr: int, length: int, prot: int, *_: int) -> int:
+    if addr % PAGE_SIZE:
+        raise SyscallError(errno.EINVAL)
+    protection = _prot(prot)
+    if length == 0:
+        return 0
+    if not k.mem.protect(addr, length, protection):
+        raise SyscallError(errno.ENOMEM)
+    return 0
+
+
+def sys_mremap(k: Kernel, old: int, old_size: int, new_size: int, flags: int, new_addr: int, *_: int) -> int:
+    if old % PAGE_SIZE or flags & ~7 or new_size == 0:
+        raise SyscallError(errno.EINVAL)
+    if flags & abi.MREMAP_FIXED and not flags & abi.MREMAP_MAYMOVE:
+        raise SyscallError(errno.EINVAL)
+    old_size, new_size = page_up(old_size), page_up(new_size)
+    vma = k.mem.find(old)
+    if vma is None or old + old_size > vma.end:
+        raise SyscallError(errno.EFAULT)
+    if new_size <= old_size and not flags & abi.MREMAP_FIXED:
+        if new_size < old_size:
+            k.mem.unmap(old + new_size, old_size - new_size)
+        return old
+    if not flags & abi.MREMAP_FIXED and k.mem.is_free(old + old_size, old + new_size):
+        tail = vma.slice(vma.end, vma.end)  # keeps name and file identity
+        k.mem.map(old + old_size, new_size - old_size, vma.prot, name=tail.name, dev=tail.dev, inode=tail.inode,
+                  offset=vma.offset + (old + old_size - vma.start) if vma.inode else 0, shared=vma.shared)
+        return old
+    if not flags & abi.MREMAP_MAYMOVE:
+        raise SyscallError(errno.ENOMEM)
+    content = k.mem.read(old, old_size)
+    if flags & abi.MREMAP_FIXED:
+        if new_addr % PAGE_SIZE:
+            raise SyscallError(errno.EINVAL)
+        target = new_addr
+    else:
+        found = k.mem.find_free(new_size)
+        if found is None:
+            raise SyscallError(errno.ENOMEM)
+        target = found
+    k.mem.map(target, new_size, vma.prot, name=vma.name, dev=vma.dev, inode=vma.inode,
+              offset=vma.offset + (old - vma.start) if vma.inode else 0, shared=vma.shared, data=content)
+    if not flags & abi.MREMAP_DONTUNMAP:
+        k.mem.unmap(old, old_size)
+    return target
+
+
+def sys_madvise(k: Kernel, addr: int, length: int, advice: int, *_: int) -> int:
+    if addr % PAGE_SIZE:
+        raise SyscallError(errno.EINVAL)
+    length = page_up(length)
+    if advice in (MADV_DONTNEED, MADV_FREE):
+        # Private anonymous pages read back as zeros afterwards (file pages would refault from the file).
+        for vma in k.mem.overlapping(addr, addr + length):
+            if not vma.inode and not vma.shared:
+                lo, hi = max(vma.start, addr), min(vma.end, addr + length)
+                k.mem.write(lo, bytes(hi - lo))
+    return 0
+
+
+def sys_brk(k: Kernel, addr: int, *_: int) -> int:
+    """Linux returns the current break on any failure; the new one on success."""
+    brk = k.brk
+    if addr < brk.start:
+        return brk.current
+    old_top, new_top = page_up(brk.current), page_up(addr)
+    if new_top > old_top:
+        if not k.mem.is_free(old_top, new_top):
+            return brk.current
+        k.mem.map(old_top, new_top - old_top, Prot.READ | Prot.WRITE, name="[heap]")
+    elif new_top < old_top:
+        k.mem.unmap(new_top, old_top - new_top)
+    brk.current = addr
+    return addr

@@ -1,0 +1,238 @@
+"""Process syscalls: identity, exit, time, uname, limits, randomness, arch_prctl, rseq, futex."""
+
+from __future__ import annotations
+
+import errno
+import struct
+from typing import TYPE_CHECKING
+
+from emu.abi import Prot
+from emu.cpu import Reg
+from emu.kernel.errno_ import SyscallError
+from emu.kernel.exits import GuestBlocked, GuestExit
+
+if TYPE_CHECKING:
+    from emu.kernel.dispatch import Kernel
+
+ARCH_SET_GS, ARCH_SET_FS, ARCH_GET_FS, ARCH_GET_GS = 0x1001, 0x1002, 0x1003, 0x1004
+CLOCK_IDS = range(0, 12)
+RSEQ_SIG_MIN_LEN = 32
+RLIM_INFINITY = (1 << 64) - 1
+FUTEX_WAIT, FUTEX_WAKE, FUTEX_WAIT_BITSET, FUTEX_WAKE_BITSET = 0, 1, 9, 10
+FUTEX_CMD_MASK = 0x7F  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
+
+DEFAULT_RLIMITS = {
+    0: (RLIM_INFINITY, RLIM_INFINITY),  # CPU
+    1: (RLIM_INFINITY, RLIM_INFINITY),  # FSIZE
+    2: (RLIM_INFINITY, RLIM_INFINITY),  # DATA
+    3: (8 << 20, RLIM_INFINITY),  # STACK
+    4: (0, RLIM_INFINITY),  # CORE
+    5: (RLIM_INFINITY, RLIM_INFINITY),  # RSS
+    6: (63432, 63432),  # NPROC
+    7: (1024, 1048576),  # NOFILE
+    8: (8 << 20, 8 << 20),  # MEMLOCK
+    9: (RLIM_INFINITY, RLIM_INFINITY),  # AS
+    10: (RLIM_INFINITY, RLIM_INFINITY),  # LOCKS
+    11: (63432, 63432),  # SIGPENDING
+    12: (819200, 819200),  # MSGQUEUE
+    13: (0, 0),  # NICE
+    14: (0, 0),  # RTPRIO
+    15: (RLIM_INFINITY, RLIM_INFINITY),  # RTTIME
+}
+
+
+def sys_exit_group(k: Kernel, status: int, *_: int) -> int:
+    raise GuestExit(status)
+
+
+def sys_getpid(k: Kernel, *_: int) -> int:
+    return k.ident.pid
+
+
+def sys_getppid(k: Kernel, *_: int) -> int:
+    return k.ident.ppid
+
+
+def sys_getuid(k: Kernel, *_: int) -> int:
+    return k.ident.uid
+
+
+def sys_getgid(k: Kernel, *_: int) -> int:
+    return k.ident.gid
+
+
+def sys_getpgid(k: Kernel, pid: int, *_: int) -> int:
+    if pid not in (0, k.ident.pid):
+        raise SyscallError(errno.ESRCH)
+    return k.ident.pid
+
+
+def sys_set_tid_address(k: Kernel, addr: int, *_: int) -> int:
+    k.clear_child_tid = addr
+    return k.ident.pid
+
+
+def sys_set_robust_list(k: Kernel, head: int, length: int, *_: int) -> int:
+    if length != 24:
+        raise SyscallError(errno.EINVAL)
+    k.robust_list = head
+    return 0
+
+
+def sys_rseq(k: Kernel, addr: int, length: int, flags: int, sig: int, *_: int) -> int:
+    """Register (or with flags=1 unregister) the rseq area; cpu_id fields say CPU 0."""
+    if flags & ~1:
+        raise SyscallError(errno.EINVAL)
+    if flags & 1:
+        if k.rseq is None or k.rseq[0] != addr:
+            raise SyscallError(errno.EINVAL)
+        k.rseq = None
+        return 0
+    if k.rseq is not None:
+        raise SyscallError(errno.EBUSY if k.rseq == (addr, length, sig) else errno.EINVAL)
+    if addr % 32 or length < RSEQ_SIG_MIN_LEN:
+        raise SyscallError(errno.EINVAL)
+    k.mem.write_user(addr, struct.pack("<II", 0, 0))  # cpu_id_start, cpu_id
+    k.rseq = (addr, length, sig)
+    return 0
+
+
+def sys_uname(k: Kernel, buf: int, *_: int) -> int:
+    fields = ("Linux", k.config.hostname, "6.18.0-uprobe-emu", "#1 SMP PREEMPT_DYNAMIC", "x86_64", "(none)")
+    k.mem.write_user(buf, b"".join(f.encode()[:64].ljust(65, b"\0") for f in fields))
+    return 0
+
+
+def sys_arch_prctl(k: Kernel, code: int, addr: int, *_: int) -> int:
+    if code == ARCH_SET_FS:
+        k.cpu.write(Reg.FS_BASE, addr)
+    elif code == ARCH_SET_GS:
+        k.cpu.write(Reg.GS_BASE, addr)
+    elif code in (ARCH_GET_FS, ARCH_GET_GS):
+        reg = Reg.FS_BASE if code == ARCH_GET_FS else Reg.GS_BASE
+        k.mem.write_user(addr, struct.pack("<Q", k.cpu.read(reg)))
+    else:
+        raise SyscallError(errno.EINVAL)  # including ARCH_SHSTK_*: no CET here (spec 3.7)
+    return 0
+
+
+def sys_prlimit64(k: Kernel, pid: int, resource: int, new: int, old: int, *_: int) -> int:
+    if pid not in (0, k.ident.pid):
+        raise SyscallError(errno.ESRCH)
+    if resource not in k.rlimits:
+        raise SyscallError(errno.EINVAL)
+    if old:
+        k.mem.write_user(old, struct.pack("<QQ", *k.rlimits[resource]))
+    if new:
+        soft, hard = struct.unpack("<QQ", k.mem.read_user(new, 16))
+        if soft > hard or hard > k.rlimits[resource][1]:
+            raise SyscallError(errno.EINVAL if soft > hard else errno.EPERM)
+        k.rlimits[resource] = (soft, hard)
+    return 0
+
+
+def sys_getrlimit(k: Kernel, resource: int, old: int, *_: int) -> int:
+    return sys_prlimit64(k, 0, resource, 0, old)
+
+
+def sys_getrandom(k: Kernel, buf: int, count: int, flags: int, *_: int) -> int:
+    if flags & ~7:
+        raise SyscallError(errno.EINVAL)
+    count = min(count, 1 << 25)
+    k.mem.check_user(buf, count, Prot.WRITE)
+    k.mem.write_user(buf, k.random.randbytes(count))
+    return count
+
+
+def sys_clock_gettime(k: Kernel, clock: int, ts: int, *_: int) -> int:
+    if clock not in CLOCK_IDS:
+        raise SyscallError(errno.EINVAL)
+    ns = k.clock.now(realtime=clock in (0, 5, 8, 11))
+    k.mem.write_user(ts, struct.pack("<qq", ns // 10**9, ns % 10**9))
+    return 0
+
+
+def sys_clock_getres(k: Kernel, clock: int, ts: int, *_: int) -> int:
+    if clock not in CLOCK_IDS:
+        raise SyscallError(errno.EINVAL)
+    if ts:
+        k.mem.write_user(ts, struct.pack("<qq", 0, 1))
+    return 0
+
+
+def sys_gettimeofday(k: Kernel, tv: int, tz: int, *_: int) -> int:
+    ns = k.clock.now(realtime=True)
+    if tv:
+        k.mem.write_user(tv, struct.pack("<qq", ns // 10**9, (ns % 10**9) // 1000))
+    if tz:
+        k.mem.write_user(tz, struct.pack("<ii", 0, 0))
+    return 0
+
+
+def sys_time(k: Kernel, tloc: int, *_: int) -> int:
+    seconds = k.clock.now(realtime=True) // 10**9
+    if tloc:
+        k.mem.write_user(tloc, struct.pack("<q", seconds))
+    return seconds
+
+
+def _sleep(k: Kernel, req: int) -> int:
+    sec, nsec = struct.unpack("<qq", k.mem.read_user(req, 16))
+    if sec < 0 or not 0 <= nsec < 10**9:
+        raise SyscallError(errno.EINVAL)
+    k.clock.advance(sec * 10**9 + nsec)  # virtual time: nothing else runs, so sleeping is instant
+    return 0
+
+
+def sys_nanosleep(k: Kernel, req: int, rem: int, *_: int) -> int:
+    return _sleep(k, req)
+
+
+def sys_clock_nanosleep(k: Kernel, clock: int, flags: int, req: int, rem: int, *_: int) -> int:
+    if clock not in CLOCK_IDS:
+        raise SyscallError(errno.EINVAL)
+    if flags & 1:  # TIMER_ABSTIME
+        sec, nsec = struct.unpack("<qq", k.mem.read_user(req, 16))
+        target = sec * 10**9 + nsec
+        now = k.clock.now(realtime=clock in (0, 5, 8, 11))
+        k.clock.advance(max(0, target - now))
+        return 0
+    return _sleep(k, req)
+
+
+def sys_sched_getaffinity(k: Kernel, pid: int, size: int, mask: int, *_: int) -> int:
+    if pid not in (0, k.ident.pid):
+        raise SyscallError(errno.ESRCH)
+    if size < 8 or size % 8:
+        raise SyscallError(errno.EINVAL)
+    k.mem.write_user(mask, struct.pack("<Q", 1))  # one CPU: the emulated one
+    return 8
+
+
+def sys_sched_yield(k: Kernel, *_: int) -> int:
+    return 0
+
+
+def sys_futex(k: Kernel, uaddr: int, op: int, val: int, timeout: int, *_: int) -> int:
+    cmd = op & FUTEX_CMD_MASK
+    if cmd in (FUTEX_WAKE, FUTEX_WAKE_BITSET):
+        return 0  # a single thread: nobody waits
+    if cmd in (FUTEX_WAIT, FUTEX_WAIT_BITSET):
+        (current,) = struct.unpack("<I", k.mem.read_user(uaddr, 4))
+        if current != val & 0xFFFFFFFF:
+            raise SyscallError(errno.EAGAIN)
+        if timeout:
+            sec, nsec = struct.unpack("<qq", k.mem.read_user(timeout, 16))
+            k.clock.advance(max(0, sec * 10**9 + nsec) if cmd == FUTEX_WAIT else 0)
+            raise SyscallError(errno.ETIMEDOUT)
+        raise GuestBlocked(f"futex wait on {uaddr:#x} with no other thread to wake it")
+    raise SyscallError(errno.ENOSYS)
+
+
+def sys_sysinfo(k: Kernel, info: int, *_: int) -> int:
+    uptime = k.clock.now(realtime=False) // 10**9
+    total = 4 << 30
+    blob = struct.pack("<q3QQQQQQQHH", uptime, 0, 0, 0, total, total // 2, 0, 0, 0, 0, 1, 0)
+    blob += struct.pack("<QQI", 0, 0, 1)
+    k.mem.write_user(info, blob.ljust(112, b"\0"))
+    return 0

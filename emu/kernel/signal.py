@@ -1,0 +1,136 @@
+"""Signal syscalls: actions, masks, alternate stacks, and signals a process sends itself.
+
+Delivery to guest handlers is not modelled yet: a signal whose action is a handler
+ends the run with a clear message instead of pretending it ran.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from emu.abi import DEFAULT_IGNORED, Signal
+from emu.errors import EmuError
+from emu.kernel.errno_ import SyscallError
+from emu.kernel.exits import GuestKilled
+
+if TYPE_CHECKING:
+    from emu.kernel.dispatch import Kernel
+
+SIG_DFL, SIG_IGN = 0, 1
+SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK = 0, 1, 2
+SIGSET_SIZE = 8
+UNBLOCKABLE = (1 << (Signal.SIGKILL - 1)) | (1 << (Signal.SIGSTOP - 1))
+NSIG = 64
+
+
+class SignalHandlerUnsupported(EmuError):
+    """The guest installed a handler for a signal that arrived; delivery is not emulated yet."""
+
+
+@dataclass
+class SignalState:
+    actions: dict[int, bytes] = field(default_factory=dict)  # signo -> struct kernel_sigaction (32 bytes)
+    mask: int = 0
+    pending: int = 0
+    altstack: bytes = struct.pack("<QiiQ", 0, 2, 0, 0)  # ss_sp, ss_flags=SS_DISABLE, size
+
+    def handler(self, signo: int) -> int:
+        raw = self.actions.get(signo)
+        return struct.unpack_from("<Q", raw)[0] if raw else SIG_DFL
+
+
+def _check_signo(signo: int) -> None:
+    if not 1 <= signo <= NSIG:
+        raise SyscallError(errno.EINVAL)
+
+
+def sys_rt_sigaction(k: Kernel, signo: int, act: int, oldact: int, sigsetsize: int, *_: int) -> int:
+    _check_signo(signo)
+    if sigsetsize != SIGSET_SIZE:
+        raise SyscallError(errno.EINVAL)
+    state = k.signals
+    if oldact:
+        k.mem.write_user(oldact, state.actions.get(signo, bytes(32)))
+    if act:
+        if signo in (Signal.SIGKILL, Signal.SIGSTOP):
+            raise SyscallError(errno.EINVAL)
+        state.actions[signo] = k.mem.read_user(act, 32)
+    return 0
+
+
+def sys_rt_sigprocmask(k: Kernel, how: int, new: int, old: int, sigsetsize: int, *_: int) -> int:
+    if sigsetsize != SIGSET_SIZE:
+        raise SyscallError(errno.EINVAL)
+    state = k.signals
+    if old:
+        k.mem.write_user(old, struct.pack("<Q", state.mask))
+    if new:
+        (value,) = struct.unpack("<Q", k.mem.read_user(new, 8))
+        if how == SIG_BLOCK:
+            state.mask |= value
+        elif how == SIG_UNBLOCK:
+            state.mask &= ~value
+        elif how == SIG_SETMASK:
+            state.mask = value
+        else:
+            raise SyscallError(errno.EINVAL)
+        state.mask &= ~UNBLOCKABLE
+        deliver_pending(k)
+    return 0
+
+
+def sys_sigaltstack(k: Kernel, new: int, old: int, *_: int) -> int:
+    if old:
+        k.mem.write_user(old, k.signals.altstack)
+    if new:
+        k.signals.altstack = k.mem.read_user(new, 24)
+    return 0
+
+
+def send_to_self(k: Kernel, signo: int) -> None:
+    """A signal for this process: pending while blocked, otherwise acted on now."""
+    if signo == 0:
+        return
+    _check_signo(signo)
+    k.signals.pending |= 1 << (signo - 1)
+    deliver_pending(k)
+
+
+def deliver_pending(k: Kernel) -> None:
+    state = k.signals
+    ready = state.pending & ~state.mask
+    for signo in range(1, NSIG + 1):
+        if not ready & (1 << (signo - 1)):
+            continue
+        state.pending &= ~(1 << (signo - 1))
+        handler = state.handler(signo)
+        if handler == SIG_IGN:
+            continue
+        sig = Signal(signo) if signo in Signal._value2member_map_ else None
+        if handler == SIG_DFL:
+            if sig is None or sig in DEFAULT_IGNORED:
+                continue
+            raise GuestKilled(sig, None, "sent by the process itself")
+        raise SignalHandlerUnsupported(f"signal {signo} has a guest handler at {handler:#x}; delivery is not emulated")
+
+
+def sys_kill(k: Kernel, pid: int, signo: int, *_: int) -> int:
+    pid = pid - (1 << 64) if pid >= 1 << 63 else pid
+    if pid not in (0, -1, k.ident.pid, -k.ident.pid):
+        raise SyscallError(errno.ESRCH)
+    send_to_self(k, signo)
+    return 0
+
+
+def sys_tgkill(k: Kernel, tgid: int, tid: int, signo: int, *_: int) -> int:
+    if tgid != k.ident.pid or tid != k.ident.pid:
+        raise SyscallError(errno.ESRCH)
+    send_to_self(k, signo)
+    return 0
+
+
+def sys_tkill(k: Kernel, tid: int, signo: int, *_: int) -> int:
+    return sys_tgkill(k, k.ident.pid, tid, signo)
