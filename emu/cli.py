@@ -1,0 +1,136 @@
+"""Command line: parses, calls the library, renders. No emulation logic lives here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from emu import __version__
+from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
+from emu.guestio import GuestIO
+from emu.kernel.dispatch import KernelConfig
+from emu.machine import Machine, RunOptions, RunResult
+
+PROG = "uprobe-emu"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Run x86-64 Linux binaries under Unicorn on a fake kernel.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for debug)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run a binary; the exit status is the guest's")
+    _add_process_options(run)
+    run.add_argument("--strace", action="store_true", help="print each syscall on stderr, like strace")
+    run.add_argument("--json", metavar="FILE", help="write the run's result as JSON")
+    run.add_argument("binary", metavar="BINARY")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    return parser
+
+
+def _add_process_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rootfs", default="/", metavar="DIR", help="guest root directory (read-only; default /)")
+    p.add_argument("--max-insns", type=_int, metavar="N", help="stop the guest after N instructions")
+    p.add_argument("--timeout", type=_positive_float, metavar="S", help="stop the guest after S seconds")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="set a guest environment variable")
+    p.add_argument("--clear-env", action="store_true", help="start the guest with an empty environment")
+    p.add_argument("--exe-base", type=_int, metavar="ADDR", help="load address of a PIE executable")
+    p.add_argument("--interp-base", type=_int, metavar="ADDR", help="load address of the interpreter")
+    p.add_argument("--seed", type=_int, default=0, help="seed for getrandom and AT_RANDOM (default 0)")
+
+
+def _guest_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {} if args.clear_env else dict(os.environ)
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env wants K=V, got {item!r}")
+        env[key] = value
+    return env
+
+
+def _options(args: argparse.Namespace, **extra: object) -> RunOptions:
+    if not os.path.isdir(args.rootfs):
+        raise UsageError(f"--rootfs {args.rootfs}: not a directory")
+    kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed)
+    return RunOptions(
+        kernel=kernel,
+        exe_base=args.exe_base,
+        interp_base=args.interp_base,
+        max_insns=args.max_insns,
+        timeout_s=args.timeout,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def _stderr_line(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    options = _options(args, count_insns=bool(args.json), strace=_stderr_line if args.strace else None)
+    machine = Machine(args.binary, [args.binary, *args.args], _guest_env(args), options, GuestIO.terminal())
+    result = machine.run()
+    _report_ending(result)
+    if args.json:
+        _write_json(args.json, result.to_json())
+    return result.exit_status
+
+
+def _report_ending(result: RunResult) -> None:
+    if result.message:
+        _stderr_line(f"{PROG}: {result.message}")
+
+
+def _write_json(path: str, payload: dict) -> None:
+    try:
+        with open(path, "w") as fh:
+            json.dump(payload, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+    except OSError as exc:
+        raise EmuError(f"cannot write {path}: {exc.strerror}") from None
+
+
+COMMANDS = {"run": cmd_run}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), format=f"{PROG}: %(message)s")
+        return COMMANDS[args.command](args)
+    except EmuError as err:
+        _stderr_line(f"{PROG}: {err}")
+        return err.exit_status
+    except KeyboardInterrupt:
+        _stderr_line(f"{PROG}: interrupted")
+        return 130
+    except BrokenPipeError:
+        return EXIT_HARNESS_ERROR
