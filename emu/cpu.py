@@ -13,6 +13,7 @@ import ctypes
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import unicorn
 import unicorn.x86_const as x86
@@ -147,7 +148,7 @@ class Cpu:
         self._one.value = value & 0xFFFFFFFFFFFFFFFF
         uclib.uc_reg_write(self._uch, reg, self._one_ref)
 
-    def read_syscall(self) -> Sequence[int]:
+    def read_syscall(self) -> ctypes.Array[ctypes.c_uint64]:
         """rax, rdi, rsi, rdx, r10, r8, r9, rip (at the ``syscall``), rflags in one call."""
         b = self._syscall_batch
         uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
@@ -166,6 +167,15 @@ class Cpu:
         b = self._gpr_batch
         uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
         return {reg: b.values[i] for i, reg in enumerate(GPRS + (Reg.RIP, Reg.RFLAGS))}
+
+    def write_gprs(self, values: dict[Reg, int]) -> None:
+        """All 16 GPRs plus rip and rflags in one call (missing ones keep their current value)."""
+        b = self._gpr_batch
+        uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
+        for i, reg in enumerate(GPRS + (Reg.RIP, Reg.RFLAGS)):
+            if reg in values:
+                b.values[i] = values[reg] & 0xFFFFFFFFFFFFFFFF
+        uclib.uc_reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
     def write_regs(self, values: dict[Reg, int]) -> None:
         for reg, value in values.items():
@@ -212,7 +222,7 @@ class Cpu:
 
         return wrapper
 
-    def _add_hook(self, kind: int, cfunc: object, begin: int, end: int, *extra: int) -> HookHandle:
+    def _add_hook(self, kind: int, cfunc: Any, begin: int, end: int, *extra: int) -> HookHandle:
         handle = ctypes.c_size_t()
         status = uclib.uc_hook_add(
             self._uch, ctypes.byref(handle), kind, ctypes.cast(cfunc, ctypes.c_void_p), None,

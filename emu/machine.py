@@ -14,15 +14,21 @@ import capstone
 from emu import abi
 from emu.abi import AuxType, Prot, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
+from emu.designs import DEFAULT_DESIGN, Design, get_design
 from emu.elf import LoadPlan, load_plan
-from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, LoadError
+from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, LoadError, UsageError
 from emu.guestio import GuestIO
 from emu.initstack import build_stack
 from emu.kernel.dispatch import Identity, Kernel, KernelConfig
+from emu.kernel.errno_ import SyscallError, errno_name
 from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled
 from emu.kernel.fs import FdEntry
+from emu.kernel.uprobes.consumers import Consumer
+from emu.kernel.uprobes.core import Uprobe, Uprobes
+from emu.kernel.uprobes.syscalls import uprobe_rows
 from emu.loader import LoadedImage, choose_bias, map_image
 from emu.memory import Memory
+from emu.probes import ProbeKind, ProbeSpec, ResolvedProbe, Resolver, parse_spec
 
 HWCAP = 0x178BFBFF  # cpuid(1).edx of a baseline x86-64 CPU
 CLOCK_TICKS = 100
@@ -62,6 +68,7 @@ class RunOptions:
     timeout_s: float | None = None
     count_insns: bool = False
     strace: Callable[[str], None] | None = None
+    design: str = DEFAULT_DESIGN
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +81,8 @@ class RunResult:
     syscalls: dict[str, int]
     unknown_syscalls: dict[str, int]
     wall_s: float
+    probes: tuple[dict[str, Any], ...] = ()
+    exits: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,6 +94,36 @@ class RunResult:
             "syscalls": self.syscalls,
             "unknown_syscalls": self.unknown_syscalls,
             "wall_s": round(self.wall_s, 6),
+            "probes": list(self.probes),
+            "exits": self.exits,
+        }
+
+
+@dataclass(eq=False)
+class Attachment:
+    """One attached probe spec: where it landed and its consumer (the hit counts live there)."""
+
+    resolved: ResolvedProbe
+    consumer: Consumer
+    uprobe: Uprobe
+    machine: Machine
+
+    @property
+    def address(self) -> int:
+        return self.uprobe.vaddr
+
+    def detach(self) -> None:
+        self.machine.uprobes.detach(self.uprobe, self.consumer)
+
+    def summary(self) -> dict[str, Any]:
+        up = self.machine.uprobes
+        hits = self.consumer.ret_hits if self.resolved.spec.kind is ProbeKind.URETPROBE else self.consumer.hits
+        return {
+            "spec": self.resolved.spec.text,
+            "address": self.address,
+            "hits": hits,
+            "paths": dict(self.consumer.paths),
+            "optimized": up.is_optimized(self.uprobe),
         }
 
 
@@ -136,8 +175,44 @@ class Machine:
             if self.options.count_insns or self.options.max_insns
             else None
         )
+        self.design: Design = get_design(self.options.design)
+        self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
+        self.kernel.add_rows(uprobe_rows(self.uprobes))
+        self.resolver = Resolver(self.exe)
+        self.attachments: list[Attachment] = []
         self.cpu.add_syscall_hook(self.kernel.on_syscall)
         self.cpu.add_interrupt_hook(self._on_interrupt)
+
+    # --------------------------------------------------------------- probes
+    def attach(self, spec: str | ProbeSpec, consumer: Consumer | None = None) -> Attachment:
+        """Attach a probe spec (uprobe:SYM+OFF, uretprobe:SYM, usdt:PROV:NAME, uprobe:0xADDR)."""
+        parsed = parse_spec(spec) if isinstance(spec, str) else spec
+        resolved = self.resolver.resolve(parsed)
+        consumer = consumer or Consumer()
+        if parsed.kind is ProbeKind.URETPROBE and consumer.ret_handler is None:
+            consumer.ret_handler = lambda hit: None
+        address = self._usdt_site(resolved) if resolved.usdt else resolved.address
+        vma = self.mem.find(address)
+        if vma is None or not vma.prot & Prot.EXEC:
+            raise UsageError(f"{parsed.text}: address {address:#x} is not in an executable mapping")
+        try:
+            uprobe = self.uprobes.attach(address, consumer, resolved.semaphore)
+        except SyscallError as err:
+            raise UsageError(f"{parsed.text}: the kernel refuses the instruction at {address:#x}: "
+                             f"{self.describe_insn(address)} (-{errno_name(err.errno)}, {err.errno})") from None
+        attachment = Attachment(resolved, consumer, uprobe, self)
+        self.attachments.append(attachment)
+        return attachment
+
+    def _usdt_site(self, resolved: ResolvedProbe) -> int:
+        """libbpf's nop combo: a `90` followed by a long NOP the design optimizes moves the probe to +1."""
+        pc = resolved.address
+        code = self.mem.read(pc, 11)
+        if code[0] == 0x90:
+            for length in (5, 10):
+                if self.uprobes.sites.can_optimize(code[1 : 1 + length], pc + 1):
+                    return pc + 1
+        return pc
 
     # -------------------------------------------------------------- building
     def _load(self, plan: LoadPlan) -> tuple[LoadedImage, LoadedImage | None]:
@@ -155,8 +230,6 @@ class Machine:
 
     def _interp_plan(self, plan: LoadPlan) -> LoadPlan:
         assert plan.interp is not None
-        from emu.kernel.errno_ import SyscallError
-
         try:
             guest = self.kernel.vfs.resolve(plan.interp)
         except SyscallError:
@@ -211,6 +284,8 @@ class Machine:
 
     # --------------------------------------------------------------- running
     def _on_interrupt(self, intno: int) -> None:
+        if intno == 3 and self.uprobes.handle_int3():
+            return
         signal, what = EXCEPTION_SIGNALS.get(intno, (Signal.SIGSEGV, f"exception {intno}"))
         rip = self.cpu.read(Reg.RIP)
         if intno == 3:
@@ -227,6 +302,7 @@ class Machine:
         timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
         ending, status, signal, message = self._run_until_end(entry, timeout_us, start)
         self.kernel.files.close_all()
+        probes = tuple(a.summary() for a in self.attachments)
         return RunResult(
             ending=ending,
             exit_status=status,
@@ -236,11 +312,13 @@ class Machine:
             syscalls=self.kernel.syscall_counts(),
             unknown_syscalls=self.kernel.unknown_syscalls(),
             wall_s=time.perf_counter() - start,
+            probes=probes,
+            exits=dict(self.uprobes.stats.exits),
         )
 
     def _run_until_end(self, entry: int, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
         try:
-            reason = self.cpu.run(entry, timeout_us=timeout_us)
+            reason = self._run_slices(entry, timeout_us, start)
         except GuestExit as ex:
             self.kernel.trace_exit("exit_group", ex.status)
             return Ending.EXITED, ex.status, None, None
@@ -259,6 +337,19 @@ class Machine:
             return Ending.TIMEOUT, EXIT_TIMEOUT, None, f"stopped after {self.options.timeout_s} s (--timeout)"
         # Unicorn stops on hlt; in user mode Linux raises #GP for it.
         return self._killed(Signal.SIGSEGV, self.cpu.read(Reg.RIP), "general protection")
+
+    def _run_slices(self, pc: int, timeout_us: int, start: float) -> StopReason:
+        """Run until something other than a deferred kernel action (an XOL step) stops the CPU."""
+        while True:
+            remaining = 0
+            if timeout_us:
+                remaining = max(1, timeout_us - int((time.perf_counter() - start) * 1e6))
+            reason = self.cpu.run(pc, timeout_us=remaining)
+            if not self.kernel.deferred or reason is not StopReason.FINISHED:
+                return reason
+            while self.kernel.deferred:
+                self.kernel.deferred.pop(0)()
+            pc = self.cpu.read(Reg.RIP)
 
     def _killed(self, signal: Signal, address: int | None, detail: str) -> tuple[Ending, int, Signal, str]:
         where = ""

@@ -71,11 +71,11 @@ Tracer = Callable[[str], None]
 class Kernel:
     """One process's view of the kernel: files, memory syscalls, identity, time, signals."""
 
-    def __init__(self, cpu: Cpu, mem: Memory, config: KernelConfig, extra_rows: tuple[Row, ...] = ()) -> None:
+    def __init__(self, cpu: Cpu, mem: Memory, config: KernelConfig) -> None:
         self.cpu = cpu
         self.mem = mem
         self.config = config
-        self.table = build_table(extra_rows)
+        self.table = build_table()
         self.files = FdTable()
         cwd = config.cwd or (os.getcwd() if config.rootfs == "/" else "/")
         self.vfs = Vfs(config.rootfs, cwd)
@@ -93,6 +93,16 @@ class Kernel:
         self.counts: Counter[int] = Counter()
         self.unknown: Counter[int] = Counter()
         self.tracer: Tracer | None = None
+        self.deferred: list[Callable[[], None]] = []
+
+    def add_rows(self, rows: tuple[Row, ...]) -> None:
+        """Add (or override) syscall rows, e.g. a design's uprobe syscalls."""
+        self.table.update({row.nr: row for row in rows})
+
+    def defer(self, action: Callable[[], None]) -> None:
+        """Stop the CPU and run ``action`` between instructions (e.g. one out-of-line step)."""
+        self.deferred.append(action)
+        self.cpu.stop()
 
     def name_of(self, nr: int) -> str:
         row = self.table.get(nr)
@@ -104,6 +114,11 @@ class Kernel:
         nr, a0, a1, a2, a3, a4, a5, rip, rflags = v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]
         self.counts[nr] += 1
         row = self.table.get(nr)
+        if row is not None and row.raw:
+            if self.tracer is not None:
+                self.tracer(f"{row.name}() = ?")
+            row.handler(self, nr)
+            return
         if row is None:
             self.unknown[nr] += 1
             ret = -errno.ENOSYS

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from emu.kernel import fs, mm, net, process, signal
 
-Handler = Callable[..., int]
+Handler = Callable[..., "int | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,7 @@ class Row:
     handler: Handler
     args: tuple[str, ...]
     note: str = ""
+    raw: bool = False  # the handler reads and writes every register itself (no rax/rcx/r11 epilogue)
 
 
 def _rows() -> tuple[Row, ...]:

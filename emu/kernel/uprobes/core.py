@@ -1,0 +1,347 @@
+"""The generic uprobe core for one process: registry, install/remove, handle_swbp, handler_chain,
+XOL single-step, return instances (spec 2.3, 3.2, 3.3, 4.4, 5)."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, Signal
+from emu.cpu import Cpu, Reg, StopReason
+from emu.designs import Design, RetMode
+from emu.kernel.exits import GuestKilled
+from emu.kernel.uprobes import tramp_code as tc
+from emu.kernel.uprobes.consumers import (
+    UPROBE_HANDLER_IGNORE,
+    UPROBE_HANDLER_REMOVE,
+    Consumer,
+    Hit,
+    Path,
+)
+from emu.kernel.uprobes.insn import Analysis, Fixup, Kind, analyze, jcc_taken
+from emu.kernel.uprobes.regs import PtRegs, regs_from_cpu, regs_to_cpu
+from emu.kernel.uprobes.sites import INT3, SitePatcher
+from emu.memory import Memory, UserFault
+
+log = logging.getLogger(__name__)
+DeferFn = Callable[[Callable[[], None]], None]
+MAX_URETPROBE_DEPTH = 64  # [HDR]
+XOL_SLOT_BYTES = 128  # UPROBE_XOL_SLOT_BYTES [ASMH]
+XOL_NAME = "[uprobes]"
+U64 = (1 << 64) - 1
+
+
+@dataclass(eq=False)
+class Uprobe:
+    """One probed address in this process."""
+
+    vaddr: int
+    insn: Analysis
+    ref_ctr: int | None
+    can_optimize: bool
+    consumers: list[Consumer] = field(default_factory=list)
+    optimize_failed: bool = False
+
+
+@dataclass(eq=False)
+class ReturnInstance:
+    func: int
+    stack: int
+    orig_ret: int
+    chained: bool
+    entries: list[tuple[Consumer, object]]
+
+
+@dataclass
+class UprobeStats:
+    traps: int = 0
+    emulated: int = 0
+    xol_steps: int = 0
+    optimized: int = 0
+    exits: Counter[str] = field(default_factory=Counter)
+    ret_hits: int = 0
+
+
+class XolArea:
+    """The per-process [uprobes] page (spec 4.3): --xp, 32 slots of 128 bytes, slot 0 the uretprobe trampoline."""
+
+    def __init__(self, mem: Memory, ret_mode: RetMode) -> None:
+        hint = TASK_SIZE - PAGE_SIZE
+        start = hint if mem.is_free(hint, TASK_SIZE) else mem.find_free(PAGE_SIZE)
+        if start is None:
+            raise GuestKilled(Signal.SIGKILL, None, "no room for the [uprobes] page")
+        code = {RetMode.INT3: tc.URETPROBE_INT3, RetMode.SYSCALL_335: tc.URETPROBE_335,
+                RetMode.RFC_462: tc.URETPROBE_RFC_462}[ret_mode]
+        mem.map(start, PAGE_SIZE, Prot.EXEC, name=XOL_NAME, data=code)
+        self.mem = mem
+        self.vaddr = start
+        self.busy = [True] + [False] * (PAGE_SIZE // XOL_SLOT_BYTES - 1)
+
+    def get_slot(self, code: bytes) -> int:
+        index = self.busy.index(False)
+        self.busy[index] = True
+        slot = self.vaddr + index * XOL_SLOT_BYTES
+        self.mem.write(slot, code)
+        self.mem.backend.flush_code(slot, slot + len(code))
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        self.busy[(slot - self.vaddr) // XOL_SLOT_BYTES] = False
+
+
+class Uprobes:
+    """Probes of one process under one design."""
+
+    def __init__(self, cpu: Cpu, mem: Memory, design: Design, defer: DeferFn) -> None:
+        self.cpu = cpu
+        self.mem = mem
+        self.design = design
+        self.sites = SitePatcher(mem, design.sites)
+        self.probes: dict[int, Uprobe] = {}
+        self.xol: XolArea | None = None
+        self.return_instances: list[ReturnInstance] = []  # head is the last element
+        self.stats = UprobeStats()
+        self._defer = defer
+
+    # ------------------------------------------------------------ attaching
+    def attach(self, vaddr: int, consumer: Consumer, ref_ctr: int | None = None) -> Uprobe:
+        """uprobe_register + install in this mm (spec 3.2). Raises SyscallError for refused instructions."""
+        probe = self.probes.get(vaddr)
+        if probe is None:
+            code = self.mem.read(vaddr, 16)
+            insn = analyze(code, vaddr, accept_nop10=self.design.site_length == 10)
+            probe = Uprobe(vaddr, insn, ref_ctr, self.sites.can_optimize(insn.raw, vaddr))
+            self.probes[vaddr] = probe
+            self._install(probe)
+        probe.consumers.append(consumer)
+        return probe
+
+    def detach(self, probe: Uprobe, consumer: Consumer) -> None:
+        if consumer in probe.consumers:
+            probe.consumers.remove(consumer)
+        if not probe.consumers and self.probes.get(probe.vaddr) is probe:
+            self._remove(probe)
+
+    def _install(self, probe: Uprobe) -> None:
+        if probe.can_optimize and not probe.optimize_failed and self.sites.is_optimized(probe.vaddr):
+            return  # another thread already optimized it: leave the call alone (spec 3.2)
+        self.sites.set_swbp(probe.vaddr)
+        self._ref_ctr(probe, +1)
+
+    def _remove(self, probe: Uprobe) -> None:
+        del self.probes[probe.vaddr]
+        if probe.can_optimize and self.sites.is_optimized(probe.vaddr):
+            self.sites.unoptimize(probe.vaddr, probe.insn.raw)
+        else:
+            self.sites.set_orig(probe.vaddr, probe.insn.raw[0])
+        self._ref_ctr(probe, -1)
+
+    def _ref_ctr(self, probe: Uprobe, delta: int) -> None:
+        if probe.ref_ctr is None:
+            return
+        (value,) = struct.unpack("<H", self.mem.read(probe.ref_ctr, 2))
+        self.mem.write(probe.ref_ctr, struct.pack("<H", (value + delta) & 0xFFFF))
+
+    def is_optimized(self, probe: Uprobe) -> bool:
+        return probe.can_optimize and self.sites.is_optimized(probe.vaddr)
+
+    # -------------------------------------------------------------- INT3 path
+    def handle_int3(self) -> bool:
+        """#BP from user mode: True if a uprobe (or the INT3 uretprobe trampoline) owned it."""
+        bp = self.cpu.read(Reg.RIP) - 1
+        if self.xol is not None and bp == self.xol.vaddr and self.design.uretprobe is RetMode.INT3:
+            regs = regs_from_cpu(self.cpu)
+            self.handle_trampoline(regs)
+            regs_to_cpu(self.cpu, regs)
+            return True
+        probe = self.probes.get(bp)
+        if probe is None:
+            if self.mem.read(bp, 1) == INT3:
+                return False  # a real int3: SIGTRAP
+            self.cpu.write(Reg.RIP, bp)  # raced with removal: restart the instruction
+            return True
+        self.stats.traps += 1
+        regs = regs_from_cpu(self.cpu)
+        regs.ip = bp
+        self.handler_chain(probe, regs, Path.INT3)
+        self._try_optimize(probe)
+        if regs.ip != bp:  # a consumer redirected: no emulation, no step [IPCHG]
+            regs_to_cpu(self.cpu, regs)
+            return True
+        if probe.insn.kind is Kind.XOL:
+            self._start_xol(probe, regs)
+        else:
+            self._emulate(probe.insn, regs)
+            regs_to_cpu(self.cpu, regs)
+        return True
+
+    def _try_optimize(self, probe: Uprobe) -> None:
+        """arch_uprobe_optimize after the first hit (spec 3.3): only while byte 0 is still CC."""
+        if not probe.can_optimize or probe.optimize_failed or self.probes.get(probe.vaddr) is not probe:
+            return
+        if self.mem.read(probe.vaddr, 1) != INT3:
+            return
+        if self.sites.optimize(probe.vaddr):
+            self.stats.optimized += 1
+        else:
+            probe.optimize_failed = True
+
+    def _emulate(self, insn: Analysis, regs: PtRegs) -> None:
+        """branch_xol_ops / push_xol_ops (spec 4.2)."""
+        self.stats.emulated += 1
+        next_ip = regs.ip + insn.length
+        if insn.kind is Kind.NOP:
+            regs.ip = next_ip
+        elif insn.kind is Kind.JMP:
+            regs.ip = (next_ip + insn.rel) & U64
+        elif insn.kind is Kind.JCC:
+            regs.ip = (next_ip + insn.rel) & U64 if jcc_taken(insn.cc, regs.flags) else next_ip
+        elif insn.kind is Kind.CALL:
+            self._push(regs, next_ip)
+            regs.ip = (next_ip + insn.rel) & U64
+        elif insn.kind is Kind.PUSH:
+            self._push(regs, getattr(regs, insn.push_reg))
+            regs.ip = next_ip
+
+    def _push(self, regs: PtRegs, value: int) -> None:
+        try:
+            self.mem.write_user((regs.sp - 8) & U64, struct.pack("<Q", value & U64))
+        except UserFault as fault:
+            raise GuestKilled(Signal.SIGSEGV, regs.ip, f"push to {fault.addr:#x} while emulating a probed insn") from None
+        regs.sp = (regs.sp - 8) & U64
+
+    def _start_xol(self, probe: Uprobe, regs: PtRegs) -> None:
+        """pre_ssout: copy the insn to a slot, point ip at it; the machine runs exactly one instruction."""
+        xol = self.get_xol_area()
+        insn = probe.insn
+        slot = xol.get_slot(insn.xol_bytes)
+        saved_scratch = getattr(regs, insn.scratch) if insn.scratch else 0
+        if insn.scratch:
+            setattr(regs, insn.scratch, probe.vaddr + insn.length)
+        regs.ip = slot
+        regs_to_cpu(self.cpu, regs)
+        self.stats.xol_steps += 1
+        self._defer(lambda: self._finish_xol(probe, slot, saved_scratch))
+
+    def _finish_xol(self, probe: Uprobe, slot: int, saved_scratch: int) -> None:
+        insn = probe.insn
+        reason = self.cpu.run(slot, count=1)
+        regs = regs_from_cpu(self.cpu)
+        if insn.scratch:
+            setattr(regs, insn.scratch, saved_scratch)
+        self.get_xol_area().free_slot(slot)
+        if reason is not StopReason.FINISHED:  # arch_uprobe_abort_xol: the fault is reported at vaddr
+            regs.ip = probe.vaddr
+            regs_to_cpu(self.cpu, regs)
+            bad = self.cpu.last_bad_access
+            detail = f"{bad.access.value} of {bad.address:#x}" if bad else reason.value
+            signal = Signal.SIGILL if reason is StopReason.INVALID_INSN else Signal.SIGSEGV
+            raise GuestKilled(signal, probe.vaddr, f"{detail} by the probed instruction, stepped out of line")
+        if insn.fixups & Fixup.IP:
+            regs.ip = (regs.ip + probe.vaddr - slot) & U64
+        if insn.fixups & Fixup.CALL:
+            self.mem.write_user(regs.sp, struct.pack("<Q", probe.vaddr + insn.length))
+        regs_to_cpu(self.cpu, regs)
+
+    def get_xol_area(self) -> XolArea:
+        if self.xol is None:
+            self.xol = XolArea(self.mem, self.design.uretprobe)
+        return self.xol
+
+    # ---------------------------------------------------------------- consumers
+    def handler_chain(self, probe: Uprobe, regs: PtRegs, path: Path) -> None:
+        """Run the entry handlers; allocate a return instance if any consumer has a ret_handler (spec 2.3)."""
+        remove = True
+        entries: list[tuple[Consumer, object]] = []
+        for consumer in list(probe.consumers):
+            rc = 0
+            hit = Hit(regs, probe.vaddr, path, self.mem)
+            if consumer.enabled:
+                consumer.hits += 1
+                consumer.paths[path.value] = consumer.paths.get(path.value, 0) + 1
+            if consumer.handler is not None and consumer.enabled:
+                rc = consumer.handler(hit) or 0
+            if consumer.ret_handler is not None and rc not in (UPROBE_HANDLER_REMOVE, UPROBE_HANDLER_IGNORE):
+                entries.append((consumer, hit.cookie if consumer.session else None))
+            remove &= rc == UPROBE_HANDLER_REMOVE
+        if entries:
+            self.prepare_uretprobe(regs, entries)
+        if remove and probe.consumers:
+            for consumer in list(probe.consumers):
+                self.detach(probe, consumer)
+
+    def handle_syscall_uprobe(self, regs: PtRegs, vaddr: int, path: Path) -> None:
+        """No emulation, no step: the NOP is skipped by returning past it (spec 2.1)."""
+        probe = self.probes.get(vaddr)
+        if probe is not None:
+            self.handler_chain(probe, regs, path)
+
+    # ---------------------------------------------------------------- uretprobes
+    def prepare_uretprobe(self, regs: PtRegs, entries: list[tuple[Consumer, object]]) -> None:
+        """Hijack the return address at [sp] (spec 5.1)."""
+        tramp = self.get_xol_area().vaddr
+        if len(self.return_instances) >= MAX_URETPROBE_DEPTH:
+            log.info("uprobe: omit uretprobe due to nestedness limit")
+            return
+        try:
+            (orig,) = struct.unpack("<Q", self.mem.read_user(regs.sp, 8))
+        except UserFault:
+            return
+        chained = orig == tramp
+        if not chained:
+            try:
+                self.mem.write_user(regs.sp, struct.pack("<Q", tramp))
+            except UserFault:
+                raise GuestKilled(Signal.SIGSEGV, regs.ip, "return address not writable") from None
+        self._cleanup_return_instances(chained, regs)
+        if chained:
+            if not self.return_instances:
+                return
+            orig = self.return_instances[-1].orig_ret
+        self.return_instances.append(ReturnInstance(regs.ip, regs.sp, orig, chained, entries))
+
+    def _cleanup_return_instances(self, chained: bool, regs: PtRegs) -> None:
+        while self.return_instances and not self._alive(self.return_instances[-1], regs, chained_call=chained):
+            self.return_instances.pop()  # longjmp'd over: dropped without running handlers
+
+    @staticmethod
+    def _alive(ri: ReturnInstance, regs: PtRegs, chained_call: bool = False, ret: bool = False) -> bool:
+        if ret or chained_call:
+            return regs.sp <= ri.stack
+        return regs.sp < ri.stack
+
+    def handle_trampoline(self, regs: PtRegs) -> None:
+        """uprobe_handle_trampoline (spec 5.2): run every handler of the returning chain."""
+        if not self.return_instances:
+            raise GuestKilled(Signal.SIGILL, regs.ip, "uretprobe trampoline hit with no pending return")
+        while True:
+            chain = self._pop_chain()
+            below = self.return_instances[-1] if self.return_instances else None
+            valid = below is None or self._alive(below, regs, ret=True)
+            regs.ip = chain[0].orig_ret
+            if valid:
+                for ri in chain:
+                    self._run_ret_handlers(ri, regs)
+                return
+            if not self.return_instances:
+                return
+
+    def _pop_chain(self) -> list[ReturnInstance]:
+        chain = [self.return_instances.pop()]
+        while chain[-1].chained and self.return_instances:
+            chain.append(self.return_instances.pop())
+        return chain
+
+    def _run_ret_handlers(self, ri: ReturnInstance, regs: PtRegs) -> None:
+        self.stats.ret_hits += 1
+        for consumer, cookie in ri.entries:
+            if consumer.ret_handler is None or not consumer.enabled:
+                continue
+            consumer.ret_hits += 1
+            consumer.ret_handler(Hit(regs, ri.func, Path.RETURN, self.mem, func=ri.func, cookie=cookie))
+
+
+

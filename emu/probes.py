@@ -1,0 +1,227 @@
+"""Probe specs in bpftrace syntax, resolved against a loaded executable: symbols, offsets, USDT notes."""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import io
+import re
+import struct
+from dataclasses import dataclass
+
+import capstone
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from emu.errors import UsageError
+from emu.loader import LoadedImage
+
+_REG_ALIASES = {
+    "rax": ("ax", 8), "eax": ("ax", 4), "ax": ("ax", 2), "al": ("ax", 1),
+    "rbx": ("bx", 8), "ebx": ("bx", 4), "bx": ("bx", 2), "bl": ("bx", 1),
+    "rcx": ("cx", 8), "ecx": ("cx", 4), "cx": ("cx", 2), "cl": ("cx", 1),
+    "rdx": ("dx", 8), "edx": ("dx", 4), "dx": ("dx", 2), "dl": ("dx", 1),
+    "rsi": ("si", 8), "esi": ("si", 4), "si": ("si", 2), "sil": ("si", 1),
+    "rdi": ("di", 8), "edi": ("di", 4), "di": ("di", 2), "dil": ("di", 1),
+    "rbp": ("bp", 8), "ebp": ("bp", 4), "bp": ("bp", 2), "bpl": ("bp", 1),
+    "rsp": ("sp", 8), "esp": ("sp", 4), "sp": ("sp", 2), "spl": ("sp", 1),
+    "rip": ("ip", 8),
+}
+for _n in range(8, 16):
+    _REG_ALIASES.update({f"r{_n}": (f"r{_n}", 8), f"r{_n}d": (f"r{_n}", 4), f"r{_n}w": (f"r{_n}", 2),
+                         f"r{_n}b": (f"r{_n}", 1)})
+
+_SPEC = re.compile(r"^(uprobe|uretprobe|usdt):(.+)$")
+
+
+class ProbeKind(enum.Enum):
+    UPROBE = "uprobe"
+    URETPROBE = "uretprobe"
+    USDT = "usdt"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSpec:
+    text: str
+    kind: ProbeKind
+    path: str | None = None
+    symbol: str | None = None
+    offset: int = 0
+    address: int | None = None
+    provider: str = ""
+    name: str = ""
+
+
+def parse_spec(text: str) -> ProbeSpec:
+    match = _SPEC.match(text)
+    if match is None:
+        raise UsageError(f"bad probe spec {text!r}: want uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROV:NAME")
+    kind = ProbeKind(match.group(1))
+    rest = match.group(2)
+    if kind is ProbeKind.USDT:
+        parts = rest.split(":")
+        if len(parts) == 2:
+            return ProbeSpec(text, kind, provider=parts[0], name=parts[1])
+        if len(parts) == 3:
+            return ProbeSpec(text, kind, path=parts[0], provider=parts[1], name=parts[2])
+        raise UsageError(f"bad probe spec {text!r}: want usdt:[PATH:]PROVIDER:NAME")
+    path, _, target = rest.rpartition(":")
+    if not target:
+        raise UsageError(f"bad probe spec {text!r}: no symbol or address")
+    if re.fullmatch(r"0x[0-9a-fA-F]+", target):
+        return ProbeSpec(text, kind, path=path or None, address=int(target, 16))
+    symbol, plus, off = target.partition("+")
+    offset = 0
+    if plus:
+        try:
+            offset = int(off, 0)
+        except ValueError:
+            raise UsageError(f"bad probe spec {text!r}: offset {off!r} is not a number") from None
+    return ProbeSpec(text, kind, path=path or None, symbol=symbol, offset=offset)
+
+
+@dataclass(frozen=True, slots=True)
+class UsdtArg:
+    size: int  # bytes; negative for signed
+    reg: str | None = None
+    offset: int = 0
+    base: str | None = None
+    const: int | None = None
+
+    def read(self, regs: object, read_mem: object) -> int:
+        width = abs(self.size)
+        if self.const is not None:
+            value = self.const
+        elif self.base is not None:
+            addr = (getattr(regs, self.base) + self.offset) & ((1 << 64) - 1)
+            value = int.from_bytes(read_mem(addr, width), "little")  # type: ignore[operator]
+        else:
+            assert self.reg is not None
+            value = getattr(regs, self.reg)
+        value &= (1 << (8 * width)) - 1
+        if self.size < 0 and value >> (8 * width - 1):
+            value -= 1 << (8 * width)
+        return value
+
+
+def parse_usdt_arg(spec: str) -> UsdtArg:
+    size_text, at, operand = spec.partition("@")
+    if not at:
+        size_text, operand = "8", spec
+    size = int(size_text)
+    if operand.startswith("$"):
+        return UsdtArg(size, const=int(operand[1:], 0))
+    if operand.startswith("%"):
+        reg, _ = _REG_ALIASES[operand[1:]]
+        return UsdtArg(size, reg=reg)
+    m = re.fullmatch(r"(-?(?:0x)?[0-9a-fA-F]*)\(%(\w+)\)", operand)
+    if m is None:
+        raise UsageError(f"unsupported USDT argument {spec!r}")
+    base, _ = _REG_ALIASES[m.group(2)]
+    return UsdtArg(size, offset=int(m.group(1) or "0", 0), base=base)
+
+
+@dataclass(frozen=True, slots=True)
+class UsdtNote:
+    provider: str
+    name: str
+    pc: int  # link-time address, .stapsdt.base-adjusted
+    semaphore: int  # link-time address or 0
+    args: tuple[UsdtArg, ...]
+    arg_text: str
+
+
+def usdt_notes(elf: ELFFile) -> list[UsdtNote]:
+    base_sec = elf.get_section_by_name(".stapsdt.base")
+    notes: list[UsdtNote] = []
+    for sec in elf.iter_sections():
+        if sec.name != ".note.stapsdt":
+            continue
+        data = sec.data()
+        pos = 0
+        while pos + 12 <= len(data):
+            namesz, descsz, ntype = struct.unpack_from("<III", data, pos)
+            pos += 12
+            owner = data[pos : pos + namesz].rstrip(b"\0")
+            pos += (namesz + 3) & ~3
+            desc = data[pos : pos + descsz]
+            pos += (descsz + 3) & ~3
+            if owner != b"stapsdt" or ntype != 3 or len(desc) < 24:
+                continue
+            pc, base, sema = struct.unpack_from("<QQQ", desc)
+            provider, name, args = (desc[24:].split(b"\0") + [b"", b""])[:3]
+            if base_sec is not None and base:
+                pc += base_sec["sh_addr"] - base
+                if sema:
+                    sema += base_sec["sh_addr"] - base
+            arg_text = args.decode()
+            parsed = tuple(parse_usdt_arg(a) for a in arg_text.split())
+            notes.append(UsdtNote(provider.decode(), name.decode(), pc, sema, parsed, arg_text))
+    return notes
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedProbe:
+    spec: ProbeSpec
+    address: int
+    semaphore: int | None = None
+    usdt: UsdtNote | None = None
+
+
+class Resolver:
+    """Resolves specs against one loaded ELF image (the executable)."""
+
+    def __init__(self, image: LoadedImage) -> None:
+        self.image = image
+        self.elf = ELFFile(io.BytesIO(image.plan.data))
+        self.symbols: dict[str, tuple[int, int]] = {}
+        for sec in self.elf.iter_sections():
+            if isinstance(sec, SymbolTableSection):
+                for sym in sec.iter_symbols():
+                    if sym.name and sym["st_shndx"] != "SHN_UNDEF" and sym["st_info"]["type"] in ("STT_FUNC", "STT_NOTYPE"):
+                        self.symbols.setdefault(sym.name, (sym["st_value"], sym["st_size"]))
+        self.notes = usdt_notes(self.elf)
+
+    def resolve(self, spec: ProbeSpec) -> ResolvedProbe:
+        if spec.path is not None and spec.kind is not ProbeKind.USDT:
+            raise UsageError(f"{spec.text}: probes in other files than the executable are not supported yet")
+        if spec.kind is ProbeKind.USDT:
+            return self._usdt(spec)
+        if spec.address is not None:
+            return ResolvedProbe(spec, spec.address)
+        assert spec.symbol is not None
+        if spec.symbol not in self.symbols:
+            near = difflib.get_close_matches(spec.symbol, list(self.symbols), n=3)
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise UsageError(f"{spec.text}: no symbol {spec.symbol!r} in {self.image.plan.file.path}{hint}")
+        value, size = self.symbols[spec.symbol]
+        start = value + self.image.bias
+        if spec.offset:
+            self._check_boundary(spec, start, max(size, spec.offset + 1))
+        return ResolvedProbe(spec, start + spec.offset)
+
+    def _check_boundary(self, spec: ProbeSpec, start: int, size: int) -> None:
+        code = self._bytes_at(start - self.image.bias, size)
+        cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        for addr, length, _, _ in cs.disasm_lite(code, start):
+            if addr - start == spec.offset:
+                return
+            if addr - start > spec.offset:
+                break
+            _ = length
+        raise UsageError(f"{spec.text}: offset {spec.offset:#x} is not on an instruction boundary")
+
+    def _bytes_at(self, vaddr: int, size: int) -> bytes:
+        for seg in self.image.plan.segments:
+            if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
+                off = seg.offset + vaddr - seg.vaddr
+                return self.image.plan.data[off : off + size]
+        return b""
+
+    def _usdt(self, spec: ProbeSpec) -> ResolvedProbe:
+        for note in self.notes:
+            if note.provider == spec.provider and note.name == spec.name:
+                sema = note.semaphore + self.image.bias if note.semaphore else None
+                return ResolvedProbe(spec, note.pc + self.image.bias, sema, note)
+        known = sorted({f"{n.provider}:{n.name}" for n in self.notes})
+        raise UsageError(f"{spec.text}: no USDT probe {spec.provider}:{spec.name} (known: {', '.join(known) or 'none'})")
