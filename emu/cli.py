@@ -10,10 +10,12 @@ import sys
 from collections.abc import Sequence
 
 from emu import __version__
+from emu.designs import DEFAULT_DESIGN, DESIGNS
 from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
 from emu.guestio import GuestIO
 from emu.kernel.dispatch import KernelConfig
-from emu.machine import Machine, RunOptions, RunResult
+from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.machine import Attachment, Machine, RunOptions, RunResult
 
 PROG = "uprobe-emu"
 
@@ -49,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_process_options(run)
     run.add_argument("--strace", action="store_true", help="print each syscall on stderr, like strace")
     run.add_argument("--json", metavar="FILE", help="write the run's result as JSON")
+    run.add_argument("--kernel", default=DEFAULT_DESIGN, metavar="DESIGN",
+                     help=f"kernel design: {', '.join(DESIGNS)} (default {DEFAULT_DESIGN})")
+    run.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
+                     help="attach a probe: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME")
+    run.add_argument("--print-args", action="store_true", help="print each USDT hit with its decoded arguments")
     run.add_argument("binary", metavar="BINARY")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
     return parser
@@ -95,13 +102,42 @@ def _stderr_line(text: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    options = _options(args, count_insns=bool(args.json), strace=_stderr_line if args.strace else None)
+    options = _options(args, count_insns=bool(args.json), strace=_stderr_line if args.strace else None,
+                       design=args.kernel)
     machine = Machine(args.binary, [args.binary, *args.args], _guest_env(args), options, GuestIO.terminal())
+    for spec in args.probe:
+        _attach(machine, spec, args.print_args)
     result = machine.run()
     _report_ending(result)
+    if machine.attachments:
+        _stderr_line(probe_table(machine.attachments))
     if args.json:
         _write_json(args.json, result.to_json())
     return result.exit_status
+
+
+def _attach(machine: Machine, spec: str, print_args: bool) -> Attachment:
+    consumer = Consumer()
+    attachment = machine.attach(spec, consumer)
+    note = attachment.resolved.usdt
+    if print_args and note is not None:
+        def show(hit: Hit) -> None:
+            values = [arg.read(hit.regs, hit.read) for arg in note.args]
+            _stderr_line(f"{spec} @ {hit.address:#x}: " + " ".join(f"arg{i}={v}" for i, v in enumerate(values)))
+
+        consumer.handler = show
+    return attachment
+
+
+def probe_table(attachments: list[Attachment]) -> str:
+    """Per-probe summary: spec, address, hits, paths taken, optimized."""
+    rows = [("probe", "address", "hits", "path", "optimized")]
+    for att in attachments:
+        s = att.summary()
+        paths = ",".join(f"{k}:{v}" for k, v in sorted(s["paths"].items())) or "-"
+        rows.append((s["spec"], f"{s['address']:#x}", str(s["hits"]), paths, "yes" if s["optimized"] else "no"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
 def _report_ending(result: RunResult) -> None:

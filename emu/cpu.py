@@ -209,6 +209,16 @@ class Cpu:
         """Drop translated code for [begin, end) so patched bytes and new hooks take effect."""
         self._uc.ctl_remove_cache(begin, end)
 
+    def step(self, begin: int) -> StopReason:
+        """Execute exactly one instruction at ``begin``.
+
+        Unicorn counts instructions only in code translated while counting, so the
+        translation cache is dropped first: otherwise a jump into already translated
+        code would run on past the one instruction.
+        """
+        self._uc.ctl_flush_tb()
+        return self.run(begin, count=1)
+
     # -------------------------------------------------------------------- hooks
     def _guard(self, fn: Callable[..., object], default: object = None) -> Callable[..., object]:
         def wrapper(*args: object) -> object:

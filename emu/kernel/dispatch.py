@@ -124,7 +124,7 @@ class Kernel:
             ret = -errno.ENOSYS
         else:
             try:
-                ret = row.handler(self, a0, a1, a2, a3, a4, a5)
+                ret = row.handler(self, a0, a1, a2, a3, a4, a5) or 0
             except SyscallError as err:
                 ret = -err.errno
             except UserFault:

@@ -12,9 +12,12 @@ class SyscallError(Exception):
         self.errno = err
 
 
+KERNEL_ONLY_ERRNOS = {524: "ENOTSUPP"}  # not in errno.h; the kernel's own (spec 4.1)
+
+
 def errno_name(err: int) -> str:
-    return errno.errorcode.get(err, f"E{err}")
+    return errno.errorcode.get(err) or KERNEL_ONLY_ERRNOS.get(err, f"E{err}")
 
 
 def errno_text(err: int) -> str:
-    return os.strerror(err)
+    return "Operation is not supported" if err == 524 else os.strerror(err)

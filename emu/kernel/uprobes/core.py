@@ -228,7 +228,7 @@ class Uprobes:
 
     def _finish_xol(self, probe: Uprobe, slot: int, saved_scratch: int) -> None:
         insn = probe.insn
-        reason = self.cpu.run(slot, count=1)
+        reason = self.cpu.step(slot)
         regs = regs_from_cpu(self.cpu)
         if insn.scratch:
             setattr(regs, insn.scratch, saved_scratch)
