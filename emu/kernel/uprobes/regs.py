@@ -10,7 +10,7 @@ import enum
 import struct
 from dataclasses import dataclass, fields
 
-from emu.cpu import Cpu, Reg
+from emu.cpu import GPRS, Cpu
 
 USER_CS = 0x33
 USER_SS = 0x2B
@@ -55,39 +55,59 @@ class PtRegs:
         return PtRegs(*(getattr(self, f.name) for f in fields(self)))
 
 
-_CPU_FIELDS: tuple[tuple[str, Reg], ...] = (
-    ("r15", Reg.R15), ("r14", Reg.R14), ("r13", Reg.R13), ("r12", Reg.R12), ("bp", Reg.RBP), ("bx", Reg.RBX),
-    ("r11", Reg.R11), ("r10", Reg.R10), ("r9", Reg.R9), ("r8", Reg.R8), ("ax", Reg.RAX), ("cx", Reg.RCX),
-    ("dx", Reg.RDX), ("si", Reg.RSI), ("di", Reg.RDI), ("ip", Reg.RIP), ("flags", Reg.RFLAGS), ("sp", Reg.RSP),
+# PtRegs field for each slot of Cpu.read_user_state(): 16 GPRs in emu.cpu.GPRS order, rip, rflags.
+_STATE_FIELDS: tuple[str, ...] = (
+    "ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15",
+    "ip", "flags",
 )
+assert [f"r{f}" if len(f) == 2 and not f[1].isdigit() else f for f in _STATE_FIELDS[:16]] == [
+    r.name.lower() for r in GPRS
+]
 
 
 def regs_from_cpu(cpu: Cpu) -> PtRegs:
     """The user state as an exception entry (INT3) saves it."""
-    values = cpu.read_gprs()
-    regs = PtRegs()
-    for name, reg in _CPU_FIELDS:
-        setattr(regs, name, values[reg])
-    regs.orig_ax = 0xFFFFFFFFFFFFFFFF
-    return regs
+    v = cpu.read_user_state()
+    return PtRegs(
+        r15=v[15], r14=v[14], r13=v[13], r12=v[12], bp=v[6], bx=v[1], r11=v[11], r10=v[10], r9=v[9], r8=v[8],
+        ax=v[0], cx=v[2], dx=v[3], si=v[4], di=v[5], orig_ax=0xFFFFFFFFFFFFFFFF, ip=v[16], flags=v[17], sp=v[7],
+    )
 
 
-def regs_to_cpu(cpu: Cpu, regs: PtRegs, rip_bias: int = 0) -> None:
-    """Load every register from ``regs``; ``rip_bias`` undoes what Unicorn adds after a syscall hook."""
-    values = {reg: getattr(regs, name) for name, reg in _CPU_FIELDS}
-    values[Reg.RIP] += rip_bias
-    cpu.write_gprs(values)
+def _state(regs: PtRegs) -> list[int]:
+    return [getattr(regs, name) & 0xFFFFFFFFFFFFFFFF for name in _STATE_FIELDS]
 
 
-def syscall_entry_regs(cpu: Cpu, nr: int) -> PtRegs:
-    """pt_regs at ``syscall`` (spec 2.0): ip = next insn, cx = ip, r11 = flags, ax = -ENOSYS."""
+def regs_to_cpu(cpu: Cpu, regs: PtRegs, rip_bias: int = 0, current: PtRegs | None = None) -> None:
+    """Load the registers from ``regs``; ``rip_bias`` undoes what Unicorn adds after a syscall hook.
+
+    With ``current`` (what the CPU holds now) nothing is written when nothing changed, and
+    rip only when it changed: a rip write costs ~10 us in Unicorn (it ends the translation
+    block), so a return to the natural next instruction must not write it.
+    """
+    new = _state(regs)
+    old = _state(current) if current is not None else None
+    write_rip = old is None or new[16] != old[16]
+    if old is not None and new == old:
+        return
+    new[16] = (new[16] + rip_bias) & 0xFFFFFFFFFFFFFFFF
+    cpu.write_user_state(new, write_rip)
+
+
+def syscall_entry_regs(cpu: Cpu, nr: int) -> tuple[PtRegs, PtRegs]:
+    """pt_regs at ``syscall`` (spec 2.0): ip = next insn, cx = ip, r11 = flags, ax = -ENOSYS.
+
+    Also returns what the CPU itself holds (with ip already past the ``syscall``, as Unicorn
+    will leave it), so the exit can write back only what changed.
+    """
     regs = regs_from_cpu(cpu)
     regs.ip += 2
+    held = regs.copy()
     regs.cx = regs.ip
     regs.r11 = regs.flags
     regs.orig_ax = nr
     regs.ax = -38 & 0xFFFFFFFFFFFFFFFF
-    return regs
+    return regs, held
 
 
 def exit_path(regs: PtRegs) -> ExitPath:
@@ -104,7 +124,7 @@ def exit_path(regs: PtRegs) -> ExitPath:
     return ExitPath.IRET
 
 
-def return_from_syscall(cpu: Cpu, regs: PtRegs) -> ExitPath:
+def return_from_syscall(cpu: Cpu, regs: PtRegs, held: PtRegs) -> ExitPath:
     """Resume user mode from a syscall the way Linux would, and say which way it went.
 
     SYSRET loads rcx <- ip and r11 <- flags (and rflags from r11); IRET loads everything
@@ -112,5 +132,5 @@ def return_from_syscall(cpu: Cpu, regs: PtRegs) -> ExitPath:
     only picks SYSRET when those already agree.
     """
     path = exit_path(regs)
-    regs_to_cpu(cpu, regs, rip_bias=-2)  # Unicorn adds 2 to rip when the syscall hook returns
+    regs_to_cpu(cpu, regs, rip_bias=-2, current=held)  # Unicorn adds 2 to rip when the syscall hook returns
     return path

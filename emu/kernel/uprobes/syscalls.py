@@ -22,8 +22,8 @@ from emu.memory import UserFault
 U64 = (1 << 64) - 1
 
 
-def _leave(up: Uprobes, regs: PtRegs, force_iret: bool = False) -> None:
-    path = return_from_syscall(up.cpu, regs)
+def _leave(up: Uprobes, regs: PtRegs, held: PtRegs, force_iret: bool = False) -> None:
+    path = return_from_syscall(up.cpu, regs, held)
     up.stats.exits[(ExitPath.IRET if force_iret else path).value] += 1
 
 
@@ -31,9 +31,9 @@ def _sigill(regs: PtRegs, why: str) -> GuestKilled:
     return GuestKilled(Signal.SIGILL, regs.ip - 2, why)
 
 
-def _fail(up: Uprobes, regs: PtRegs, errno_value: int) -> None:
+def _fail(up: Uprobes, regs: PtRegs, held: PtRegs, errno_value: int) -> None:
     regs.ax = -errno_value & U64
-    _leave(up, regs)
+    _leave(up, regs, held)
 
 
 def _read_words(up: Uprobes, regs: PtRegs, addr: int, count: int) -> list[int]:
@@ -52,10 +52,10 @@ def _write_words(up: Uprobes, regs: PtRegs, addr: int, words: list[int]) -> None
 
 def sys_uprobe_call(up: Uprobes, nr: int) -> None:
     """sys_uprobe of 6.18 (nop5 -> call) and of nop10 (lea + call): spec 2.1 and 3.8."""
-    regs = syscall_entry_regs(up.cpu, nr)
+    regs, held = syscall_entry_regs(up.cpu, nr)
     assert up.design.uprobe_syscall_errno is not None
     if not up.sites.in_trampoline(regs.ip):
-        return _fail(up, regs, up.design.uprobe_syscall_errno)
+        return _fail(up, regs, held, up.design.uprobe_syscall_errno)
     insn_len = 10 if up.design.sites is SiteMode.LEA_CALL_NOP10 else 5
     extra = RED_ZONE if insn_len == 10 else 0
     ax, r11, cx, retaddr = _read_words(up, regs, regs.sp, 4)
@@ -69,7 +69,7 @@ def sys_uprobe_call(up: Uprobes, nr: int) -> None:
     if regs.sp != sp:  # a consumer moved sp: the slow IRET path
         if (retaddr - insn_len) & U64 == regs.ip:
             regs.ip = (regs.ip + insn_len) & U64
-        return _leave(up, regs)
+        return _leave(up, regs, held)
     regs.sp = (regs.sp - 32 - extra) & U64
     if (retaddr - insn_len) & U64 != regs.ip:
         retaddr = regs.ip  # a consumer redirected ip: the trampoline returns there
@@ -78,16 +78,16 @@ def sys_uprobe_call(up: Uprobes, nr: int) -> None:
     regs.r11 = regs.flags  # "ensure sysret"; the trampoline pops the real values
     regs.cx = regs.ip
     regs.ax = 0
-    _leave(up, regs)
+    _leave(up, regs, held)
 
 
 def sys_uprobe_slot(up: Uprobes, nr: int) -> None:
     """jmp-slots: find the probe from the slot, restore everything, IRET to probe+5 (DESIGN.md)."""
-    regs = syscall_entry_regs(up.cpu, nr)
+    regs, held = syscall_entry_regs(up.cpu, nr)
     assert up.design.uprobe_syscall_errno is not None
     vaddr = up.sites.probe_of_slot(regs.ip)
     if vaddr is None:
-        return _fail(up, regs, up.design.uprobe_syscall_errno)
+        return _fail(up, regs, held, up.design.uprobe_syscall_errno)
     ax, r11, cx = _read_words(up, regs, regs.sp, 3)
     regs.ax, regs.r11, regs.cx = ax, r11, cx
     regs.sp = (regs.sp + 24 + RED_ZONE) & U64
@@ -96,12 +96,12 @@ def sys_uprobe_slot(up: Uprobes, nr: int) -> None:
     up.handle_syscall_uprobe(regs, vaddr, Path.JMP)
     if regs.ip == vaddr:
         regs.ip = vaddr + 5
-    _leave(up, regs, force_iret=True)
+    _leave(up, regs, held, force_iret=True)
 
 
 def sys_uretprobe(up: Uprobes, nr: int) -> None:
     """sys_uretprobe (335), spec 2.2."""
-    regs = syscall_entry_regs(up.cpu, nr)
+    regs, held = syscall_entry_regs(up.cpu, nr)
     if up.xol is None or regs.ip != up.xol.vaddr + tc.URETPROBE_335_CHECK:
         raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
     r11, cx, ax = _read_words(up, regs, regs.sp, 3)
@@ -111,18 +111,18 @@ def sys_uretprobe(up: Uprobes, nr: int) -> None:
     ip, sp = regs.ip, regs.sp
     up.handle_trampoline(regs)
     if regs.sp != sp:
-        return _leave(up, regs)
+        return _leave(up, regs, held)
     regs.sp = (regs.sp - 24) & U64
     _write_words(up, regs, regs.sp, [regs.r11, regs.cx, regs.ip])
     regs.ip = ip
     regs.r11 = regs.flags
     regs.cx = regs.ip
-    _leave(up, regs)
+    _leave(up, regs, held)
 
 
 def sys_uretprobe_rfc(up: Uprobes, nr: int) -> None:
     """The RFC's 462: restore rax/rcx/r11, sp += 24, run the return handlers, IRET to the real return address."""
-    regs = syscall_entry_regs(up.cpu, nr)
+    regs, held = syscall_entry_regs(up.cpu, nr)
     if up.xol is None or regs.ip != up.xol.vaddr + tc.URETPROBE_RFC_CHECK:
         raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
     r11, cx, ax = _read_words(up, regs, regs.sp, 3)
@@ -130,7 +130,7 @@ def sys_uretprobe_rfc(up: Uprobes, nr: int) -> None:
     regs.sp = (regs.sp + 24) & U64
     regs.orig_ax = U64
     up.handle_trampoline(regs)
-    _leave(up, regs, force_iret=True)
+    _leave(up, regs, held, force_iret=True)
 
 
 def _row(nr: int, name: str, fn: Callable[[Uprobes, int], None], up: Uprobes) -> Row:
