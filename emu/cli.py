@@ -10,12 +10,14 @@ import sys
 from collections.abc import Sequence
 
 from emu import __version__
+from emu.check import CheckRequest, check_table, designs_from, run_check
 from emu.designs import DEFAULT_DESIGN, DESIGNS
 from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
 from emu.guestio import GuestIO
 from emu.kernel.dispatch import KernelConfig
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.machine import Attachment, Machine, RunOptions, RunResult
+from emu.verify.session import DEFAULT_VERIFIERS, VerifySession, parse_verifiers
 
 PROG = "uprobe-emu"
 
@@ -56,8 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
                      help="attach a probe: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME")
     run.add_argument("--print-args", action="store_true", help="print each USDT hit with its decoded arguments")
+    run.add_argument("--verify", metavar="LIST", type=parse_verifiers, default=(),
+                     help="verifiers to run on every probe hit: redzone,regs,resume (default: none)")
     run.add_argument("binary", metavar="BINARY")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+    check = sub.add_parser("check", help="run unprobed and under each design with verifiers; print one table")
+    _add_process_options(check)
+    check.add_argument("--kernel", default="all", metavar="all|D1,D2", help="designs to compare (default all)")
+    check.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
+                       help="probe to attach (default: every scan-able site of the binary)")
+    check.add_argument("--verify", metavar="LIST", type=parse_verifiers, default=DEFAULT_VERIFIERS,
+                       help="verifiers (default redzone,regs,resume)")
+    check.add_argument("--json", metavar="FILE", help="write the per-design results as JSON")
+    check.add_argument("--details", action="store_true", help="print every violation with its evidence")
+    check.add_argument("--strict", action="store_true", help="exit 1 if any design has a violation or diverges")
+    check.add_argument("binary", metavar="BINARY")
+    check.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
     return parser
 
 
@@ -107,13 +123,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     machine = Machine(args.binary, [args.binary, *args.args], _guest_env(args), options, GuestIO.terminal())
     for spec in args.probe:
         _attach(machine, spec, args.print_args)
+    session = VerifySession(machine, args.verify) if args.verify else None
     result = machine.run()
     _report_ending(result)
     if machine.attachments:
         _stderr_line(probe_table(machine.attachments))
+    violations = session.violations if session else []
+    for violation in violations:
+        _stderr_line(f"{PROG}: {violation.line()}")
     if args.json:
-        _write_json(args.json, result.to_json())
+        payload = result.to_json()
+        payload["violations"] = [v.to_json() for v in violations]
+        _write_json(args.json, payload)
     return result.exit_status
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    request = CheckRequest(
+        binary=args.binary, argv=[args.binary, *args.args], env=_guest_env(args), specs=tuple(args.probe),
+        designs=designs_from(args.kernel), verifiers=args.verify, options=_options(args),
+    )
+    reports = run_check(request)
+    print(check_table(reports))
+    for report in reports:
+        if report.divergence:
+            print(f"{report.design}: output differs from the unprobed run: {report.divergence}")
+        shown = report.violations if args.details else report.violations[:3]
+        for violation in shown:
+            print(f"{report.design}: " + (violation.details_text() if args.details else violation.line()))
+        if len(report.violations) > len(shown):
+            print(f"{report.design}: ... {len(report.violations) - len(shown)} more (--details shows all)")
+    if args.json:
+        _write_json(args.json, {"designs": {r.design: r.to_json() for r in reports}})
+    bad = any(r.violations or not r.same_output for r in reports)
+    return 1 if args.strict and bad else 0
 
 
 def _attach(machine: Machine, spec: str, print_args: bool) -> Attachment:
@@ -154,7 +197,7 @@ def _write_json(path: str, payload: dict) -> None:
         raise EmuError(f"cannot write {path}: {exc.strerror}") from None
 
 
-COMMANDS = {"run": cmd_run}
+COMMANDS = {"run": cmd_run, "check": cmd_check}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -138,6 +138,7 @@ class Cpu:
         self._gpr_batch = _RegBatch(GPRS + (Reg.RIP, Reg.RFLAGS))
         self._norip_batch = _RegBatch(GPRS + (Reg.RFLAGS,))
         self.last_bad_access: BadAccess | None = None
+        self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
         self._add_hook(_HOOK_MEM_INVALID, _MEM_CB(self._on_invalid_mem), 1, 0)
 
     # ---------------------------------------------------------------- registers
@@ -200,6 +201,19 @@ class Cpu:
         for reg, value in values.items():
             self.write(reg, value)
 
+    def read_extended(self) -> tuple[int, int, tuple[int, ...], int]:
+        """fs base, gs base, xmm0-15, mxcsr (binding calls: for verifiers, not hot paths)."""
+        xmm = tuple(self.read_xmm(i) for i in range(16))
+        return self.read(Reg.FS_BASE), self.read(Reg.GS_BASE), xmm, self.read(Reg.MXCSR)
+
+    def write_extended(self, state: tuple[int, int, tuple[int, ...], int]) -> None:
+        fs, gs, xmm, mxcsr = state
+        self.write(Reg.FS_BASE, fs)
+        self.write(Reg.GS_BASE, gs)
+        for i, value in enumerate(xmm):
+            self.write_xmm(i, value)
+        self.write(Reg.MXCSR, mxcsr)
+
     def read_xmm(self, index: int) -> int:
         value = self._uc.reg_read(x86.UC_X86_REG_XMM0 + index)
         assert isinstance(value, int)
@@ -235,7 +249,7 @@ class Cpu:
         translation cache is dropped first: otherwise a jump into already translated
         code would run on past the one instruction.
         """
-        self._uc.ctl_flush_tb()
+        self._uc.ctl_flush_tb()  # type: ignore[attr-defined]
         return self.run(begin, count=1)
 
     # -------------------------------------------------------------------- hooks
@@ -301,6 +315,8 @@ class Cpu:
     def _on_invalid_mem(self, _uc: object, access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
         kind, unmapped = _UC_ACCESS.get(access, (Access.READ, True))
         self.last_bad_access = BadAccess(kind, addr, size, unmapped)
+        if unmapped and self.on_unmapped is not None:
+            return self.on_unmapped(self.last_bad_access)
         return False
 
     # --------------------------------------------------------------------- runs

@@ -225,3 +225,25 @@ class Resolver:
                 return ResolvedProbe(spec, note.pc + self.image.bias, sema, note)
         known = sorted({f"{n.provider}:{n.name}" for n in self.notes})
         raise UsageError(f"{spec.text}: no USDT probe {spec.provider}:{spec.name} (known: {', '.join(known) or 'none'})")
+
+
+def scan_specs(resolver: Resolver, nop_forms: tuple[int, ...] = (5, 10)) -> list[ProbeSpec]:
+    """Every probe-able site of the executable: USDT notes, and symbols whose first instruction is a
+    5- or 10-byte NOP (``-mnop-mcount`` entries, labelled inline sites)."""
+    from emu.kernel.uprobes.sites import NOP10_HEAD, is_nop5
+
+    specs: list[ProbeSpec] = []
+    seen: set[int] = set()
+    for note in resolver.notes:
+        key = (note.provider, note.name)
+        spec = parse_spec(f"usdt:{key[0]}:{key[1]}")
+        if spec not in specs:
+            specs.append(spec)
+    for name, (value, _size) in sorted(resolver.symbols.items(), key=lambda kv: kv[1][0]):
+        code = resolver._bytes_at(value, 10)
+        if value in seen or len(code) < 5:
+            continue
+        if (5 in nop_forms and is_nop5(code[:5])) or (10 in nop_forms and code[:5] == NOP10_HEAD):
+            seen.add(value)
+            specs.append(parse_spec(f"uprobe:{name}"))
+    return specs

@@ -94,6 +94,7 @@ class Kernel:
         self.unknown: Counter[int] = Counter()
         self.tracer: Tracer | None = None
         self.deferred: list[Callable[[], None]] = []
+        self.syscall_log: list[tuple[str, tuple[int, ...], int]] | None = None  # for lockstep comparison
 
     def add_rows(self, rows: tuple[Row, ...]) -> None:
         """Add (or override) syscall rows, e.g. a design's uprobe syscalls."""
@@ -131,6 +132,8 @@ class Kernel:
                 ret = -errno.EFAULT
         if self.tracer is not None:
             self._trace(nr, row, (a0, a1, a2, a3, a4, a5), ret)
+        if self.syscall_log is not None:
+            self.syscall_log.append((self.name_of(nr), (a0, a1, a2, a3, a4, a5), ret))
         # SYSRET: user rcx <- return address, r11 <- rflags (spec 2.0).
         self.cpu.write_syscall_return(ret, rip + SYSCALL_INSN_LEN, rflags)
 

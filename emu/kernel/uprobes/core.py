@@ -28,6 +28,7 @@ from emu.memory import Memory, UserFault
 
 log = logging.getLogger(__name__)
 DeferFn = Callable[[Callable[[], None]], None]
+ChainObserver = Callable[["Uprobe", PtRegs, Path, bool], None]  # (probe, regs, path, after_consumers)
 MAX_URETPROBE_DEPTH = 64  # [HDR]
 XOL_SLOT_BYTES = 128  # UPROBE_XOL_SLOT_BYTES [ASMH]
 XOL_NAME = "[uprobes]"
@@ -105,6 +106,8 @@ class Uprobes:
         self.return_instances: list[ReturnInstance] = []  # head is the last element
         self.stats = UprobeStats()
         self._defer = defer
+        self.chain_observers: list[ChainObserver] = []
+        self.stepping = False  # inside an out-of-line single step: the kernel, not the guest, is running
 
     # ------------------------------------------------------------ attaching
     def attach(self, vaddr: int, consumer: Consumer, ref_ctr: int | None = None) -> Uprobe:
@@ -228,7 +231,11 @@ class Uprobes:
 
     def _finish_xol(self, probe: Uprobe, slot: int, saved_scratch: int) -> None:
         insn = probe.insn
-        reason = self.cpu.step(slot)
+        self.stepping = True
+        try:
+            reason = self.cpu.step(slot)
+        finally:
+            self.stepping = False
         regs = regs_from_cpu(self.cpu)
         if insn.scratch:
             setattr(regs, insn.scratch, saved_scratch)
@@ -254,6 +261,8 @@ class Uprobes:
     # ---------------------------------------------------------------- consumers
     def handler_chain(self, probe: Uprobe, regs: PtRegs, path: Path) -> None:
         """Run the entry handlers; allocate a return instance if any consumer has a ret_handler (spec 2.3)."""
+        for observer in self.chain_observers:
+            observer(probe, regs, path, False)
         remove = True
         entries: list[tuple[Consumer, object]] = []
         for consumer in list(probe.consumers):
@@ -267,6 +276,8 @@ class Uprobes:
             if consumer.ret_handler is not None and rc not in (UPROBE_HANDLER_REMOVE, UPROBE_HANDLER_IGNORE):
                 entries.append((consumer, hit.cookie if consumer.session else None))
             remove &= rc == UPROBE_HANDLER_REMOVE
+        for observer in self.chain_observers:
+            observer(probe, regs, path, True)
         if entries:
             self.prepare_uretprobe(regs, entries)
         if remove and probe.consumers:

@@ -1,0 +1,1 @@
+"""Verifiers hooked into a run: red zone, registers, resume, lockstep. Violations are structured records."""

@@ -1,0 +1,154 @@
+"""Verifiers: each must stay silent on clean runs and catch a deliberately broken design."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from emu import cli
+from emu.check import CheckRequest, run_check
+from emu.guestio import GuestIO
+from emu.kernel.uprobes import syscalls, tramp_code
+from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.machine import Machine, RunOptions
+from emu.verify.session import VerifySession
+from emu.verify.violations import Check
+
+SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
+REDZONE = str(SAMPLES / "redzone_probe")
+TARGETS = str(SAMPLES / "probe_targets")
+XOL_AND_EMULATED = ["t_ret", "t_riprel", "t_callrax", "t_jne", "t_pushrsp", "t_popf_site", "t_push", "t_nop1"]
+
+
+def verified_run(path: str, specs: list[str], design: str, *args: str) -> tuple[VerifySession, Machine]:
+    m = Machine(path, [path, *args], {}, RunOptions(design=design), GuestIO.captured())
+    for spec in specs:
+        m.attach(spec)
+    session = VerifySession(m)
+    m.run()
+    return session, m
+
+
+@pytest.mark.parametrize("design", ["int3", "uretprobe-rfc", "linux-6.18", "jmp-slots", "nop10"])
+def test_clean_designs_are_silent_on_int3_and_xol_paths(design: str) -> None:
+    session, _ = verified_run(TARGETS, [f"uprobe:{s}" for s in XOL_AND_EMULATED], design)
+    assert session.transactions == 24 + 3  # t_jne runs twice per iteration
+    assert session.violations == []
+
+
+def test_redzone_catches_linux_618_exactly() -> None:
+    session, m = verified_run(TARGETS, ["uprobe:t_nop5"], "linux-6.18")
+    site = m.resolver.symbols["t_nop5"][0]
+    hit2 = [v for v in session.violations if v.hit == 2]
+    assert {v.kind for v in session.violations} == {Check.REDZONE}
+    assert all(v.hit >= 2 for v in session.violations)  # hit 1 is INT3: clean
+    by_offset = {v.detail["offset"]: v for v in hit2}
+    assert set(by_offset) == {-32, -24, -16, -8}
+    assert by_offset[-8].detail["new"] == (site + 5).to_bytes(8, "little").hex()
+    assert "call" in by_offset[-8].detail["writer"]
+    assert "push rcx" in by_offset[-16].detail["writer"]
+    assert "push r11" in by_offset[-24].detail["writer"]
+    assert "push rax" in by_offset[-32].detail["writer"]
+
+
+@pytest.mark.parametrize("design", ["jmp-slots", "nop10"])
+def test_redzone_fixes_are_clean(design: str) -> None:
+    site = "uprobe:t_nop10" if design == "nop10" else "uprobe:t_nop5"
+    session, _ = verified_run(TARGETS, [site], design)
+    assert session.transactions == 3 and session.violations == []
+
+
+def test_negative_control_trampoline_forgetting_pop_r11(monkeypatch: pytest.MonkeyPatch) -> None:
+    # pop %rax; lea 8(%rsp),%rsp (skips the saved r11 without touching flags); pop %rcx; ret
+    broken = tramp_code.NOP5_TRAMPOLINE.replace(bytes.fromhex("58415b59c3"), bytes.fromhex("58488d64240859c3"))
+    monkeypatch.setattr(tramp_code, "NOP5_TRAMPOLINE", broken)
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "linux-6.18")
+    regs = [v for v in session.violations if v.kind is Check.REGS]
+    assert regs and all(set(v.detail["registers"]) == {"r11"} for v in regs)
+
+
+def test_negative_control_handler_not_restoring_rcx(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = syscalls.sys_uprobe_slot
+
+    def forgetful(up: syscalls.Uprobes, nr: int) -> None:
+        original(up, nr)
+        up.cpu.write(syscalls.Reg.RCX, 0x5A5A)  # as if regs->cx were left as the syscall's
+
+    monkeypatch.setattr(syscalls, "sys_uprobe_slot", forgetful)
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
+    regs = [v for v in session.violations if v.kind is Check.REGS]
+    assert len(regs) == 2 and all("rcx" in v.detail["registers"] for v in regs)
+
+
+def test_negative_control_resume_at_plus_4(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = syscalls.Uprobes.handle_syscall_uprobe
+
+    def short(up: syscalls.Uprobes, regs: syscalls.PtRegs, vaddr: int, path: syscalls.Path) -> None:
+        original(up, regs, vaddr, path)
+        regs.ip = vaddr + 4  # jmp-slots resumes at regs.ip: one byte short of the nop5's end
+
+    monkeypatch.setattr(syscalls.Uprobes, "handle_syscall_uprobe", short)
+    m = Machine(TARGETS, [TARGETS, "3"], {}, RunOptions(design="jmp-slots", max_insns=2_000_000), GuestIO.captured())
+    m.attach("uprobe:f_nop5")
+    session = VerifySession(m)
+    m.run()
+    resume = [v for v in session.violations if v.kind is Check.RESUME]
+    assert resume and "inside the probed instruction, +4" in resume[0].summary
+
+
+def test_negative_control_slot_pushing_into_the_red_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the flawed jmp slot: pushes first, moves rsp below the red zone afterwards
+    flawed = bytes.fromhex("514153 50 488d642480 b8500100000f05".replace(" ", ""))
+    monkeypatch.setattr(tramp_code, "JMP_SLOT", flawed)
+    original = syscalls.sys_uprobe_slot
+
+    def adjusted(up: syscalls.Uprobes, nr: int) -> None:  # its handler reads the words where they now are
+        rsp = up.cpu.read(syscalls.Reg.RSP)
+        up.cpu.write(syscalls.Reg.RSP, rsp + 128)
+        original(up, nr)
+        up.cpu.write(syscalls.Reg.RSP, up.cpu.read(syscalls.Reg.RSP) - 128)
+
+    monkeypatch.setattr(syscalls, "sys_uprobe_slot", adjusted)
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
+    offsets = {v.detail["offset"] for v in session.violations if v.kind is Check.REDZONE}
+    assert offsets & {-8, -16, -24}
+
+
+@pytest.mark.parametrize("design", ["int3", "jmp-slots"])
+def test_consumer_changes_are_expected_not_violations(design: str) -> None:
+    def change(hit: Hit) -> None:
+        hit.regs.cx = 0x87654321FEEBDAED
+
+    m = Machine(TARGETS, [TARGETS], {}, RunOptions(design=design), GuestIO.captured())
+    m.attach("uprobe:t_nop5", Consumer(handler=change))
+    session = VerifySession(m)
+    m.run()
+    assert session.transactions == 3 and session.violations == []
+
+
+def test_check_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "check.json"
+    status = cli.main(["check", "--json", str(out), REDZONE, "3"])
+    assert status == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split() == ["design", "hits", "redzone", "regs", "resume", "same", "output",
+                                             "sysret", "iret"]
+    data = json.loads(out.read_text())["designs"]
+    assert set(data) == {"int3", "uretprobe-rfc", "linux-6.18", "jmp-slots", "nop10"}
+    assert data["linux-6.18"]["violations"]["redzone"] > 0 and data["linux-6.18"]["same_output"] is False
+    for name in ("int3", "uretprobe-rfc", "jmp-slots", "nop10"):
+        assert data[name]["violations"] == {"redzone": 0, "regs": 0, "resume": 0}, name
+        assert data[name]["same_output"] is True
+        assert data[name]["hits"] > 0
+    assert cli.main(["check", "--strict", "--kernel", "jmp-slots,nop10", REDZONE, "3"]) == 0
+    assert cli.main(["check", "--strict", "--kernel", "linux-6.18", REDZONE, "3"]) == 1
+
+
+def test_lockstep_reports_first_divergence() -> None:
+    reports = run_check(CheckRequest(REDZONE, [REDZONE, "3"], {}, specs=("uprobe:rz_nop5_site",),
+                                     designs=("linux-6.18", "jmp-slots")))
+    bad, good = reports
+    assert bad.divergence is not None and "write" in bad.divergence
+    assert good.divergence is None and good.same_output
