@@ -9,6 +9,7 @@ import pytest
 
 from emu import cli
 from emu.check import CheckRequest, run_check
+from emu.cpu import Reg
 from emu.guestio import GuestIO
 from emu.kernel.uprobes import syscalls, tramp_code
 from emu.kernel.uprobes.consumers import Consumer, Hit
@@ -74,7 +75,7 @@ def test_negative_control_handler_not_restoring_rcx(monkeypatch: pytest.MonkeyPa
 
     def forgetful(up: syscalls.Uprobes, nr: int) -> None:
         original(up, nr)
-        up.cpu.write(syscalls.Reg.RCX, 0x5A5A)  # as if regs->cx were left as the syscall's
+        up.cpu.write(Reg.RCX, 0x5A5A)  # as if regs->cx were left as the syscall's
 
     monkeypatch.setattr(syscalls, "sys_uprobe_slot", forgetful)
     session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
@@ -105,10 +106,10 @@ def test_negative_control_slot_pushing_into_the_red_zone(monkeypatch: pytest.Mon
     original = syscalls.sys_uprobe_slot
 
     def adjusted(up: syscalls.Uprobes, nr: int) -> None:  # its handler reads the words where they now are
-        rsp = up.cpu.read(syscalls.Reg.RSP)
-        up.cpu.write(syscalls.Reg.RSP, rsp + 128)
+        rsp = up.cpu.read(Reg.RSP)
+        up.cpu.write(Reg.RSP, rsp + 128)
         original(up, nr)
-        up.cpu.write(syscalls.Reg.RSP, up.cpu.read(syscalls.Reg.RSP) - 128)
+        up.cpu.write(Reg.RSP, up.cpu.read(Reg.RSP) - 128)
 
     monkeypatch.setattr(syscalls, "sys_uprobe_slot", adjusted)
     session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
