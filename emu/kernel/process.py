@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import struct
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,9 @@ CLOCK_IDS = range(0, 12)
 RSEQ_SIG_MIN_LEN = 32
 RLIM_INFINITY = (1 << 64) - 1
 FUTEX_WAIT, FUTEX_WAKE, FUTEX_WAIT_BITSET, FUTEX_WAKE_BITSET = 0, 1, 9, 10
+SYSINFO_FORMAT = "<q3Q6QHH4xQQI"  # uptime loads[3] totalram..freeswap procs pad (pad) totalhigh freehigh mem_unit
+SYSINFO_SIZE = 112
+SYSINFO_TOTALRAM = 4 << 30
 FUTEX_CMD_MASK = 0x7F  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
 
 DEFAULT_RLIMITS = {
@@ -59,6 +63,18 @@ def sys_getuid(k: Kernel, *_: int) -> int:
 
 def sys_getgid(k: Kernel, *_: int) -> int:
     return k.ident.gid
+
+
+def sys_getgroups(k: Kernel, size: int, addr: int, *_: int) -> int:
+    """Supplementary groups: the host's when the guest runs as the host user (as uid/gid default), else none."""
+    groups = os.getgroups() if (k.ident.uid, k.ident.gid) == (os.getuid(), os.getgid()) else []
+    size = size & 0xFFFFFFFF
+    if size == 0:
+        return len(groups)
+    if size > 1 << 16 or size < len(groups):
+        raise SyscallError(errno.EINVAL)
+    k.mem.write_user(addr, struct.pack(f"<{len(groups)}I", *groups))
+    return len(groups)
 
 
 def sys_getpgid(k: Kernel, pid: int, *_: int) -> int:
@@ -230,9 +246,11 @@ def sys_futex(k: Kernel, uaddr: int, op: int, val: int, timeout: int, *_: int) -
 
 
 def sys_sysinfo(k: Kernel, info: int, *_: int) -> int:
+    """struct sysinfo: a 4 GiB machine, half free, no swap, one process, no load (loads are what
+    glibc's getloadavg() reports). mem_unit (offset 104, after 4 bytes of padding) must be 1:
+    glibc multiplies the sizes by it (get_phys_pages, sort's buffer size)."""
     uptime = k.clock.now(realtime=False) // 10**9
-    total = 4 << 30
-    blob = struct.pack("<q3QQQQQQQHH", uptime, 0, 0, 0, total, total // 2, 0, 0, 0, 0, 1, 0)
-    blob += struct.pack("<QQI", 0, 0, 1)
-    k.mem.write_user(info, blob.ljust(112, b"\0"))
+    total = SYSINFO_TOTALRAM
+    blob = struct.pack(SYSINFO_FORMAT, uptime, 0, 0, 0, total, total // 2, 0, 0, 0, 0, 1, 0, 0, 0, 1)
+    k.mem.write_user(info, blob.ljust(SYSINFO_SIZE, b"\0"))
     return 0

@@ -6,17 +6,22 @@ guest's stdout/stderr sinks and /dev/null.
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import errno
 import os
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from emu.kernel.errno_ import SyscallError
 
 MAX_SYMLINKS = 40
+NAME_MAX = 255
 ALLOWED_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random"})
+SYS_GETDENTS64, SYS_STATFS, SYS_FSTATFS, SYS_STATX = 217, 137, 138, 332  # host calls Python has no wrapper for
+STATX_SIZE, STATFS_SIZE = 256, 120
 
 S_IFIFO = 0o010000
 S_IFCHR = 0o020000
@@ -81,6 +86,48 @@ class StatInfo:
         return blob + b"\0" * (256 - len(blob))
 
 
+_libc: ctypes.CDLL | None = None
+
+
+def host_syscall(nr: int, *args: int | bytes | ctypes.Array[ctypes.c_char]) -> int:
+    """A read-only host system call (getdents64, statx, statfs) whose exact bytes the guest should see.
+
+    Values pass through unchanged, as stat() results do, so a guest run compares equal to a
+    native one. Raises SyscallError with the host's errno; ENOSYS where ctypes cannot reach libc.
+    """
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            raise SyscallError(errno.ENOSYS) from None
+    func = _libc.syscall
+    func.restype = ctypes.c_long
+    ret = int(func(ctypes.c_long(nr), *(ctypes.c_long(a) if isinstance(a, int) else a for a in args)))
+    if ret < 0:
+        raise SyscallError(ctypes.get_errno() or errno.EIO)
+    return ret
+
+
+def pack_dirents(entries: Iterable[tuple[int, int, bytes]], start: int, count: int) -> tuple[bytes, int]:
+    """struct linux_dirent64 records for ``entries[start:]`` fitting in ``count`` bytes; d_off = index + 1.
+
+    Returns the records and the index after the last one packed; EINVAL if not even one fits.
+    """
+    out = bytearray()
+    index = start
+    for ino, dtype, name in list(entries)[start:]:
+        reclen = (19 + len(name) + 1 + 7) & ~7
+        if len(out) + reclen > count:
+            if not out:
+                raise SyscallError(errno.EINVAL)
+            break
+        record = struct.pack("<QqHB", ino, index + 1, reclen, dtype) + name
+        out += record + b"\0" * (reclen - len(record))
+        index += 1
+    return bytes(out), index
+
+
 def synthetic_stat(mode: int, size: int = 0, ino: int = 1) -> StatInfo:
     return StatInfo(dev=0x16, ino=ino, mode=mode, nlink=1, uid=0, gid=0, rdev=0, size=size,
                     blksize=4096, blocks=0, atime_ns=0, mtime_ns=0, ctime_ns=0)
@@ -110,6 +157,14 @@ class OpenFile:
     def dirents(self) -> list[tuple[int, int, bytes]]:
         raise SyscallError(errno.ENOTDIR)
 
+    def getdents(self, count: int) -> bytes:
+        """The next linux_dirent64 records that fit in ``count`` bytes (b"" at the end)."""
+        raise SyscallError(errno.ENOTDIR)
+
+    @property
+    def is_directory(self) -> bool:
+        return False
+
     def host_fd(self) -> int | None:
         """A host descriptor for read-only ioctls (isatty, window size), if there is one."""
         return None
@@ -122,40 +177,85 @@ class OpenFile:
 
 
 class HostFile(OpenFile):
-    """A host file or directory opened read-only."""
+    """A host file or directory opened read-only (or O_PATH: a handle that can only be named)."""
 
-    def __init__(self, host_path: str, guest_path: str, is_dir: bool) -> None:
-        flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else 0)
+    def __init__(self, host_path: str, guest_path: str, is_dir: bool, path_only: bool = False) -> None:
+        flags = os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else 0) | (os.O_PATH if path_only else os.O_RDONLY)
         try:
-            self.fd = os.open(host_path, flags)
+            self.fd = os.open(host_path, flags | os.O_NOFOLLOW)
         except OSError as exc:
             raise SyscallError(exc.errno or errno.EACCES) from None
         self.host_path = host_path
         self.guest_path = guest_path
         self.is_dir = is_dir
+        self.path_only = path_only
         self.dir_pos = 0
         self._entries: list[tuple[int, int, bytes]] | None = None
 
     def read(self, size: int) -> bytes:
         if self.is_dir:
             raise SyscallError(errno.EISDIR)
-        return os.read(self.fd, size)
+        try:
+            return os.read(self.fd, size)
+        except OSError as exc:
+            raise SyscallError(exc.errno or errno.EIO) from None
 
     def pread(self, size: int, offset: int) -> bytes:
         if self.is_dir:
             raise SyscallError(errno.EISDIR)
-        return os.pread(self.fd, size, offset)
+        try:
+            return os.pread(self.fd, size, offset)
+        except OSError as exc:
+            raise SyscallError(exc.errno or errno.EIO) from None
+
+    def size_left(self) -> int:
+        try:
+            return max(0, os.fstat(self.fd).st_size - os.lseek(self.fd, 0, os.SEEK_CUR))
+        except OSError as exc:
+            raise SyscallError(exc.errno or errno.EIO) from None
 
     def seek(self, offset: int, whence: int) -> int:
-        if self.is_dir:
-            if whence != os.SEEK_SET or offset < 0:
-                raise SyscallError(errno.EINVAL)
-            self.dir_pos = offset
-            return offset
+        # Directories too: their positions are the host file system's own d_off cookies.
         try:
             return os.lseek(self.fd, offset, whence)
         except OSError as exc:
             raise SyscallError(exc.errno or errno.EINVAL) from None
+
+    @property
+    def is_directory(self) -> bool:
+        return self.is_dir
+
+    def getdents(self, count: int) -> bytes:
+        """The host's own getdents64 records: same order, d_off cookies and d_type as a native run.
+
+        (Without a reachable libc, records are made from scandir() with index offsets instead.)
+        """
+        if not self.is_dir:
+            raise SyscallError(errno.ENOTDIR)
+        size = min(count, 1 << 20)
+        buf = ctypes.create_string_buffer(size)
+        try:
+            n = host_syscall(SYS_GETDENTS64, self.fd, buf, size)
+        except SyscallError as err:
+            if err.errno != errno.ENOSYS:
+                raise
+            data, self.dir_pos = pack_dirents(self.dirents(), self.dir_pos, count)
+            return data
+        return self._root_dotdot(buf.raw[:n])
+
+    def _root_dotdot(self, data: bytes) -> bytes:
+        """At the guest's root, ".." is the root itself (its host parent is outside the sandbox)."""
+        if self.guest_path != "/" or os.path.samefile(self.host_path, "/"):
+            return data
+        out = bytearray(data)
+        here = os.fstat(self.fd).st_ino
+        pos = 0
+        while pos < len(out):
+            reclen = struct.unpack_from("<H", out, pos + 16)[0]
+            if out[pos + 19 : pos + 22] == b"..\0":
+                struct.pack_into("<Q", out, pos, here)
+            pos += reclen or len(out)
+        return bytes(out)
 
     def stat(self) -> StatInfo:
         return StatInfo.from_host(os.fstat(self.fd))
@@ -180,36 +280,105 @@ class HostFile(OpenFile):
     def mmap_bytes(self, offset: int, length: int) -> bytes:
         if self.is_dir:
             raise SyscallError(errno.ENODEV)
-        data = os.pread(self.fd, length, offset)
-        return data
+        try:
+            return os.pread(self.fd, length, offset)
+        except OSError as exc:
+            raise SyscallError(exc.errno or errno.EACCES) from None
 
     def close(self) -> None:
         os.close(self.fd)
 
 
-class DevNull(OpenFile):
-    guest_path = "/dev/null"
+class Device(OpenFile):
+    """A character device the sandbox emulates instead of opening the host's: /dev/null, zero, full, (u)random.
+
+    stat() reports the host node (device numbers, owner, times) when there is one, as Linux would.
+    """
+
+    MINORS = {"/dev/null": 3, "/dev/zero": 5, "/dev/full": 7, "/dev/random": 8, "/dev/urandom": 9}
+
+    def __init__(self, guest_path: str, host_path: str | None = None,
+                 randbytes: Callable[[int], bytes] | None = None) -> None:
+        self.guest_path = guest_path
+        self.host_path = host_path
+        self.randbytes = randbytes
 
     def read(self, size: int) -> bytes:
-        return b""
+        if self.guest_path == "/dev/null":
+            return b""
+        if self.guest_path in ("/dev/random", "/dev/urandom"):
+            # Deterministic: the kernel's seeded generator, like getrandom (DESIGN: conventions).
+            return self.randbytes(size) if self.randbytes else bytes(size)
+        return bytes(size)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return self.read(size)
 
     def write(self, data: bytes) -> int:
+        if self.guest_path == "/dev/full":
+            raise SyscallError(errno.ENOSPC)
         return len(data)
 
     def seek(self, offset: int, whence: int) -> int:
         return 0
 
     def stat(self) -> StatInfo:
-        return synthetic_stat(S_IFCHR | 0o666)
+        if self.host_path is not None:
+            try:
+                return StatInfo.from_host(os.stat(self.host_path))
+            except OSError:
+                pass
+        return dataclasses.replace(synthetic_stat(S_IFCHR | 0o666),
+                                   rdev=os.makedev(1, self.MINORS.get(self.guest_path, 3)))
+
+
+class SyntheticDir(OpenFile):
+    """A directory whose entries the kernel makes up (procfs); listed afresh when read from the start."""
+
+    def __init__(self, guest_path: str, entries: Callable[[], list[tuple[int, int, bytes]]],
+                 info: StatInfo | None = None) -> None:
+        self.guest_path = guest_path
+        self._entries = entries
+        self._snapshot: list[tuple[int, int, bytes]] | None = None
+        self._info = info or synthetic_stat(stat.S_IFDIR | 0o555)
+        self.dir_pos = 0
+
+    @property
+    def is_directory(self) -> bool:
+        return True
+
+    def read(self, size: int) -> bytes:
+        raise SyscallError(errno.EISDIR)
+
+    def seek(self, offset: int, whence: int) -> int:
+        """Positions are entry indexes (what d_off says); SEEK_CUR only tells where we are."""
+        target = offset if whence == os.SEEK_SET else self.dir_pos + offset if whence == os.SEEK_CUR else -1
+        if target < 0:
+            raise SyscallError(errno.EINVAL)
+        self.dir_pos = target
+        return target
+
+    def stat(self) -> StatInfo:
+        return self._info
+
+    def dirents(self) -> list[tuple[int, int, bytes]]:
+        if self._snapshot is None or self.dir_pos == 0:
+            self._snapshot = self._entries()
+        return self._snapshot
+
+    def getdents(self, count: int) -> bytes:
+        data, self.dir_pos = pack_dirents(self.dirents(), self.dir_pos, count)
+        return data
 
 
 class MemFile(OpenFile):
     """A read-only file whose content the kernel made up (procfs)."""
 
-    def __init__(self, guest_path: str, content: bytes) -> None:
+    def __init__(self, guest_path: str, content: bytes, info: StatInfo | None = None) -> None:
         self.guest_path = guest_path
         self.content = content
         self.pos = 0
+        self._info = info or synthetic_stat(stat.S_IFREG | 0o444, 0)
 
     def read(self, size: int) -> bytes:
         chunk = self.content[self.pos : self.pos + size]
@@ -227,7 +396,7 @@ class MemFile(OpenFile):
         return self.pos
 
     def stat(self) -> StatInfo:
-        return synthetic_stat(stat.S_IFREG | 0o444, 0)
+        return self._info
 
 
 @dataclass
@@ -318,8 +487,15 @@ class Vfs:
             return path
         return os.path.join(base or self.cwd, path)
 
-    def resolve(self, path: str, base: str | None = None, follow: bool = True) -> str:
-        """Canonical guest path of ``path``; ENOENT/ENOTDIR/ELOOP as Linux would say."""
+    def resolve(self, path: str, base: str | None = None, follow: bool = True,
+                special: Callable[[str], bool] | None = None) -> str:
+        """Canonical guest path of ``path``; ENOENT/ENOTDIR/ELOOP as Linux would say.
+
+        Symlinks are followed inside the root: ``..`` stops at the root and an absolute target
+        restarts from the root, so no path leaves it. ``special(prefix)`` marks a prefix the
+        kernel serves itself (/proc/<pid>): the rest of the path is appended as is, never
+        looked up on the host (where e.g. /proc/self would be the harness's own process).
+        """
         if path == "":
             raise SyscallError(errno.ENOENT)
         if len(path) >= 4096:
@@ -337,27 +513,32 @@ class Vfs:
                     done.pop()
                 continue
             candidate = "/" + "/".join(done + [comp])
+            if special is not None and special(candidate):
+                return "/" + "/".join(done + [comp] + pending)
+            if len(os.fsencode(comp)) > NAME_MAX:
+                raise SyscallError(errno.ENAMETOOLONG)
             host = self.host_path(candidate)
             try:
                 st = os.lstat(host)
-            except FileNotFoundError:
-                raise SyscallError(errno.ENOENT) from None
-            except NotADirectoryError:
-                raise SyscallError(errno.ENOTDIR) from None
-            except PermissionError:
-                raise SyscallError(errno.EACCES) from None
+            except OSError as exc:  # ENOENT, ENOTDIR, EACCES, ELOOP, ENAMETOOLONG...: the guest's errno
+                raise SyscallError(exc.errno or errno.ENOENT) from None
             is_last = not pending
             if stat.S_ISLNK(st.st_mode) and (not is_last or follow or trailing_slash):
                 links += 1
                 if links > MAX_SYMLINKS:
                     raise SyscallError(errno.ELOOP)
-                target = os.readlink(host)
+                try:
+                    target = os.readlink(host)
+                except OSError as exc:
+                    raise SyscallError(exc.errno or errno.ENOENT) from None
                 parts = [c for c in target.split("/") if c]
                 if target.startswith("/"):
                     done = []
                 pending = parts + pending
                 continue
             if not is_last and not stat.S_ISDIR(st.st_mode):
+                raise SyscallError(errno.ENOTDIR)
+            if is_last and trailing_slash and not stat.S_ISDIR(st.st_mode):
                 raise SyscallError(errno.ENOTDIR)
             done.append(comp)
         return "/" + "/".join(done)

@@ -110,11 +110,14 @@ class Uprobes:
         self.stepping = False  # inside an out-of-line single step: the kernel, not the guest, is running
 
     # ------------------------------------------------------------ attaching
-    def attach(self, vaddr: int, consumer: Consumer, ref_ctr: int | None = None) -> Uprobe:
-        """uprobe_register + install in this mm (spec 3.2). Raises SyscallError for refused instructions."""
+    def attach(self, vaddr: int, consumer: Consumer, ref_ctr: int | None = None, original: bytes | None = None) -> Uprobe:
+        """uprobe_register + install in this mm (spec 3.2). Raises SyscallError for refused instructions.
+
+        ``original`` is the instruction as the file holds it (spec 1.1: the kernel analyzes the file's
+        bytes, not memory's, which may hold a stale ``eb 08`` after a nop10 detach)."""
         probe = self.probes.get(vaddr)
         if probe is None:
-            code = self.mem.read(vaddr, 16)
+            code = original if original else self.mem.read(vaddr, 16)
             insn = analyze(code, vaddr, accept_nop10=self.design.site_length == 10)
             probe = Uprobe(vaddr, insn, ref_ctr, self.sites.can_optimize(insn.raw, vaddr))
             self.probes[vaddr] = probe

@@ -1,0 +1,197 @@
+"""Shared fixtures: where the samples are, and how to run one command natively and under emulation.
+
+``run_emulated`` and ``run_native`` take the same argv/env/cwd/stdin and give back the
+same shape (``Outcome``), so a test can compare them field by field. A native death
+by signal (returncode -signo) is reported as 128+signo, the way the emulator reports it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from emu.cpu import Reg
+from emu.guestio import GuestIO
+from emu.kernel.dispatch import KernelConfig
+from emu.machine import Machine, RunOptions, RunResult
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES_DIR = REPO / "elf_samples"
+FIXTURES_DIR = REPO / "fixtures"
+
+# A small, fixed environment: both sides get exactly this (nothing leaks in from the test runner).
+DEFAULT_ENV: dict[str, str] = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LC_ALL": "C",
+    "HOME": "/nonexistent",
+    "TZ": "UTC",
+}
+
+NATIVE_TIMEOUT_S = 60
+EMULATED_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a caller of the program can observe: output streams and exit status (128+signo if killed)."""
+
+    out: bytes
+    err: bytes
+    status: int
+    pid: int | None = None
+    result: RunResult | None = field(default=None, compare=False)
+
+    def observed(self) -> tuple[bytes, bytes, int]:
+        """The fields a native run and an emulated run must agree on."""
+        return self.out, self.err, self.status
+
+
+def sample(name: str) -> str:
+    path = SAMPLES_DIR / name
+    assert path.is_file(), f"missing sample {path}"
+    return str(path)
+
+
+def _resolve_program(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    prog = argv[0]
+    if "/" in prog:
+        return prog
+    found = shutil.which(prog, path=env.get("PATH", os.defpath))
+    assert found is not None, f"{prog} not found on PATH"
+    return found
+
+
+def run_emulated(argv: Sequence[str], env: Mapping[str, str] | None = None, *,
+                 cwd: str | os.PathLike[str] | None = None, stdin: bytes = b"", exe: str | None = None,
+                 **opts: Any) -> Outcome:
+    """Run ``argv`` under the emulator. ``opts`` go to RunOptions; ``rootfs``/``seed``/``pid`` etc. to KernelConfig."""
+    env = dict(DEFAULT_ENV if env is None else env)
+    kernel_fields = set(KernelConfig.__dataclass_fields__)
+    kernel_opts = {k: opts.pop(k) for k in list(opts) if k in kernel_fields}
+    kernel = KernelConfig(cwd=str(cwd) if cwd is not None else os.getcwd(), **kernel_opts)
+    opts.setdefault("timeout_s", EMULATED_TIMEOUT_S)
+    options = RunOptions(kernel=kernel, **opts)
+    io = GuestIO.captured(stdin)
+    machine = Machine(exe or _resolve_program(argv, env), list(argv), env, options, io)
+    result = machine.run()
+    return Outcome(bytes(io.out), bytes(io.err), result.exit_status, kernel.pid, result)
+
+
+def run_native(argv: Sequence[str], env: Mapping[str, str] | None = None, *,
+               cwd: str | os.PathLike[str] | None = None, stdin: bytes = b"") -> Outcome:
+    """Run ``argv`` on the host with exactly ``env``; a death by signal N becomes status 128+N."""
+    env = dict(DEFAULT_ENV if env is None else env)
+    proc = subprocess.Popen(list(argv), executable=_resolve_program(argv, env), env=env, cwd=cwd,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(stdin, timeout=NATIVE_TIMEOUT_S)
+    status = proc.returncode
+    return Outcome(out, err, 128 - status if status < 0 else status, proc.pid)
+
+
+@pytest.fixture(scope="session")
+def samples_dir() -> Path:
+    return SAMPLES_DIR
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES_DIR
+
+
+@pytest.fixture
+def emulate() -> Any:
+    return run_emulated
+
+
+@pytest.fixture
+def native() -> Any:
+    return run_native
+
+
+# --------------------------------------------------------------------------- kernel driven call by call
+SYSCALL_ARG_REGS = (Reg.RDI, Reg.RSI, Reg.RDX, Reg.R10, Reg.R8, Reg.R9)
+SCRATCH_BELOW_SP = 1 << 20  # guest scratch memory for strings and buffers: inside [stack], far below sp
+
+
+class GuestKernel:
+    """A Machine built (memory, stack, stdio) but not run, whose kernel is driven one syscall at a time.
+
+    Calls go through the real entry, ``Kernel.on_syscall``: registers in, -errno out, unknown
+    numbers recorded, exactly as for a running guest. Strings and buffers live in the guest's
+    own stack mapping.
+    """
+
+    def __init__(self, path: str | None = None, argv: Sequence[str] | None = None,
+                 env: Mapping[str, str] | None = None, stdin: bytes = b"", **kernel_opts: Any) -> None:
+        path = path or sample("hello_static")
+        self.io = GuestIO.captured(stdin)
+        kernel_opts.setdefault("cwd", str(REPO))
+        options = RunOptions(kernel=KernelConfig(**kernel_opts))
+        self.machine = Machine(path, list(argv or [path]), dict(env or {}), options, self.io)
+        self.kernel = self.machine.kernel
+        self.mem = self.machine.mem
+        self._next = self.machine.entry_sp - SCRATCH_BELOW_SP
+        self._numbers = {row.name: nr for nr, row in self.kernel.table.items()}
+
+    def alloc(self, size: int, data: bytes = b"") -> int:
+        addr = self._next
+        self._next += (max(size, len(data)) + 15) & ~15
+        self.mem.write(addr, data.ljust(size, b"\0"))
+        return addr
+
+    def cstr(self, text: str | bytes) -> int:
+        raw = os.fsencode(text) if isinstance(text, str) else text
+        return self.alloc(len(raw) + 1, raw + b"\0")
+
+    def read(self, addr: int, size: int) -> bytes:
+        return self.mem.read(addr, size)
+
+    def nr(self, name: str) -> int:
+        return self._numbers[name]
+
+    def __call__(self, name_or_nr: str | int, *args: int) -> int:
+        """One system call; returns rax as a signed number (-errno on failure)."""
+        nr = self.nr(name_or_nr) if isinstance(name_or_nr, str) else name_or_nr
+        cpu = self.machine.cpu
+        cpu.write(Reg.RAX, nr)
+        for reg, value in zip(SYSCALL_ARG_REGS, args, strict=False):
+            cpu.write(reg, value)
+        self.kernel.on_syscall()
+        ret = cpu.read(Reg.RAX)
+        return ret - (1 << 64) if ret >= 1 << 63 else ret
+
+    def open(self, path: str, flags: int = 0, mode: int = 0, dirfd: int = -100) -> int:
+        return self("openat", dirfd & 0xFFFFFFFF, self.cstr(path), flags, mode)
+
+    def read_fd(self, fd: int, size: int = 65536) -> bytes:
+        buf = self.alloc(size)
+        n = self("read", fd, buf, size)
+        assert n >= 0, f"read({fd}) failed: {n}"
+        return self.read(buf, n)
+
+    def slurp(self, path: str) -> bytes:
+        fd = self.open(path)
+        assert fd >= 0, f"open({path}) failed: {fd}"
+        chunks = []
+        while chunk := self.read_fd(fd):
+            chunks.append(chunk)
+        assert self("close", fd) == 0
+        return b"".join(chunks)
+
+    def readlink(self, path: str) -> str:
+        buf = self.alloc(4096)
+        n = self("readlink", self.cstr(path), buf, 4096)
+        assert n >= 0, f"readlink({path}) failed: {n}"
+        return os.fsdecode(self.read(buf, n))
+
+
+@pytest.fixture
+def guest() -> GuestKernel:
+    return GuestKernel()
