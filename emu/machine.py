@@ -25,6 +25,7 @@ from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled
 from emu.kernel.fs import FdEntry
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
+from emu.kernel.uprobes.insn import analyze
 from emu.kernel.uprobes.syscalls import uprobe_rows
 from emu.loader import LoadedImage, choose_bias, map_image
 from emu.memory import Memory
@@ -196,7 +197,7 @@ class Machine:
         if vma is None or not vma.prot & Prot.EXEC:
             raise UsageError(f"{parsed.text}: address {address:#x} is not in an executable mapping")
         try:
-            uprobe = self.uprobes.attach(address, consumer, resolved.semaphore)
+            uprobe = self.uprobes.attach(address, consumer, resolved.semaphore, self._file_bytes(address))
         except SyscallError as err:
             raise UsageError(f"{parsed.text}: the kernel refuses the instruction at {address:#x}: "
                              f"{self.describe_insn(address)} (-{errno_name(err.errno)}, {err.errno})") from None
@@ -204,15 +205,26 @@ class Machine:
         self.attachments.append(attachment)
         return attachment
 
+    def _file_bytes(self, address: int) -> bytes | None:
+        """The instruction bytes as the file has them (the kernel analyzes those, not memory's)."""
+        for image in (self.exe, self.interp):
+            if image is not None:
+                code = self.resolver.bytes_at(image, address - image.bias, 16)
+                if code:
+                    return code
+        return None
+
     def _usdt_site(self, resolved: ResolvedProbe) -> int:
         """libbpf's nop combo: a `90` followed by a long NOP the design optimizes moves the probe to +1."""
         pc = resolved.address
-        code = self.mem.read(pc, 11)
-        if code[0] == 0x90:
-            for length in (5, 10):
-                if self.uprobes.sites.can_optimize(code[1 : 1 + length], pc + 1):
-                    return pc + 1
-        return pc
+        code = self.mem.read(pc, 16)
+        if code[0] != 0x90:
+            return pc
+        try:
+            insn = analyze(code[1:], pc + 1, accept_nop10=self.design.site_length == 10)
+        except SyscallError:
+            return pc
+        return pc + 1 if self.uprobes.sites.can_optimize(insn.raw, pc + 1) else pc
 
     # -------------------------------------------------------------- building
     def _load(self, plan: LoadPlan) -> tuple[LoadedImage, LoadedImage | None]:

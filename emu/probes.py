@@ -212,10 +212,15 @@ class Resolver:
         raise UsageError(f"{spec.text}: offset {spec.offset:#x} is not on an instruction boundary")
 
     def _bytes_at(self, vaddr: int, size: int) -> bytes:
-        for seg in self.image.plan.segments:
+        return self.bytes_at(self.image, vaddr, size)
+
+    @staticmethod
+    def bytes_at(image: LoadedImage, vaddr: int, size: int) -> bytes:
+        """File bytes at link-time address ``vaddr`` of ``image`` (empty if not file-backed)."""
+        for seg in image.plan.segments:
             if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
                 off = seg.offset + vaddr - seg.vaddr
-                return self.image.plan.data[off : off + size]
+                return image.plan.data[off : off + min(size, seg.vaddr + seg.filesz - vaddr)]
         return b""
 
     def _usdt(self, spec: ProbeSpec) -> ResolvedProbe:

@@ -1,0 +1,143 @@
+"""The real kernel's side of a comparison: run a program natively with uprobes attached through
+perf_event_open on the uprobe PMU (ctypes), and read back each probe's hit count.
+
+Needs root (or perf_event_paranoid permitting) and /sys/bus/event_source/devices/uprobe.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from emu.errors import EmuError
+
+PMU_DIR = "/sys/bus/event_source/devices/uprobe"
+NR_PERF_EVENT_OPEN = 298
+PERF_ATTR_SIZE = 136
+FLAG_DISABLED = 1 << 0
+FLAG_ENABLE_ON_EXEC = 1 << 12
+EXIT_NATIVE_UNAVAILABLE = 3
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NativeUnavailable(EmuError):
+    """This machine cannot run the native side (not root, or no uprobe PMU)."""
+
+    exit_status = EXIT_NATIVE_UNAVAILABLE
+
+
+@dataclass(frozen=True, slots=True)
+class NativeProbe:
+    path: str
+    offset: int  # file offset of the probed instruction
+    retprobe: bool = False
+    ref_ctr_offset: int = 0  # file offset of a USDT semaphore, 0 for none
+
+
+@dataclass(frozen=True, slots=True)
+class NativeRun:
+    stdout: bytes
+    stderr: bytes
+    returncode: int
+    counts: tuple[int, ...]
+
+
+def uprobe_pmu_type() -> int:
+    try:
+        with open(f"{PMU_DIR}/type") as fh:
+            return int(fh.read())
+    except OSError:
+        raise NativeUnavailable("no uprobe PMU on this kernel (/sys/bus/event_source/devices/uprobe)") from None
+
+
+def _attr(pmu: int, probe: NativeProbe, path_buf: ctypes.Array[ctypes.c_char]) -> ctypes.Array[ctypes.c_char]:
+    config = (1 if probe.retprobe else 0) | (probe.ref_ctr_offset << 32)
+    raw = struct.pack(
+        "<IIQQQQQIIQQ", pmu, PERF_ATTR_SIZE, config, 0, 0, 0, FLAG_DISABLED | FLAG_ENABLE_ON_EXEC, 0, 0,
+        ctypes.addressof(path_buf), probe.offset,
+    )
+    return ctypes.create_string_buffer(raw.ljust(PERF_ATTR_SIZE, b"\0"), PERF_ATTR_SIZE)
+
+
+def _open_event(pmu: int, probe: NativeProbe, pid: int) -> int:
+    path_buf = ctypes.create_string_buffer(os.fsencode(probe.path))
+    attr = _attr(pmu, probe, path_buf)
+    fd = _libc.syscall(NR_PERF_EVENT_OPEN, attr, pid, -1, -1, 0)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise NativeUnavailable(f"perf_event_open({probe.path}+{probe.offset:#x}): {os.strerror(err)}")
+    return int(fd)
+
+
+def _spawn_gated(argv: Sequence[str], env: dict[str, str] | None) -> tuple[int, int, int, int, int]:
+    """fork; the child waits on a gate pipe, then execs. Returns pid, gate, stdin, stdout, stderr fds."""
+    gate_r, gate_w = os.pipe()
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: only async-signal-safe work until exec
+        try:
+            os.close(gate_w)
+            os.read(gate_r, 1)
+            os.dup2(in_r, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, 1 << 16)
+            os.execve(argv[0], list(argv), env if env is not None else dict(os.environ))
+        finally:
+            os._exit(127)
+    for fd in (gate_r, in_r, out_w, err_w):
+        os.close(fd)
+    return pid, gate_w, in_w, out_r, err_r
+
+
+def run_native(argv: Sequence[str], probes: Sequence[NativeProbe], env: dict[str, str] | None = None,
+               stdin: bytes = b"", timeout: float = 60.0) -> NativeRun:
+    """Start ``argv`` stopped before exec, attach every probe to it, let it run, read the counts."""
+    pmu = uprobe_pmu_type()
+    pid, gate, in_w, out_r, err_r = _spawn_gated(argv, env)
+    fds: list[int] = []
+    try:
+        fds = [_open_event(pmu, probe, pid) for probe in probes]
+    except BaseException:
+        os.kill(pid, 9)
+        raise
+    finally:
+        os.write(gate, b"x")
+        os.close(gate)
+    try:
+        with os.fdopen(in_w, "wb") as fh:
+            fh.write(stdin)
+        out, err = _drain(out_r, err_r)
+        _, status = os.waitpid(pid, 0)
+        counts = tuple(struct.unpack("<Q", os.read(fd, 8))[0] for fd in fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    return NativeRun(out, err, returncode, counts)
+
+
+def _drain(out_r: int, err_r: int) -> tuple[bytes, bytes]:
+    import selectors
+
+    chunks: dict[int, bytearray] = {out_r: bytearray(), err_r: bytearray()}
+    sel = selectors.DefaultSelector()
+    for fd in chunks:
+        sel.register(fd, selectors.EVENT_READ)
+    open_fds = set(chunks)
+    while open_fds:
+        for key, _ in sel.select():
+            data = os.read(key.fd, 65536)
+            if data:
+                chunks[key.fd] += data
+            else:
+                sel.unregister(key.fd)
+                os.close(key.fd)
+                open_fds.discard(key.fd)
+    return bytes(chunks[out_r]), bytes(chunks[err_r])
