@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -34,14 +35,21 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return max(value, 1e-6)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_process_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rootfs", default="/", metavar="DIR", help="guest root directory (read-only; default /)")
-    p.add_argument("--max-insns", type=_int, metavar="N", help="stop the guest after N instructions")
+    p.add_argument("--max-insns", type=_positive_int, metavar="N", help="stop the guest after N instructions")
     p.add_argument("--timeout", type=_positive_float, metavar="S", help="stop the guest after S seconds")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="set a guest environment variable")
     p.add_argument("--clear-env", action="store_true", help="start the guest with an empty environment")
@@ -118,6 +126,8 @@ def _stderr_line(text: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.json:
+        _check_writable(args.json)
     options = _options(args, count_insns=bool(args.json), strace=_stderr_line if args.strace else None,
                        design=args.kernel)
     machine = Machine(args.binary, [args.binary, *args.args], _guest_env(args), options, GuestIO.terminal())
@@ -139,6 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if args.json:
+        _check_writable(args.json)
     request = CheckRequest(
         binary=args.binary, argv=[args.binary, *args.args], env=_guest_env(args), specs=tuple(args.probe),
         designs=designs_from(args.kernel), verifiers=args.verify, options=_options(args),
@@ -186,6 +198,15 @@ def probe_table(attachments: list[Attachment]) -> str:
 def _report_ending(result: RunResult) -> None:
     if result.message:
         _stderr_line(f"{PROG}: {result.message}")
+
+
+def _check_writable(path: str) -> None:
+    """Fail before the run, not after it, when the result cannot be saved."""
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise EmuError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def _write_json(path: str, payload: dict) -> None:

@@ -14,10 +14,20 @@ EXIT_TIMEOUT = 125
 """The guest ran past ``--timeout``."""
 
 
+def one_line(text: str) -> str:
+    """``text`` with control characters (newlines, tabs, undecodable bytes) escaped, so it prints on one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class EmuError(Exception):
-    """Root of every error the harness raises on purpose."""
+    """Root of every error the harness raises on purpose. ``str()`` of one is always a single line."""
 
     exit_status = EXIT_HARNESS_ERROR
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class LoadError(EmuError):
@@ -35,6 +45,10 @@ class UsageError(EmuError):
 
 class MemoryFault(EmuError):
     """The harness itself touched guest memory that is not mapped (a kernel bug, not a guest fault)."""
+
+
+class MapFailed(MemoryFault):
+    """The memory backend refused to map a range (typically: too large for the host)."""
 
 
 class PatchMismatch(EmuError):

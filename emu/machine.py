@@ -167,6 +167,8 @@ class Machine:
         self.kernel.tracer = self.options.strace
         self.path = path
         plan = load_plan(path)
+        # The stack first, so an image that collides with it is refused rather than overwritten.
+        self.mem.map(abi.STACK_TOP - abi.STACK_SIZE, abi.STACK_SIZE, Prot.READ | Prot.WRITE, name="[stack]")
         self.exe, self.interp = self._load(plan)
         envp = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else list(env)
         self.entry_sp = self._build_stack(argv, envp)
@@ -232,10 +234,11 @@ class Machine:
         exe_base = self.options.exe_base
         if exe_base is None and plan.is_dyn and interp_plan is not None:
             exe_base = abi.PIE_BASE
-        exe = map_image(self.mem, plan, choose_bias(self.mem, plan, exe_base))
+        exe = map_image(self.mem, plan, choose_bias(self.mem, plan, exe_base), name=self._guest_exe_path())
         interp = None
         if interp_plan is not None:
-            interp = map_image(self.mem, interp_plan, choose_bias(self.mem, interp_plan, self.options.interp_base))
+            interp = map_image(self.mem, interp_plan, choose_bias(self.mem, interp_plan, self.options.interp_base),
+                               name=self._interp_guest)
         brk = abi.page_up(exe.end)
         self.kernel.brk.start = self.kernel.brk.current = brk
         return exe, interp
@@ -247,6 +250,7 @@ class Machine:
         except SyscallError:
             raise LoadError(plan.file.path, f"interpreter {plan.interp} not found under {self.kernel.vfs.root}") from None
         interp = load_plan(self.kernel.vfs.host_path(guest))
+        self._interp_guest = guest
         if interp.interp is not None:
             raise LoadError(interp.file.path, "an interpreter cannot itself have an interpreter")
         return interp
@@ -274,7 +278,6 @@ class Machine:
         bargv = [os.fsencode(a) for a in argv]
         benv = [os.fsencode(e) for e in envp]
         stack = build_stack(abi.STACK_TOP, bargv, benv, os.fsencode(self.path), aux, self.kernel.random.randbytes(16))
-        self.mem.map(abi.STACK_TOP - abi.STACK_SIZE, abi.STACK_SIZE, Prot.READ | Prot.WRITE, name="[stack]")
         self.mem.write(stack.sp, stack.data)
         ident = self.kernel.ident
         exe_guest = self._guest_exe_path()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from emu.abi import MMAP_BASE, PAGE_SIZE, TASK_SIZE, Prot, page_down, page_up
-from emu.errors import MemoryFault, PatchMismatch
+from emu.errors import MapFailed, MemoryFault, PatchMismatch
 
 
 class MemoryBackend(Protocol):
@@ -38,6 +38,10 @@ class Vma:
     dev: tuple[int, int] = (0, 0)
     inode: int = 0
     shared: bool = False
+    # VM_ACCOUNT: set once a private mapping has been writable (at mmap or by mprotect) and never
+    # cleared. Linux does not merge accounted with unaccounted VMAs: that is why a RELRO region made
+    # read-only stays a separate line next to the read-only segment before it.
+    accounted: bool = False
 
     def __contains__(self, addr: int) -> bool:
         return self.start <= addr < self.end
@@ -55,26 +59,35 @@ class Vma:
         )
 
     def maps_line(self) -> str:
+        """This VMA as Linux's show_map_vma() prints it: the header ends in a space; a name is padded
+        to start at column 73 (seq_setwidth(25 + 6 * sizeof(void *) - 1), then seq_pad(' '))."""
         head = (
             f"{self.start:08x}-{self.end:08x} {self.perms()} {self.offset:08x} "
-            f"{self.dev[0]:02x}:{self.dev[1]:02x} {self.inode}"
+            f"{self.dev[0]:02x}:{self.dev[1]:02x} {self.inode} "
         )
         if not self.name:
             return head
-        return head.ljust(73) + self.name
+        return head.ljust(72) + " " + self.name
+
+    @property
+    def is_file(self) -> bool:
+        """Backed by a file (anonymous mappings show offset 0, device 00:00, inode 0)."""
+        return bool(self.inode or self.dev != (0, 0) or self.offset)
 
     def slice(self, start: int, end: int) -> Vma:
-        """The part [start, end) of this VMA, with the file offset moved along."""
-        offset = self.offset + (start - self.start) if self.inode else self.offset
+        """The part [start, end) of this VMA, with the file offset moved along (anonymous: stays 0)."""
+        offset = self.offset + (start - self.start) if self.is_file else self.offset
         return dataclasses.replace(self, start=start, end=end, offset=offset)
 
     def continues(self, other: Vma) -> bool:
         """True if ``other`` starts where this one ends and could be one VMA with it."""
-        if other.start != self.end or (self.prot, self.name, self.dev, self.inode, self.shared) != (
-            other.prot, other.name, other.dev, other.inode, other.shared,
+        if other.start != self.end:
+            return False
+        if (self.prot, self.name, self.dev, self.inode, self.shared, self.accounted) != (
+            other.prot, other.name, other.dev, other.inode, other.shared, other.accounted,
         ):
             return False
-        return not self.inode or other.offset == self.offset + self.size
+        return not self.is_file or other.offset == self.offset + self.size
 
 
 class UserFault(Exception):
@@ -83,6 +96,15 @@ class UserFault(Exception):
     def __init__(self, addr: int) -> None:
         super().__init__(f"bad user address {addr:#x}")
         self.addr = addr
+
+
+class StringTooLong(UserFault):
+    """``read_cstring`` found no NUL within its limit (Linux's getname() says ENAMETOOLONG)."""
+
+    def __init__(self, addr: int, limit: int) -> None:
+        super().__init__(addr)
+        self.args = (f"no NUL within {limit} bytes of {addr:#x}",)
+        self.limit = limit
 
 
 class Memory:
@@ -96,7 +118,10 @@ class Memory:
 
     # --------------------------------------------------------------- queries
     def __iter__(self) -> Iterator[Vma]:
-        return iter(self._vmas)
+        return iter(tuple(self._vmas))  # a snapshot: callers may change the map while iterating
+
+    def __len__(self) -> int:
+        return len(self._vmas)
 
     def find(self, addr: int) -> Vma | None:
         i = bisect.bisect_right(self._starts, addr) - 1
@@ -120,20 +145,28 @@ class Memory:
     def find_free(self, length: int, *, below: int | None = None, above: int = PAGE_SIZE) -> int | None:
         """Highest page-aligned hole of ``length`` bytes in [above, below), top-down like Linux's mmap."""
         length = page_up(length)
-        top = self.mmap_base if below is None else below
-        for vma in reversed(self._vmas):
-            if vma.start >= top:
-                continue
+        if length <= 0:
+            return None
+        top = page_down(min(self.mmap_base if below is None else below, TASK_SIZE))
+        floor = max(page_up(above), PAGE_SIZE)
+        i = bisect.bisect_left(self._starts, top) - 1  # the last VMA starting below top
+        while i >= 0:
+            vma = self._vmas[i]
             if vma.end <= top - length:
-                break
-            top = vma.start
-        return top - length if top - length >= above else None
+                break  # [top - length, top) lies above this VMA and below the previous one
+            top = min(top, vma.start)
+            i -= 1
+        return top - length if top - length >= floor else None
 
     def find_free_above(self, length: int, start: int, limit: int) -> int | None:
         """Lowest page-aligned hole of ``length`` bytes in [start, limit), bottom-up."""
-        addr = page_up(start)
+        length = page_up(length)
+        if length <= 0:
+            return None
+        limit = min(limit, TASK_SIZE)
+        addr = max(page_up(start), PAGE_SIZE)
         for vma in self.overlapping(addr, limit):
-            if vma.start - addr >= length:
+            if vma.start >= addr + length:
                 break
             addr = max(addr, vma.end)
         return addr if addr + length <= limit else None
@@ -152,73 +185,106 @@ class Memory:
         shared: bool = False,
         data: bytes = b"",
     ) -> Vma:
-        """Map [start, start+length) (page-rounded), replacing whatever was there (MAP_FIXED)."""
-        start, end = page_down(start), page_up(start + length)
-        if not (0 < start < end <= TASK_SIZE):
-            raise MemoryFault(f"cannot map {start:#x}-{end:#x}")
-        self.unmap(start, end - start)
-        vma = Vma(start, end, prot, name, offset, dev, inode, shared)
-        self.backend.mem_map(start, end - start, prot)
+        """Map [start, start+length) (page-rounded), replacing whatever was there (MAP_FIXED).
+
+        ``data`` is written at ``start`` (the rest of the pages read as zeros). A backend that
+        cannot map the range (too large for the host) raises :class:`MapFailed`.
+        """
+        lo, hi = page_down(start), page_up(start + length)
+        if length <= 0 or not (0 < lo < hi <= TASK_SIZE):
+            raise MemoryFault(f"cannot map {lo:#x}-{hi:#x}")
+        self.unmap(lo, hi - lo)
+        try:
+            self.backend.mem_map(lo, hi - lo, prot)
+        except Exception as exc:
+            raise MapFailed(f"cannot map {lo:#x}-{hi:#x} ({hi - lo:#x} bytes): {exc}") from exc
         if data:
-            self.backend.mem_write(start, data[: end - start])
+            self.backend.mem_write(start, bytes(data[: hi - start]))
+        vma = Vma(lo, hi, prot, name, offset, dev, inode, shared, accounted=not shared and bool(prot & Prot.WRITE))
         self._insert(vma)
+        self._coalesce(lo, hi)
         return vma
 
     def unmap(self, start: int, length: int) -> None:
         start, end = page_down(start), page_up(start + length)
-        for vma in self.overlapping(start, end):
+        if end <= start:
+            return
+        for vma in self._split(start, end):
             self._remove(vma)
-            lo, hi = max(vma.start, start), min(vma.end, end)
-            self.backend.mem_unmap(lo, hi - lo)
-            if vma.start < lo:
-                self._insert(vma.slice(vma.start, lo), merge=False)
-            if hi < vma.end:
-                self._insert(vma.slice(hi, vma.end), merge=False)
+            self.backend.mem_unmap(vma.start, vma.size)
 
     def protect(self, start: int, length: int, prot: Prot) -> bool:
         """mprotect: False (ENOMEM) if part of the range is unmapped."""
         start, end = page_down(start), page_up(start + length)
+        if end <= start:
+            return True
         covered = sum(min(v.end, end) - max(v.start, start) for v in self.overlapping(start, end))
         if covered != end - start:
             return False
-        for vma in self.overlapping(start, end):
-            lo, hi = max(vma.start, start), min(vma.end, end)
-            self._remove(vma)
-            if vma.start < lo:
-                self._insert(vma.slice(vma.start, lo), merge=False)
-            if hi < vma.end:
-                self._insert(vma.slice(hi, vma.end), merge=False)
-            self._insert(dataclasses.replace(vma.slice(lo, hi), prot=prot))
-            self.backend.mem_protect(lo, hi - lo, prot)
+        for vma in self._split(start, end):
+            accounted = vma.accounted or (not vma.shared and bool(prot & Prot.WRITE))
+            self._replace(vma, dataclasses.replace(vma, prot=prot, accounted=accounted))
+            self.backend.mem_protect(vma.start, vma.size, prot)
+        self._coalesce(start, end)
         return True
 
     def rename(self, start: int, end: int, name: str) -> None:
-        for vma in self.overlapping(start, end):
-            self._remove(vma)
-            self._insert(dataclasses.replace(vma, name=name))
+        """Name the mapped parts of [start, end) (like PR_SET_VMA_ANON_NAME); splits VMAs at the edges."""
+        start, end = page_down(start), page_up(end)
+        if end <= start:
+            return
+        for vma in self._split(start, end):
+            self._replace(vma, dataclasses.replace(vma, name=name))
+        self._coalesce(start, end)
 
-    def _insert(self, vma: Vma, merge: bool = True) -> None:
+    def _split(self, start: int, end: int) -> list[Vma]:
+        """Split the VMAs that straddle ``start`` or ``end``; return those now inside [start, end)."""
+        inside = []
+        for vma in self.overlapping(start, end):
+            lo, hi = max(vma.start, start), min(vma.end, end)
+            if (lo, hi) != (vma.start, vma.end):
+                self._remove(vma)
+                if vma.start < lo:
+                    self._insert(vma.slice(vma.start, lo))
+                if hi < vma.end:
+                    self._insert(vma.slice(hi, vma.end))
+                vma = vma.slice(lo, hi)
+                self._insert(vma)
+            inside.append(vma)
+        return inside
+
+    def _index(self, vma: Vma) -> int:
+        i = bisect.bisect_left(self._starts, vma.start)
+        if i == len(self._vmas) or self._vmas[i] != vma:
+            raise AssertionError(f"VMA {vma} is not in the list")
+        return i
+
+    def _insert(self, vma: Vma) -> None:
         i = bisect.bisect_left(self._starts, vma.start)
         self._vmas.insert(i, vma)
         self._starts.insert(i, vma.start)
-        if merge:
-            self._merge_around(i)
 
     def _remove(self, vma: Vma) -> None:
-        i = self._vmas.index(vma)
+        i = self._index(vma)
         del self._vmas[i]
         del self._starts[i]
 
-    def _merge_around(self, i: int) -> None:
-        # Linux merges compatible neighbours; /proc/self/maps shows one line for them.
-        if i + 1 < len(self._vmas) and self._vmas[i].continues(self._vmas[i + 1]):
-            merged = dataclasses.replace(self._vmas[i], end=self._vmas[i + 1].end)
-            del self._vmas[i + 1], self._starts[i + 1]
-            self._vmas[i] = merged
-        if i > 0 and self._vmas[i - 1].continues(self._vmas[i]):
-            merged = dataclasses.replace(self._vmas[i - 1], end=self._vmas[i].end)
-            del self._vmas[i], self._starts[i]
-            self._vmas[i - 1] = merged
+    def _replace(self, old: Vma, new: Vma) -> None:
+        assert (old.start, old.end) == (new.start, new.end)
+        self._vmas[self._index(old)] = new
+
+    def _coalesce(self, start: int, end: int) -> None:
+        """Merge compatible neighbours among the VMAs touching [start, end], as Linux's vma_merge
+        does: /proc/self/maps shows one line for them."""
+        i = max(bisect.bisect_right(self._starts, start) - 2, 0)
+        while i + 1 < len(self._vmas) and self._vmas[i].start <= end:
+            left, right = self._vmas[i], self._vmas[i + 1]
+            if left.continues(right):
+                self._vmas[i] = dataclasses.replace(left, end=right.end)
+                del self._vmas[i + 1]
+                del self._starts[i + 1]
+            else:
+                i += 1
 
     # ---------------------------------------------------------------- access
     def read(self, addr: int, size: int) -> bytes:
@@ -236,6 +302,9 @@ class Memory:
             raise MemoryFault(f"harness write to unmapped {addr:#x}+{len(data)}") from exc
 
     def check_user(self, addr: int, size: int, need: Prot) -> None:
+        """access_ok plus the page walk: :class:`UserFault` at the first byte not mapped with ``need``."""
+        if size < 0 or addr < 0:
+            raise UserFault(addr)
         end = addr + size
         pos = addr
         while pos < end:
@@ -259,7 +328,12 @@ class Memory:
         self.backend.mem_write(addr, data)
 
     def read_cstring(self, addr: int, limit: int = 4096) -> bytes:
-        """strncpy_from_user: a NUL-terminated string of at most ``limit`` bytes."""
+        """strncpy_from_user: a NUL-terminated string of fewer than ``limit`` bytes.
+
+        :class:`UserFault` if an unreadable byte comes before the NUL; :class:`StringTooLong`
+        (a UserFault) if ``limit`` bytes hold no NUL.
+        """
+        start = addr
         out = bytearray()
         while len(out) < limit:
             vma = self.find(addr)
@@ -271,10 +345,14 @@ class Memory:
                 return bytes(out + chunk[:nul])
             out += chunk
             addr += len(chunk)
-        raise UserFault(addr)
+        raise StringTooLong(start, limit)
 
     def patch(self, addr: int, expect: bytes, new: bytes) -> None:
-        """Write code bytes after checking the current ones; drop translated code for the range."""
+        """Write code bytes after checking the current ones; drop translated code for the range.
+
+        Ignores page protection (the kernel writes text through FOLL_FORCE); :class:`PatchMismatch`
+        if the current bytes are not ``expect`` (nothing is written then).
+        """
         current = self.read(addr, len(expect))
         if current != expect:
             raise PatchMismatch(f"at {addr:#x}: expected {expect.hex()} found {current.hex()}")

@@ -173,14 +173,39 @@ class Resolver:
 
     def __init__(self, image: LoadedImage) -> None:
         self.image = image
-        self.elf = ELFFile(io.BytesIO(image.plan.data))
-        self.symbols: dict[str, tuple[int, int]] = {}
-        for sec in self.elf.iter_sections():
-            if isinstance(sec, SymbolTableSection):
-                for sym in sec.iter_symbols():
-                    if sym.name and sym["st_shndx"] != "SHN_UNDEF" and sym["st_info"]["type"] in ("STT_FUNC", "STT_NOTYPE"):
-                        self.symbols.setdefault(sym.name, (sym["st_value"], sym["st_size"]))
-        self.notes = usdt_notes(self.elf)
+        self._symbols: dict[str, tuple[int, int]] | None = None
+        self._notes: list[UsdtNote] | None = None
+
+    def _read_sections(self) -> None:
+        """Symbols and USDT notes from the section headers. Linux never reads those to run a file,
+        so a broken section table only matters once a probe asks for a symbol or a note."""
+        symbols: dict[str, tuple[int, int]] = {}
+        try:
+            elf = ELFFile(io.BytesIO(self.image.plan.data))
+            for sec in elf.iter_sections():
+                if isinstance(sec, SymbolTableSection):
+                    for sym in sec.iter_symbols():
+                        kind = sym["st_info"]["type"]
+                        if sym.name and sym["st_shndx"] != "SHN_UNDEF" and kind in ("STT_FUNC", "STT_NOTYPE"):
+                            symbols.setdefault(sym.name, (sym["st_value"], sym["st_size"]))
+            notes = usdt_notes(elf)
+        except Exception as exc:  # pyelftools raises many kinds on a corrupt section table
+            raise UsageError(f"cannot read the symbols of {self.image.plan.file.path}: {exc}") from None
+        self._symbols, self._notes = symbols, notes
+
+    @property
+    def symbols(self) -> dict[str, tuple[int, int]]:
+        if self._symbols is None:
+            self._read_sections()
+        assert self._symbols is not None
+        return self._symbols
+
+    @property
+    def notes(self) -> list[UsdtNote]:
+        if self._notes is None:
+            self._read_sections()
+        assert self._notes is not None
+        return self._notes
 
     def resolve(self, spec: ProbeSpec) -> ResolvedProbe:
         if spec.path is not None and spec.kind is not ProbeKind.USDT:

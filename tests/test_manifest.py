@@ -62,7 +62,7 @@ def elf_problem(path):
     with open(path, "rb") as f:
         head = f.read(64)
     if len(head) < 20 or head[:4] != b"\x7fELF":
-        return "%s: not an ELF file" % path.name
+        return f"{path.name}: not an ELF file"
     if head[4] != 2:
         return "%s: not ELFCLASS64 (EI_CLASS=%d)" % (path.name, head[4])
     if head[5] != 1:
@@ -78,33 +78,32 @@ def check_dir(directory):
     problems = []
     mpath = directory / MANIFEST
     if not mpath.is_file():
-        return ["%s missing" % mpath]
+        return [f"{mpath} missing"]
     try:
         comments, entries = parse_manifest(mpath)
     except ValueError as e:
-        return ["MANIFEST: %s" % e]
+        return [f"MANIFEST: {e}"]
     if not comments or not mpath.read_text(encoding="utf-8").startswith("#"):
         problems.append("MANIFEST: first line must be a '#' format comment")
     if not entries:
         problems.append("MANIFEST lists no files")
     names = [e["name"] for e in entries]
     for n in sorted({n for n in names if names.count(n) > 1}):
-        problems.append("%s listed more than once" % n)
+        problems.append(f"{n} listed more than once")
     for e in entries:
         p = directory / e["name"]
         if not p.is_file():
-            problems.append("%s listed but missing" % e["name"])
+            problems.append("{} listed but missing".format(e["name"]))
             continue
         actual = sha256_of(p)
         if actual != e["sha256"]:
-            problems.append("%s: sha256 %s != MANIFEST %s"
-                            % (e["name"], actual, e["sha256"]))
+            problems.append("{}: sha256 {} != MANIFEST {}".format(e["name"], actual, e["sha256"]))
         bad = elf_problem(p)
         if bad:
             problems.append(bad)
     for p in sorted(directory.iterdir()):
         if p.name != MANIFEST and p.name not in names:
-            problems.append("%s present but not listed in MANIFEST" % p.name)
+            problems.append(f"{p.name} present but not listed in MANIFEST")
     return problems
 
 
@@ -122,7 +121,7 @@ ENTRIES = _entries()
 
 def test_manifest_exists_and_parses():
     mpath = SAMPLES_DIR / MANIFEST
-    assert mpath.is_file(), "%s missing" % mpath
+    assert mpath.is_file(), f"{mpath} missing"
     comments, entries = parse_manifest(mpath)
     first = mpath.read_text(encoding="utf-8").splitlines()[0]
     assert first.startswith("#") and "sha256" in first, first
@@ -212,7 +211,7 @@ def test_detects_non_elf_even_with_matching_hash(copy_dir):
     old = next(e for e in parse_manifest(m)[1] if e["name"] == p.name)
     m.write_text(text.replace(old["sha256"], sha256_of(p)), encoding="utf-8")
     probs = check_dir(copy_dir)
-    assert probs == ["%s: not an ELF file" % p.name], probs
+    assert probs == [f"{p.name}: not an ELF file"], probs
 
 
 def test_detects_malformed_line(copy_dir):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from emu.cpu import Cpu
+from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fs import FdTable
@@ -130,6 +131,8 @@ class Kernel:
                 ret = -err.errno
             except UserFault:
                 ret = -errno.EFAULT
+            except MapFailed:
+                ret = -errno.ENOMEM  # the host could not back the mapping (Unicorn out of memory)
         if self.tracer is not None:
             self._trace(nr, row, (a0, a1, a2, a3, a4, a5), ret)
         if self.syscall_log is not None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from emu import abi
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, page_up
+from emu.errors import MapFailed
 from emu.kernel.errno_ import SyscallError
 
 if TYPE_CHECKING:
@@ -107,8 +108,7 @@ def sys_mremap(k: Kernel, old: int, old_size: int, new_size: int, flags: int, ne
             k.mem.unmap(old + new_size, old_size - new_size)
         return old
     if not flags & abi.MREMAP_FIXED and k.mem.is_free(old + old_size, old + new_size):
-        tail = vma.slice(vma.end, vma.end)  # keeps name and file identity
-        k.mem.map(old + old_size, new_size - old_size, vma.prot, name=tail.name, dev=tail.dev, inode=tail.inode,
+        k.mem.map(old + old_size, new_size - old_size, vma.prot, name=vma.name, dev=vma.dev, inode=vma.inode,
                   offset=vma.offset + (old + old_size - vma.start) if vma.inode else 0, shared=vma.shared)
         return old
     if not flags & abi.MREMAP_MAYMOVE:
@@ -152,7 +152,10 @@ def sys_brk(k: Kernel, addr: int, *_: int) -> int:
     if new_top > old_top:
         if not k.mem.is_free(old_top, new_top):
             return brk.current
-        k.mem.map(old_top, new_top - old_top, Prot.READ | Prot.WRITE, name="[heap]")
+        try:
+            k.mem.map(old_top, new_top - old_top, Prot.READ | Prot.WRITE, name="[heap]")
+        except MapFailed:
+            return brk.current
     elif new_top < old_top:
         k.mem.unmap(new_top, old_top - new_top)
     brk.current = addr

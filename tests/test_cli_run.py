@@ -1,0 +1,204 @@
+"""`uprobe-emu run`: exit statuses, the crash line, --json, --max-insns, --timeout, bad options.
+
+Through ``emu.cli.main`` with capfd (the guest writes to fds 1 and 2 directly), and a
+few through a real ``python3 -m emu`` subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from emu.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "elf_samples"
+CRASH_LINE = re.compile(r"^uprobe-emu: killed by (SIG[A-Z]+) at 0x[0-9a-f]+: (.+) \((.+)\)$")
+
+
+def sample(name: str) -> str:
+    return str(SAMPLES / name)
+
+
+def run_cli(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, list[str]]:
+    status = main(["run", "--clear-env", *argv])
+    out, err = capfd.readouterr()
+    return status, out, err.splitlines()
+
+
+def one_error_line(lines: list[str]) -> str:
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("uprobe-emu: ") and "Traceback" not in lines[0]
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- exit statuses
+def test_exit_status_is_the_guests(capfd: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(capfd, sample("exit_code"), "42") == (42, "", [])
+    assert run_cli(capfd, sample("exit_code"))[0] == 3
+    assert run_cli(capfd, sample("exit_code"), "0")[0] == 0
+
+
+def test_hello(capfd: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(capfd, sample("hello_asm")) == (0, "hi\n", [])
+    assert run_cli(capfd, sample("hello_static")) == (0, "hello, world\n", [])
+
+
+@pytest.mark.parametrize("kind,signo,name,insn,detail", [
+    ("segv", 11, "SIGSEGV", r"mov dword ptr \[rax\], 0x2a", "write to unmapped 0x0"),
+    ("ill", 4, "SIGILL", "ud2", "invalid opcode"),
+    ("trap", 5, "SIGTRAP", "int3", "breakpoint"),
+    ("fpe", 8, "SIGFPE", "idiv .+", "divide error"),
+])
+def test_crash_gives_128_plus_signo_and_one_line(capfd: pytest.CaptureFixture[str], kind: str, signo: int,
+                                                 name: str, insn: str, detail: str) -> None:
+    status, out, err = run_cli(capfd, sample("crash"), kind)
+    assert status == 128 + signo
+    assert err[0] == f"crash: {kind}"  # the guest's own stderr line
+    m = CRASH_LINE.match(one_error_line(err[1:]))
+    assert m is not None, err
+    assert m.group(1) == name and re.fullmatch(insn, m.group(2)) and m.group(3) == detail
+
+
+def test_abort_is_sigabrt(capfd: pytest.CaptureFixture[str]) -> None:
+    status, _, err = run_cli(capfd, sample("crash"), "abort")
+    assert status == 128 + 6
+    assert one_error_line(err[1:]).startswith("uprobe-emu: killed by SIGABRT")
+
+
+def test_segv_exact_line(capfd: pytest.CaptureFixture[str]) -> None:
+    _, _, err = run_cli(capfd, sample("crash"), "segv")
+    assert err[1] == "uprobe-emu: killed by SIGSEGV at 0x401593: mov dword ptr [rax], 0x2a (write to unmapped 0x0)"
+
+
+# --------------------------------------------------------------------------- --json
+def test_json_of_a_clean_exit(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    status, out, err = run_cli(capfd, "--json", str(report), sample("hello_asm"))
+    assert (status, out, err) == (0, "hi\n", [])
+    doc = json.loads(report.read_text())
+    assert doc["exit_status"] == 0 and doc["signal"] is None
+    assert doc["insns"] == 8  # mov, mov, lea, mov, syscall, mov, xor, syscall
+    assert doc["syscalls"] == {"write": 1, "exit_group": 1}
+    assert doc["unknown_syscalls"] == {}
+
+
+def test_json_of_a_crash(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    status, _, _ = run_cli(capfd, "--json", str(report), sample("crash"), "segv")
+    doc = json.loads(report.read_text())
+    assert status == doc["exit_status"] == 139
+    assert doc["signal"] == "SIGSEGV"
+    assert isinstance(doc["insns"], int) and doc["insns"] > 1000
+    assert doc["syscalls"]["write"] >= 1 and all(isinstance(n, int) and n > 0 for n in doc["syscalls"].values())
+    assert "exit_group" not in doc["syscalls"]
+    assert doc["unknown_syscalls"] == {}
+
+
+def test_json_counts_unknown_syscalls(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    # hello_asm with "mov $1, %eax" (write) turned into "mov $0x1ff, %eax": -ENOSYS, then exit_group(0).
+    data = bytearray((SAMPLES / "hello_asm").read_bytes())
+    assert data[0x1000] == 0xB8 and struct.unpack_from("<I", data, 0x1001) == (1,)
+    struct.pack_into("<I", data, 0x1001, 0x1FF)
+    prog = tmp_path / "unknown_syscall"
+    prog.write_bytes(bytes(data))
+    report = tmp_path / "r.json"
+    status, out, err = run_cli(capfd, "--json", str(report), str(prog))
+    assert (status, out, err) == (0, "", [])
+    doc = json.loads(report.read_text())
+    assert doc["unknown_syscalls"] == {"syscall_0x1ff": 1}
+    assert doc["syscalls"] == {"syscall_0x1ff": 1, "exit_group": 1}
+
+
+# --------------------------------------------------------------------------- limits
+def test_max_insns_stops_with_124(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    status, out, err = run_cli(capfd, "--max-insns", "1000", "--json", str(report), sample("cpu_bound"))
+    assert status == 124 and out == ""
+    line = one_error_line(err)
+    assert "1000" in line and "--max-insns" in line
+    doc = json.loads(report.read_text())
+    assert doc["exit_status"] == 124 and doc["signal"] is None
+    assert 1000 <= doc["insns"] < 1100  # stops at the end of the block that crossed the limit
+
+
+def test_timeout_stops_with_125(capfd: pytest.CaptureFixture[str]) -> None:
+    start = time.monotonic()
+    status, out, err = run_cli(capfd, "--timeout", "0.5", sample("cpu_bound"), "100000000")
+    elapsed = time.monotonic() - start
+    assert status == 125 and out == ""
+    line = one_error_line(err)
+    assert "--timeout" in line and "0.5" in line
+    assert 0.4 < elapsed < 10
+
+
+# --------------------------------------------------------------------------- bad options
+@pytest.mark.parametrize("argv", [
+    ["run", "--max-insns", "abc", sample("hello_asm")],
+    ["run", "--timeout", "0", sample("hello_asm")],
+    ["run", "--timeout", "-1", sample("hello_asm")],
+    ["run", "--timeout", "soon", sample("hello_asm")],
+    ["run", "--bogus", sample("hello_asm")],
+    ["run", "--env", "NOEQUALS", sample("hello_asm")],
+    ["run", "--env", "=x", sample("hello_asm")],
+    ["run", "--rootfs", "/nonexistent/dir", sample("hello_asm")],
+    ["run", "--exe-base", "zz", sample("hello_asm")],
+    ["run"],
+    [],
+    ["frobnicate"],
+])
+def test_bad_options_exit_2_with_one_line(capfd: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    assert main(argv) == 2
+    out, err = capfd.readouterr()
+    assert out == ""
+    one_error_line(err.splitlines())
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_max_insns_must_be_positive(capfd: pytest.CaptureFixture[str], value: str) -> None:
+    assert main(["run", "--max-insns", value, sample("hello_asm")]) == 2
+    one_error_line(capfd.readouterr().err.splitlines())
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_timeout_must_be_finite(capfd: pytest.CaptureFixture[str], value: str) -> None:
+    assert main(["run", "--timeout", value, sample("hello_asm")]) == 2
+    one_error_line(capfd.readouterr().err.splitlines())
+
+
+def test_unwritable_json_is_a_harness_error(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    status, _, err = run_cli(capfd, "--json", str(tmp_path / "no" / "such" / "dir.json"), sample("hello_asm"))
+    assert status == 2
+    assert "cannot write" in one_error_line(err)
+
+
+# --------------------------------------------------------------------------- real processes
+def _emu(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    return subprocess.run([sys.executable, "-m", "emu", "run", "--clear-env", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_subprocess_exit_status_and_crash_line() -> None:
+    proc = _emu(sample("exit_code"), "42")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (42, "", "")
+    proc = _emu(sample("crash"), "segv")
+    assert proc.returncode == 139
+    assert proc.stderr.splitlines() == [
+        "crash: segv",
+        "uprobe-emu: killed by SIGSEGV at 0x401593: mov dword ptr [rax], 0x2a (write to unmapped 0x0)",
+    ]
+
+
+def test_subprocess_bad_option() -> None:
+    proc = _emu("--max-insns", "lots", sample("hello_asm"))
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "uprobe-emu: argument --max-insns: not a number: 'lots'\n"
