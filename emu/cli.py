@@ -17,6 +17,7 @@ from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
 from emu.guestio import GuestIO
 from emu.kernel.dispatch import KernelConfig
 from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.libprobes import LibraryProbe
 from emu.machine import Attachment, Machine, RunOptions, RunResult
 from emu.verify.session import DEFAULT_VERIFIERS, VerifySession, parse_verifiers
 
@@ -136,8 +137,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     session = VerifySession(machine, args.verify) if args.verify else None
     result = machine.run()
     _report_ending(result)
-    if machine.attachments:
-        _stderr_line(probe_table(machine.attachments))
+    shown: list[Attachment | LibraryProbe] = [a for a in machine.attachments if not a.library]
+    shown += machine.libraries.probes
+    if shown:
+        _stderr_line(probe_table(shown))
     violations = session.violations if session else []
     for violation in violations:
         _stderr_line(f"{PROG}: {violation.line()}")
@@ -171,10 +174,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if args.strict and bad else 0
 
 
-def _attach(machine: Machine, spec: str, print_args: bool) -> Attachment:
+def _attach(machine: Machine, spec: str, print_args: bool) -> Attachment | LibraryProbe:
     consumer = Consumer()
     attachment = machine.attach(spec, consumer)
-    note = attachment.resolved.usdt
+    note = attachment.resolved.usdt if isinstance(attachment, Attachment) else None
     if print_args and note is not None:
         def show(hit: Hit) -> None:
             values = [arg.read(hit.regs, hit.read) for arg in note.args]
@@ -184,13 +187,14 @@ def _attach(machine: Machine, spec: str, print_args: bool) -> Attachment:
     return attachment
 
 
-def probe_table(attachments: list[Attachment]) -> str:
+def probe_table(attachments: list[Attachment | LibraryProbe]) -> str:
     """Per-probe summary: spec, address, hits, paths taken, optimized."""
     rows = [("probe", "address", "hits", "path", "optimized")]
     for att in attachments:
         s = att.summary()
         paths = ",".join(f"{k}:{v}" for k, v in sorted(s["paths"].items())) or "-"
-        rows.append((s["spec"], f"{s['address']:#x}", str(s["hits"]), paths, "yes" if s["optimized"] else "no"))
+        address = f"{s['address']:#x}" if s["address"] is not None else "not mapped"
+        rows.append((s["spec"], address, str(s["hits"]), paths, "yes" if s["optimized"] else "no"))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 import time
@@ -27,6 +28,7 @@ from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.insn import analyze
 from emu.kernel.uprobes.syscalls import uprobe_rows
+from emu.libprobes import LibraryProbe, LibraryProbes
 from emu.loader import LoadedImage, choose_bias, map_image
 from emu.memory import Memory
 from emu.probes import ProbeKind, ProbeSpec, ResolvedProbe, Resolver, parse_spec
@@ -108,6 +110,7 @@ class Attachment:
     consumer: Consumer
     uprobe: Uprobe
     machine: Machine
+    library: bool = False  # installed on behalf of a LibraryProbe (summarized there)
 
     @property
     def address(self) -> int:
@@ -183,23 +186,37 @@ class Machine:
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.resolver = Resolver(self.exe)
         self.attachments: list[Attachment] = []
+        self.libraries = LibraryProbes(self)
         self.cpu.add_syscall_hook(self.kernel.on_syscall)
         self.cpu.add_interrupt_hook(self._on_interrupt)
 
     # --------------------------------------------------------------- probes
-    def attach(self, spec: str | ProbeSpec, consumer: Consumer | None = None) -> Attachment:
-        """Attach a probe spec (uprobe:SYM+OFF, uretprobe:SYM, usdt:PROV:NAME, uprobe:0xADDR)."""
+    def attach(self, spec: str | ProbeSpec, consumer: Consumer | None = None) -> Attachment | LibraryProbe:
+        """Attach a probe spec (uprobe:SYM+OFF, uretprobe:SYM, usdt:PROV:NAME, uprobe:0xADDR, uprobe:PATH:SYM).
+
+        A spec naming another file (a shared library) is installed whenever that file is mapped
+        executable, like the kernel's uprobe_mmap; it returns a LibraryProbe."""
         parsed = parse_spec(spec) if isinstance(spec, str) else spec
-        resolved = self.resolver.resolve(parsed)
         consumer = consumer or Consumer()
         if parsed.kind is ProbeKind.URETPROBE and consumer.ret_handler is None:
             consumer.ret_handler = lambda hit: None
+        if parsed.path is not None and not self._is_exe(parsed.path):
+            return self.libraries.add(parsed, consumer)
+        resolved = self.resolver.resolve(dataclasses.replace(parsed, path=None))
+        return self.attach_resolved(resolved, consumer, (self.exe, self.interp))
+
+    def _is_exe(self, path: str) -> bool:
+        return os.path.realpath(path) == os.path.realpath(self.path) or path == self.kernel.ident.exe
+
+    def attach_resolved(self, resolved: ResolvedProbe, consumer: Consumer,
+                        images: tuple[LoadedImage | None, ...]) -> Attachment:
+        parsed = resolved.spec
         address = self._usdt_site(resolved) if resolved.usdt else resolved.address
         vma = self.mem.find(address)
         if vma is None or not vma.prot & Prot.EXEC:
             raise UsageError(f"{parsed.text}: address {address:#x} is not in an executable mapping")
         try:
-            uprobe = self.uprobes.attach(address, consumer, resolved.semaphore, self._file_bytes(address))
+            uprobe = self.uprobes.attach(address, consumer, resolved.semaphore, self._file_bytes(address, images))
         except SyscallError as err:
             raise UsageError(f"{parsed.text}: the kernel refuses the instruction at {address:#x}: "
                              f"{self.describe_insn(address)} (-{errno_name(err.errno)}, {err.errno})") from None
@@ -207,9 +224,9 @@ class Machine:
         self.attachments.append(attachment)
         return attachment
 
-    def _file_bytes(self, address: int) -> bytes | None:
+    def _file_bytes(self, address: int, images: tuple[LoadedImage | None, ...]) -> bytes | None:
         """The instruction bytes as the file has them (the kernel analyzes those, not memory's)."""
-        for image in (self.exe, self.interp):
+        for image in images:
             if image is not None:
                 code = self.resolver.bytes_at(image, address - image.bias, 16)
                 if code:
@@ -317,7 +334,8 @@ class Machine:
         timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
         ending, status, signal, message = self._run_until_end(entry, timeout_us, start)
         self.kernel.files.close_all()
-        probes = tuple(a.summary() for a in self.attachments)
+        probes = tuple(a.summary() for a in self.attachments if not a.library) + tuple(
+            lib.summary() for lib in self.libraries.probes)
         return RunResult(
             ending=ending,
             exit_status=status,

@@ -25,7 +25,7 @@ from emu.kernel.signal import SignalState
 from emu.kernel.strace import format_call, format_result
 from emu.kernel.table import Row, build_table
 from emu.kernel.vfs import Vfs
-from emu.memory import Memory, UserFault
+from emu.memory import Memory, UserFault, Vma
 
 SYSCALL_INSN_LEN = 2
 REALTIME_START_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
@@ -96,6 +96,7 @@ class Kernel:
         self.tracer: Tracer | None = None
         self.deferred: list[Callable[[], None]] = []
         self.syscall_log: list[tuple[str, tuple[int, ...], int]] | None = None  # for lockstep comparison
+        self.exec_mmap_observers: list[Callable[[Vma], None]] = []
 
     def add_rows(self, rows: tuple[Row, ...]) -> None:
         """Add (or override) syscall rows, e.g. a design's uprobe syscalls."""

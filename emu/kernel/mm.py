@@ -72,7 +72,10 @@ def sys_mmap(k: Kernel, addr: int, length: int, prot: int, flags: int, fd: int, 
         file_args = dict(name=entry.file.guest_path, offset=offset, dev=(os.major(st.dev), os.minor(st.dev)),
                          inode=st.ino)
     start = _place(k, addr, length, flags)
-    k.mem.map(start, length, protection, shared=kind == abi.MAP_SHARED, data=data, **file_args)  # type: ignore[arg-type]
+    vma = k.mem.map(start, length, protection, shared=kind == abi.MAP_SHARED, data=data, **file_args)  # type: ignore[arg-type]
+    if vma.inode and protection & Prot.EXEC:
+        for observer in k.exec_mmap_observers:  # uprobe_mmap: install probes on a newly mapped text
+            observer(vma)
     return start
 
 

@@ -1,0 +1,105 @@
+"""Probes in shared libraries: installed whenever the library is mapped executable (uprobe_mmap)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from emu.abi import page_down
+from emu.elf import LoadPlan, load_plan
+from emu.errors import EmuError, UsageError
+from emu.kernel.errno_ import SyscallError
+from emu.kernel.uprobes.consumers import Consumer
+from emu.loader import LoadedImage
+from emu.memory import Vma
+from emu.probes import ProbeKind, ProbeSpec, Resolver
+
+if TYPE_CHECKING:
+    from emu.machine import Attachment, Machine
+
+
+@dataclass(eq=False)
+class LibraryProbe:
+    """A spec on a library file; ``installed`` grows each time the library is mapped."""
+
+    spec: ProbeSpec
+    consumer: Consumer
+    plan: LoadPlan
+    installed: list[Attachment] = field(default_factory=list)
+    detached: bool = False
+
+    @property
+    def file_id(self) -> tuple[tuple[int, int], int]:
+        return self.plan.file.dev, self.plan.file.inode
+
+    def detach(self) -> None:
+        self.detached = True
+        for att in self.installed:
+            att.detach()
+
+    def summary(self) -> dict[str, Any]:
+        hits = self.consumer.ret_hits if self.spec.kind is ProbeKind.URETPROBE else self.consumer.hits
+        first = self.installed[0].summary() if self.installed else None
+        return {
+            "spec": self.spec.text,
+            "address": first["address"] if first else None,
+            "hits": hits,
+            "paths": dict(self.consumer.paths),
+            "optimized": bool(first and first["optimized"]),
+            "mapped": len(self.installed),
+        }
+
+
+class LibraryProbes:
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.probes: list[LibraryProbe] = []
+        machine.kernel.exec_mmap_observers.append(self.on_exec_mmap)
+
+    def add(self, spec: ProbeSpec, consumer: Consumer) -> LibraryProbe:
+        assert spec.path is not None
+        vfs = self.machine.kernel.vfs
+        try:
+            host = vfs.host_path(vfs.resolve(spec.path))
+        except SyscallError:
+            raise UsageError(f"{spec.text}: no library {spec.path} under {vfs.root}") from None
+        try:
+            plan = load_plan(host)
+        except EmuError as err:
+            raise UsageError(f"{spec.text}: {err}") from None
+        probe = LibraryProbe(spec, consumer, plan)
+        self._resolve(probe, 0)  # refuse an unknown symbol now, not at the first mmap
+        self.probes.append(probe)
+        for vma in list(self.machine.mem):
+            if vma.prot & 4 and (vma.dev, vma.inode) == probe.file_id:
+                self._install(probe, vma)
+        return probe
+
+    def on_exec_mmap(self, vma: Vma) -> None:
+        for probe in self.probes:
+            if not probe.detached and (vma.dev, vma.inode) == probe.file_id:
+                self._install(probe, vma)
+
+    def _resolve(self, probe: LibraryProbe, bias: int) -> tuple[LoadedImage, Any]:
+        image = LoadedImage(probe.plan, bias)
+        return image, Resolver(image).resolve(dataclasses.replace(probe.spec, path=None))
+
+    def _install(self, probe: LibraryProbe, vma: Vma) -> None:
+        bias = _bias(probe.plan, vma)
+        if bias is None:
+            return
+        image, resolved = self._resolve(probe, bias)
+        if not vma.start <= resolved.address < vma.end:
+            return  # another segment of the same file: wait for the text mapping
+        att = self.machine.attach_resolved(resolved, probe.consumer, (image,))
+        att.library = True
+        probe.installed.append(att)
+
+
+def _bias(plan: LoadPlan, vma: Vma) -> int | None:
+    """Load bias of a library from one of its mappings: the PT_LOAD whose file pages start at vma.offset."""
+    for seg in plan.segments:
+        if page_down(seg.offset) == vma.offset:
+            return vma.start - page_down(seg.vaddr)
+    return None

@@ -1,0 +1,69 @@
+"""Probes on a shared library: installed when the library is mapped executable (uprobe_mmap)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from emu.designs import DESIGNS
+from emu.errors import UsageError
+from emu.guestio import GuestIO
+from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.libprobes import LibraryProbe
+from emu.machine import Machine, RunOptions
+
+HELLO = str(Path(__file__).resolve().parent.parent / "elf_samples" / "hello_dynamic")
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+pytestmark = pytest.mark.skipif(not Path(LIBC).exists(), reason=f"{LIBC} absent")
+
+
+def machine(design: str = "linux-6.18") -> tuple[Machine, GuestIO]:
+    io = GuestIO.captured()
+    return Machine(HELLO, [HELLO], {}, RunOptions(design=design), io), io
+
+
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_libc_function_probed_after_ld_so_maps_it(design: str) -> None:
+    m, io = machine(design)
+    seen: list[int] = []
+    probe = m.attach(f"uprobe:{LIBC}:fwrite", Consumer(handler=lambda hit: seen.append(hit.regs.di) and None))
+    assert isinstance(probe, LibraryProbe) and probe.installed == []  # libc is not mapped yet
+    result = m.run()
+    assert (result.exit_status, bytes(io.out)) == (0, b"hello, world\n")
+    assert len(probe.installed) == 1 and len(seen) == 1
+    text = next(v for v in m.mem if v.start <= probe.installed[0].address < v.end)
+    assert text.name.endswith("libc.so.6") and text.prot & 4
+    # fwrite(ptr, size, nmemb, stream): the first argument points at the string
+    assert m.mem.read(seen[0], 13) == b"hello, world\n"
+
+
+def test_uretprobe_in_libc_sees_return_values() -> None:
+    m, _ = machine()
+    returned: list[int] = []
+
+    def on_return(hit: Hit) -> None:
+        returned.append(hit.regs.ax)
+
+    probe = m.attach(f"uretprobe:{LIBC}:malloc", Consumer(ret_handler=on_return))
+    m.run()
+    assert probe.summary()["hits"] == len(returned) >= 1
+    heap = [v for v in m.mem if v.name == "[heap]"]
+    assert all(any(v.start <= p < v.end for v in heap) for p in returned)
+
+
+def test_refusals_name_the_problem() -> None:
+    m, _ = machine()
+    with pytest.raises(UsageError, match="did you mean"):
+        m.attach(f"uprobe:{LIBC}:fwriet")
+    with pytest.raises(UsageError, match="no library"):
+        m.attach("uprobe:/lib/no-such-lib.so:f")
+
+
+def test_detached_library_probe_is_not_installed_later() -> None:
+    m, _ = machine()
+    probe = m.attach(f"uprobe:{LIBC}:fwrite")
+    assert isinstance(probe, LibraryProbe)
+    probe.detach()
+    m.run()
+    assert probe.installed == [] and probe.consumer.hits == 0
