@@ -233,10 +233,16 @@ class Cpu:
         self._uc.mem_protect(addr, size, int(prot))
 
     def mem_read(self, addr: int, size: int) -> bytes:
-        return bytes(self._uc.mem_read(addr, size))
+        buf = ctypes.create_string_buffer(size)
+        status = uclib.uc_mem_read(self._uch, addr, buf, size)
+        if status != unicorn.UC_ERR_OK:
+            raise unicorn.UcError(status)
+        return buf.raw
 
     def mem_write(self, addr: int, data: bytes) -> None:
-        self._uc.mem_write(addr, data)
+        status = uclib.uc_mem_write(self._uch, addr, bytes(data), len(data))
+        if status != unicorn.UC_ERR_OK:
+            raise unicorn.UcError(status)
 
     def flush_code(self, begin: int, end: int) -> None:
         """Drop translated code for [begin, end) so patched bytes and new hooks take effect."""

@@ -7,6 +7,7 @@ rax rcx rdx rsi rdi orig_rax rip cs eflags rsp ss.
 from __future__ import annotations
 
 import enum
+import operator
 import struct
 from dataclasses import dataclass, fields
 
@@ -74,11 +75,14 @@ def regs_from_cpu(cpu: Cpu) -> PtRegs:
     )
 
 
+_get_state = operator.attrgetter(*_STATE_FIELDS)
+
+
 def _state(regs: PtRegs) -> list[int]:
-    return [getattr(regs, name) & 0xFFFFFFFFFFFFFFFF for name in _STATE_FIELDS]
+    return [v & 0xFFFFFFFFFFFFFFFF for v in _get_state(regs)]
 
 
-def regs_to_cpu(cpu: Cpu, regs: PtRegs, rip_bias: int = 0, current: PtRegs | None = None) -> None:
+def regs_to_cpu(cpu: Cpu, regs: PtRegs, rip_bias: int = 0, current: list[int] | None = None) -> None:
     """Load the registers from ``regs``; ``rip_bias`` undoes what Unicorn adds after a syscall hook.
 
     With ``current`` (what the CPU holds now) nothing is written when nothing changed, and
@@ -86,7 +90,7 @@ def regs_to_cpu(cpu: Cpu, regs: PtRegs, rip_bias: int = 0, current: PtRegs | Non
     block), so a return to the natural next instruction must not write it.
     """
     new = _state(regs)
-    old = _state(current) if current is not None else None
+    old = current
     write_rip = old is None or new[16] != old[16]
     if old is not None and new == old:
         return
@@ -94,7 +98,7 @@ def regs_to_cpu(cpu: Cpu, regs: PtRegs, rip_bias: int = 0, current: PtRegs | Non
     cpu.write_user_state(new, write_rip)
 
 
-def syscall_entry_regs(cpu: Cpu, nr: int) -> tuple[PtRegs, PtRegs]:
+def syscall_entry_regs(cpu: Cpu, nr: int) -> tuple[PtRegs, list[int]]:
     """pt_regs at ``syscall`` (spec 2.0): ip = next insn, cx = ip, r11 = flags, ax = -ENOSYS.
 
     Also returns what the CPU itself holds (with ip already past the ``syscall``, as Unicorn
@@ -102,7 +106,7 @@ def syscall_entry_regs(cpu: Cpu, nr: int) -> tuple[PtRegs, PtRegs]:
     """
     regs = regs_from_cpu(cpu)
     regs.ip += 2
-    held = regs.copy()
+    held = _state(regs)
     regs.cx = regs.ip
     regs.r11 = regs.flags
     regs.orig_ax = nr
@@ -124,7 +128,7 @@ def exit_path(regs: PtRegs) -> ExitPath:
     return ExitPath.IRET
 
 
-def return_from_syscall(cpu: Cpu, regs: PtRegs, held: PtRegs) -> ExitPath:
+def return_from_syscall(cpu: Cpu, regs: PtRegs, held: list[int]) -> ExitPath:
     """Resume user mode from a syscall the way Linux would, and say which way it went.
 
     SYSRET loads rcx <- ip and r11 <- flags (and rflags from r11); IRET loads everything

@@ -22,7 +22,7 @@ from emu.memory import UserFault
 U64 = (1 << 64) - 1
 
 
-def _leave(up: Uprobes, regs: PtRegs, held: PtRegs, force_iret: bool = False) -> None:
+def _leave(up: Uprobes, regs: PtRegs, held: list[int], force_iret: bool = False) -> None:
     path = return_from_syscall(up.cpu, regs, held)
     up.stats.exits[(ExitPath.IRET if force_iret else path).value] += 1
 
@@ -31,7 +31,7 @@ def _sigill(regs: PtRegs, why: str) -> GuestKilled:
     return GuestKilled(Signal.SIGILL, regs.ip - 2, why)
 
 
-def _fail(up: Uprobes, regs: PtRegs, held: PtRegs, errno_value: int) -> None:
+def _fail(up: Uprobes, regs: PtRegs, held: list[int], errno_value: int) -> None:
     regs.ax = -errno_value & U64
     _leave(up, regs, held)
 
