@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,6 +138,13 @@ class Cpu:
         self._ret_batch = _RegBatch((Reg.RAX, Reg.RCX, Reg.R11))
         self._gpr_batch = _RegBatch(GPRS + (Reg.RIP, Reg.RFLAGS))
         self._norip_batch = _RegBatch(GPRS + (Reg.RFLAGS,))
+        # fs base, gs base, mxcsr (8 bytes each) then xmm0-15 (16 bytes each), one buffer
+        ext_ids = (Reg.FS_BASE, Reg.GS_BASE, Reg.MXCSR) + tuple(x86.UC_X86_REG_XMM0 + i for i in range(16))
+        self._ext_buf = ctypes.create_string_buffer(24 + 16 * 16)
+        self._ext_batch = _RegBatch(ext_ids)  # type: ignore[arg-type]
+        base = ctypes.addressof(self._ext_buf)
+        for i in range(len(ext_ids)):
+            self._ext_batch.ptrs[i] = base + (8 * i if i < 3 else 24 + 16 * (i - 3))
         self.last_bad_access: BadAccess | None = None
         self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
         self._add_hook(_HOOK_MEM_INVALID, _MEM_CB(self._on_invalid_mem), 1, 0)
@@ -202,9 +210,13 @@ class Cpu:
             self.write(reg, value)
 
     def read_extended(self) -> tuple[int, int, tuple[int, ...], int]:
-        """fs base, gs base, xmm0-15, mxcsr (binding calls: for verifiers, not hot paths)."""
-        xmm = tuple(self.read_xmm(i) for i in range(16))
-        return self.read(Reg.FS_BASE), self.read(Reg.GS_BASE), xmm, self.read(Reg.MXCSR)
+        """fs base, gs base, xmm0-15, mxcsr, in one C call."""
+        b = self._ext_batch
+        uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
+        raw = bytes(self._ext_buf)
+        fs, gs, mxcsr = struct.unpack_from("<QQQ", raw)
+        xmm = tuple(int.from_bytes(raw[24 + 16 * i : 40 + 16 * i], "little") for i in range(16))
+        return fs, gs, xmm, mxcsr
 
     def write_extended(self, state: tuple[int, int, tuple[int, ...], int]) -> None:
         fs, gs, xmm, mxcsr = state

@@ -17,6 +17,7 @@ from emu.abi import RED_ZONE
 from emu.cpu import Reg
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobe
+from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.scratch import ExtendedState
 
@@ -54,6 +55,7 @@ class Transaction:
     end_ext: ExtendedState | None = None
     redzone_after: bytes = b""
     exits: dict[str, int] = field(default_factory=dict)
+    nop: bool = False
 
     @property
     def redzone_base(self) -> int:
@@ -95,7 +97,7 @@ class TransactionTracker:
         self.active = Transaction(
             probe=name, site=addr, original=probe.insn.raw, hit=self._hits[addr], start_state=state,
             start_ext=self.cpu.read_extended(), redzone_before=self.mem.read(base, RED_ZONE),
-            exits_before=dict(self.machine.uprobes.stats.exits),
+            exits_before=dict(self.machine.uprobes.stats.exits), nop=probe.insn.kind is Kind.NOP,
         )
 
     def _on_block(self, addr: int, _size: int) -> None:

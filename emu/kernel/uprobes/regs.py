@@ -50,10 +50,14 @@ class PtRegs:
     ss: int = USER_SS
 
     def pack(self) -> bytes:
-        return struct.pack("<21Q", *(getattr(self, f.name) & 0xFFFFFFFFFFFFFFFF for f in fields(self)))
+        return struct.pack("<21Q", *(v & 0xFFFFFFFFFFFFFFFF for v in _get_all(self)))
 
     def copy(self) -> PtRegs:
-        return PtRegs(*(getattr(self, f.name) for f in fields(self)))
+        return PtRegs(*_get_all(self))
+
+
+PT_REGS_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(PtRegs))
+_get_all = operator.attrgetter(*PT_REGS_FIELDS)
 
 
 # PtRegs field for each slot of Cpu.read_user_state(): 16 GPRs in emu.cpu.GPRS order, rip, rflags.
