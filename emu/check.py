@@ -11,6 +11,7 @@ from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions, RunResult
 from emu.probes import ProbeSpec, parse_spec, scan_specs
+from emu.render import table
 from emu.verify.lockstep import Observed, first_divergence
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
 from emu.verify.violations import Check, Violation
@@ -120,5 +121,4 @@ def check_table(reports: Sequence[DesignReport]) -> str:
         rows.append((r.design, str(r.hits), str(r.count(Check.REDZONE)), str(r.count(Check.REGS)),
                      str(r.count(Check.RESUME)), "yes" if r.same_output else "no",
                      str(r.exits.get("sysret", 0)), str(r.exits.get("iret", 0))))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    return table(rows)

@@ -1,0 +1,48 @@
+"""`uprobe-emu check`: the unprobed reference and each design with verifiers, in one table."""
+
+from __future__ import annotations
+
+import argparse
+
+from emu.check import CheckRequest, check_table, designs_from, run_check
+from emu.commands.common import add_binary, add_process_options, check_writable, guest_env, run_options, write_json
+from emu.verify.session import DEFAULT_VERIFIERS, parse_verifiers
+
+NAME = "check"
+HELP = "run unprobed and under each design with verifiers; print one table"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_process_options(p)
+    p.add_argument("--kernel", default="all", metavar="all|D1,D2", help="designs to compare (default all)")
+    p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
+                   help="probe to attach (default: every scan-able site of the binary)")
+    p.add_argument("--verify", metavar="LIST", type=parse_verifiers, default=DEFAULT_VERIFIERS,
+                   help="verifiers (default redzone,regs,resume)")
+    p.add_argument("--json", metavar="FILE", help="write the per-design results as JSON")
+    p.add_argument("--details", action="store_true", help="print every violation with its evidence")
+    p.add_argument("--strict", action="store_true", help="exit 1 if any design has a violation or diverges")
+    add_binary(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.json:
+        check_writable(args.json)
+    request = CheckRequest(
+        binary=args.binary, argv=[args.binary, *args.args], env=guest_env(args), specs=tuple(args.probe),
+        designs=designs_from(args.kernel), verifiers=args.verify, options=run_options(args),
+    )
+    reports = run_check(request)
+    print(check_table(reports))
+    for report in reports:
+        if report.divergence:
+            print(f"{report.design}: output differs from the unprobed run: {report.divergence}")
+        shown = report.violations if args.details else report.violations[:3]
+        for violation in shown:
+            print(f"{report.design}: " + (violation.details_text() if args.details else violation.line()))
+        if len(report.violations) > len(shown):
+            print(f"{report.design}: ... {len(report.violations) - len(shown)} more (--details shows all)")
+    if args.json:
+        write_json(args.json, {"designs": {r.design: r.to_json() for r in reports}})
+    bad = any(r.violations or not r.same_output for r in reports)
+    return 1 if args.strict and bad else 0

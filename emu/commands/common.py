@@ -1,0 +1,97 @@
+"""Argument types, process options and output helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+from emu.errors import EmuError, UsageError
+from emu.kernel.dispatch import KernelConfig
+from emu.machine import RunOptions
+
+PROG = "uprobe-emu"
+
+
+def int_arg(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    value = int_arg(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return max(value, 1e-6)
+
+
+def add_process_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rootfs", default="/", metavar="DIR", help="guest root directory (read-only; default /)")
+    p.add_argument("--max-insns", type=positive_int, metavar="N", help="stop the guest after N instructions")
+    p.add_argument("--timeout", type=positive_float, metavar="S", help="stop the guest after S seconds")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="set a guest environment variable")
+    p.add_argument("--clear-env", action="store_true", help="start the guest with an empty environment")
+    p.add_argument("--exe-base", type=int_arg, metavar="ADDR", help="load address of a PIE executable")
+    p.add_argument("--interp-base", type=int_arg, metavar="ADDR", help="load address of the interpreter")
+    p.add_argument("--seed", type=int_arg, default=0, help="seed for getrandom and AT_RANDOM (default 0)")
+
+
+def add_binary(p: argparse.ArgumentParser) -> None:
+    p.add_argument("binary", metavar="BINARY")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS")
+
+
+def guest_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {} if args.clear_env else dict(os.environ)
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env wants K=V, got {item!r}")
+        env[key] = value
+    return env
+
+
+def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
+    if not os.path.isdir(args.rootfs):
+        raise UsageError(f"--rootfs {args.rootfs}: not a directory")
+    kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed)
+    return RunOptions(kernel=kernel, exe_base=args.exe_base, interp_base=args.interp_base,
+                      max_insns=args.max_insns, timeout_s=args.timeout, **extra)
+
+
+def stderr_line(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def check_writable(path: str) -> None:
+    """Fail before the run, not after it, when the result cannot be saved."""
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise EmuError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def write_json(path: str, payload: dict[str, Any]) -> None:
+    try:
+        with open(path, "w") as fh:
+            json.dump(payload, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+    except OSError as exc:
+        raise EmuError(f"cannot write {path}: {exc.strerror}") from None

@@ -1,0 +1,91 @@
+"""`uprobe-emu run`: one binary, one design, optional probes and verifiers; the exit status is the guest's."""
+
+from __future__ import annotations
+
+import argparse
+
+from emu.commands.common import (
+    PROG,
+    add_binary,
+    add_process_options,
+    check_writable,
+    guest_env,
+    run_options,
+    stderr_line,
+    write_json,
+)
+from emu.designs import DEFAULT_DESIGN, DESIGNS
+from emu.guestio import GuestIO
+from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.libprobes import LibraryProbe
+from emu.machine import Attachment, Machine
+from emu.render import table
+from emu.verify.session import VerifySession, parse_verifiers
+
+NAME = "run"
+HELP = "run a binary; the exit status is the guest's"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_process_options(p)
+    p.add_argument("--strace", action="store_true", help="print each syscall on stderr, like strace")
+    p.add_argument("--json", metavar="FILE", help="write the run's result as JSON")
+    p.add_argument("--kernel", default=DEFAULT_DESIGN, metavar="DESIGN",
+                   help=f"kernel design: {', '.join(DESIGNS)} (default {DEFAULT_DESIGN})")
+    p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
+                   help="attach a probe: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME, "
+                        "uprobe:LIBRARY:SYM")
+    p.add_argument("--print-args", action="store_true", help="print each USDT hit with its decoded arguments")
+    p.add_argument("--verify", metavar="LIST", type=parse_verifiers, default=(),
+                   help="verifiers to run on every probe hit: redzone,regs,resume (default: none)")
+    add_binary(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.json:
+        check_writable(args.json)
+    options = run_options(args, count_insns=bool(args.json), strace=stderr_line if args.strace else None,
+                          design=args.kernel)
+    machine = Machine(args.binary, [args.binary, *args.args], guest_env(args), options, GuestIO.terminal())
+    for spec in args.probe:
+        _attach(machine, spec, args.print_args)
+    session = VerifySession(machine, args.verify) if args.verify else None
+    result = machine.run()
+    if result.message:
+        stderr_line(f"{PROG}: {result.message}")
+    shown: list[Attachment | LibraryProbe] = [a for a in machine.attachments if not a.library]
+    shown += machine.libraries.probes
+    if shown:
+        stderr_line(probe_table(shown))
+    violations = session.violations if session else []
+    for violation in violations:
+        stderr_line(f"{PROG}: {violation.line()}")
+    if args.json:
+        payload = result.to_json()
+        payload["violations"] = [v.to_json() for v in violations]
+        write_json(args.json, payload)
+    return result.exit_status
+
+
+def _attach(machine: Machine, spec: str, print_args: bool) -> Attachment | LibraryProbe:
+    consumer = Consumer()
+    attachment = machine.attach(spec, consumer)
+    note = attachment.resolved.usdt if isinstance(attachment, Attachment) else None
+    if print_args and note is not None:
+        def show(hit: Hit) -> None:
+            values = [arg.read(hit.regs, hit.read) for arg in note.args]
+            stderr_line(f"{spec} @ {hit.address:#x}: " + " ".join(f"arg{i}={v}" for i, v in enumerate(values)))
+
+        consumer.handler = show
+    return attachment
+
+
+def probe_table(attachments: list[Attachment | LibraryProbe]) -> str:
+    """Per-probe summary: spec, address, hits, paths taken, optimized."""
+    rows: list[tuple[str, ...]] = [("probe", "address", "hits", "path", "optimized")]
+    for att in attachments:
+        s = att.summary()
+        paths = ",".join(f"{k}:{v}" for k, v in sorted(s["paths"].items())) or "-"
+        address = f"{s['address']:#x}" if s["address"] is not None else "not mapped"
+        rows.append((s["spec"], address, str(s["hits"]), paths, "yes" if s["optimized"] else "no"))
+    return table(rows)
