@@ -64,6 +64,7 @@ class UprobeStats:
     optimized: int = 0
     exits: Counter[str] = field(default_factory=Counter)
     ret_hits: int = 0
+    copied: int = 0  # bytes the kernel copied from or to user memory
 
 
 class XolArea:
@@ -213,6 +214,7 @@ class Uprobes:
             regs.ip = next_ip
 
     def _push(self, regs: PtRegs, value: int) -> None:
+        self.stats.copied += 8
         try:
             self.mem.write_user((regs.sp - 8) & U64, struct.pack("<Q", value & U64))
         except UserFault as fault:
@@ -304,8 +306,10 @@ class Uprobes:
             (orig,) = struct.unpack("<Q", self.mem.read_user(regs.sp, 8))
         except UserFault:
             return
+        self.stats.copied += 8
         chained = orig == tramp
         if not chained:
+            self.stats.copied += 8
             try:
                 self.mem.write_user(regs.sp, struct.pack("<Q", tramp))
             except UserFault:

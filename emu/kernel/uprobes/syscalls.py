@@ -37,6 +37,7 @@ def _fail(up: Uprobes, regs: PtRegs, held: list[int], errno_value: int) -> None:
 
 
 def _read_words(up: Uprobes, regs: PtRegs, addr: int, count: int) -> list[int]:
+    up.stats.copied += 8 * count
     try:
         return list(struct.unpack(f"<{count}Q", up.mem.read_user(addr, 8 * count)))
     except UserFault:
@@ -44,6 +45,7 @@ def _read_words(up: Uprobes, regs: PtRegs, addr: int, count: int) -> list[int]:
 
 
 def _write_words(up: Uprobes, regs: PtRegs, addr: int, words: list[int]) -> None:
+    up.stats.copied += 8 * len(words)
     try:
         up.mem.write_user(addr, struct.pack(f"<{len(words)}Q", *(w & U64 for w in words)))
     except UserFault:
