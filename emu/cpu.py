@@ -54,12 +54,6 @@ GPRS: tuple[Reg, ...] = (
     Reg.R8, Reg.R9, Reg.R10, Reg.R11, Reg.R12, Reg.R13, Reg.R14, Reg.R15,
 )
 
-# Order of the syscall snapshot: number, six arguments, then where and with which flags.
-SYSCALL_REGS: tuple[Reg, ...] = (
-    Reg.RAX, Reg.RDI, Reg.RSI, Reg.RDX, Reg.R10, Reg.R8, Reg.R9, Reg.RIP, Reg.RFLAGS,
-)
-
-
 class Access(enum.Enum):
     READ = "read"
     WRITE = "write"
@@ -134,7 +128,6 @@ class Cpu:
         self._hook_error: BaseException | None = None
         self._one = ctypes.c_uint64()
         self._one_ref = ctypes.byref(self._one)
-        self._syscall_batch = _RegBatch(SYSCALL_REGS)
         self._ret_batch = _RegBatch((Reg.RAX, Reg.RCX, Reg.R11))
         self._gpr_batch = _RegBatch(GPRS + (Reg.RIP, Reg.RFLAGS))
         self._norip_batch = _RegBatch(GPRS + (Reg.RFLAGS,))
@@ -157,12 +150,6 @@ class Cpu:
     def write(self, reg: Reg, value: int) -> None:
         self._one.value = value & 0xFFFFFFFFFFFFFFFF
         uclib.uc_reg_write(self._uch, reg, self._one_ref)
-
-    def read_syscall(self) -> ctypes.Array[ctypes.c_uint64]:
-        """rax, rdi, rsi, rdx, r10, r8, r9, rip (at the ``syscall``), rflags in one call."""
-        b = self._syscall_batch
-        uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
-        return b.values
 
     def write_syscall_return(self, rax: int, rcx: int, r11: int) -> None:
         b = self._ret_batch

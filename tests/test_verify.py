@@ -73,8 +73,8 @@ def test_negative_control_trampoline_forgetting_pop_r11(monkeypatch: pytest.Monk
 def test_negative_control_handler_not_restoring_rcx(monkeypatch: pytest.MonkeyPatch) -> None:
     original = syscalls.sys_uprobe_slot
 
-    def forgetful(up: syscalls.Uprobes, nr: int) -> None:
-        original(up, nr)
+    def forgetful(up: syscalls.Uprobes, nr: int, state: list[int] | None = None) -> None:
+        original(up, nr, state)
         up.cpu.write(Reg.RCX, 0x5A5A)  # as if regs->cx were left as the syscall's
 
     monkeypatch.setattr(syscalls, "sys_uprobe_slot", forgetful)
@@ -105,10 +105,11 @@ def test_negative_control_slot_pushing_into_the_red_zone(monkeypatch: pytest.Mon
     monkeypatch.setattr(tramp_code, "JMP_SLOT", flawed)
     original = syscalls.sys_uprobe_slot
 
-    def adjusted(up: syscalls.Uprobes, nr: int) -> None:  # its handler reads the words where they now are
+    def adjusted(up: syscalls.Uprobes, nr: int, state: list[int] | None = None) -> None:
+        # its handler reads the words where they now are: 128 bytes higher
         rsp = up.cpu.read(Reg.RSP)
         up.cpu.write(Reg.RSP, rsp + 128)
-        original(up, nr)
+        original(up, nr, None)
         up.cpu.write(Reg.RSP, up.cpu.read(Reg.RSP) - 128)
 
     monkeypatch.setattr(syscalls, "sys_uprobe_slot", adjusted)

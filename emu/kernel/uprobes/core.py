@@ -8,6 +8,7 @@ import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, Signal
 from emu.cpu import Cpu, Reg, StopReason
@@ -33,6 +34,15 @@ MAX_URETPROBE_DEPTH = 64  # [HDR]
 XOL_SLOT_BYTES = 128  # UPROBE_XOL_SLOT_BYTES [ASMH]
 XOL_NAME = "[uprobes]"
 U64 = (1 << 64) - 1
+
+
+class ShadowStackHooks(Protocol):
+    """The task's user shadow stack, when the harness models one (spec 3.7; emu/verify/shstk.py)."""
+
+    def push(self, addr: int) -> None: ...  # shstk_push
+    def pop(self) -> int | None: ...  # shstk_pop; None: nothing to pop (-EFAULT)
+    def update_last_frame(self, addr: int) -> None: ...  # shstk_update_last_frame
+    def kernel_violation(self, why: str, expected: int | None, actual: int) -> None: ...
 
 
 @dataclass(eq=False)
@@ -109,6 +119,7 @@ class Uprobes:
         self._defer = defer
         self.chain_observers: list[ChainObserver] = []
         self.stepping = False  # inside an out-of-line single step: the kernel, not the guest, is running
+        self.shadow_stack: ShadowStackHooks | None = None  # None: shstk off (-ENOTSUPP, ignored; spec 3.7)
 
     # ------------------------------------------------------------ attaching
     def attach(self, vaddr: int, consumer: Consumer, ref_ctr: int | None = None, original: bytes | None = None) -> Uprobe:
@@ -208,6 +219,8 @@ class Uprobes:
             regs.ip = (next_ip + insn.rel) & U64 if jcc_taken(insn.cc, regs.flags) else next_ip
         elif insn.kind is Kind.CALL:
             self._push(regs, next_ip)
+            if self.shadow_stack is not None:
+                self.shadow_stack.push(next_ip)  # LATE10 (spec 4.2)
             regs.ip = (next_ip + insn.rel) & U64
         elif insn.kind is Kind.PUSH:
             self._push(regs, getattr(regs, insn.push_reg))
@@ -256,6 +269,8 @@ class Uprobes:
             regs.ip = (regs.ip + probe.vaddr - slot) & U64
         if insn.fixups & Fixup.CALL:
             self.mem.write_user(regs.sp, struct.pack("<Q", probe.vaddr + insn.length))
+            if self.shadow_stack is not None:
+                self.shadow_stack.update_last_frame(probe.vaddr + insn.length)  # LATE10 (spec 4.4)
         regs_to_cpu(self.cpu, regs)
 
     def get_xol_area(self) -> XolArea:
@@ -270,16 +285,19 @@ class Uprobes:
             observer(probe, regs, path, False)
         remove = True
         entries: list[tuple[Consumer, object]] = []
+        path_name = path.value
         for consumer in list(probe.consumers):
             rc = 0
-            hit = Hit(regs, probe.vaddr, path, self.mem)
+            cookie = None
             if consumer.enabled:
                 consumer.hits += 1
-                consumer.paths[path.value] = consumer.paths.get(path.value, 0) + 1
-            if consumer.handler is not None and consumer.enabled:
-                rc = consumer.handler(hit) or 0
+                consumer.paths[path_name] = consumer.paths.get(path_name, 0) + 1
+                if consumer.handler is not None:  # a Hit only for consumers that look at it
+                    hit = Hit(regs, probe.vaddr, path, self.mem)
+                    rc = consumer.handler(hit) or 0
+                    cookie = hit.cookie
             if consumer.ret_handler is not None and rc not in (UPROBE_HANDLER_REMOVE, UPROBE_HANDLER_IGNORE):
-                entries.append((consumer, hit.cookie if consumer.session else None))
+                entries.append((consumer, cookie if consumer.session else None))
             remove &= rc == UPROBE_HANDLER_REMOVE
         for observer in self.chain_observers:
             observer(probe, regs, path, True)
@@ -314,6 +332,8 @@ class Uprobes:
                 self.mem.write_user(regs.sp, struct.pack("<Q", tramp))
             except UserFault:
                 raise GuestKilled(Signal.SIGSEGV, regs.ip, "return address not writable") from None
+            if self.shadow_stack is not None:
+                self.shadow_stack.update_last_frame(tramp)  # spec 5.1
         self._cleanup_return_instances(chained, regs)
         if chained:
             if not self.return_instances:

@@ -70,9 +70,9 @@ assert [f"r{f}" if len(f) == 2 and not f[1].isdigit() else f for f in _STATE_FIE
 ]
 
 
-def regs_from_cpu(cpu: Cpu) -> PtRegs:
-    """The user state as an exception entry (INT3) saves it."""
-    v = cpu.read_user_state()
+def regs_from_cpu(cpu: Cpu, state: list[int] | None = None) -> PtRegs:
+    """The user state as an exception entry (INT3) saves it (``state``: already read by the caller)."""
+    v = state if state is not None else cpu.read_user_state()
     return PtRegs(
         r15=v[15], r14=v[14], r13=v[13], r12=v[12], bp=v[6], bx=v[1], r11=v[11], r10=v[10], r9=v[9], r8=v[8],
         ax=v[0], cx=v[2], dx=v[3], si=v[4], di=v[5], orig_ax=0xFFFFFFFFFFFFFFFF, ip=v[16], flags=v[17], sp=v[7],
@@ -102,13 +102,13 @@ def regs_to_cpu(cpu: Cpu, regs: PtRegs, rip_bias: int = 0, current: list[int] | 
     cpu.write_user_state(new, write_rip)
 
 
-def syscall_entry_regs(cpu: Cpu, nr: int) -> tuple[PtRegs, list[int]]:
+def syscall_entry_regs(cpu: Cpu, nr: int, state: list[int] | None = None) -> tuple[PtRegs, list[int]]:
     """pt_regs at ``syscall`` (spec 2.0): ip = next insn, cx = ip, r11 = flags, ax = -ENOSYS.
 
     Also returns what the CPU itself holds (with ip already past the ``syscall``, as Unicorn
     will leave it), so the exit can write back only what changed.
     """
-    regs = regs_from_cpu(cpu)
+    regs = regs_from_cpu(cpu, state)
     regs.ip += 2
     held = _state(regs)
     regs.cx = regs.ip

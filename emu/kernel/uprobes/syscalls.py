@@ -52,9 +52,9 @@ def _write_words(up: Uprobes, regs: PtRegs, addr: int, words: list[int]) -> None
         raise _sigill(regs, "cannot write the trampoline's saved registers") from None
 
 
-def sys_uprobe_call(up: Uprobes, nr: int) -> None:
+def sys_uprobe_call(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
     """sys_uprobe of 6.18 (nop5 -> call) and of nop10 (lea + call): spec 2.1 and 3.8."""
-    regs, held = syscall_entry_regs(up.cpu, nr)
+    regs, held = syscall_entry_regs(up.cpu, nr, state)
     assert up.design.uprobe_syscall_errno is not None
     if not up.sites.in_trampoline(regs.ip):
         return _fail(up, regs, held, up.design.uprobe_syscall_errno)
@@ -67,6 +67,11 @@ def sys_uprobe_call(up: Uprobes, nr: int) -> None:
     regs.sp = (regs.sp + 32 + extra) & U64
     regs.orig_ax = U64
     sp = regs.sp
+    if up.shadow_stack is not None:  # shstk_pop the trampoline's return address (spec 2.1 step 6, 3.7)
+        sret = up.shadow_stack.pop()
+        if sret != retaddr:
+            up.shadow_stack.kernel_violation("sys_uprobe: shstk_pop does not match args.retaddr", sret, retaddr)
+            raise _sigill(regs, "shadow stack does not match the trampoline's return address")
     up.handle_syscall_uprobe(regs, regs.ip, Path.CALL)
     if regs.sp != sp:  # a consumer moved sp: the slow IRET path
         if (retaddr - insn_len) & U64 == regs.ip:
@@ -75,6 +80,8 @@ def sys_uprobe_call(up: Uprobes, nr: int) -> None:
     regs.sp = (regs.sp - 32 - extra) & U64
     if (retaddr - insn_len) & U64 != regs.ip:
         retaddr = regs.ip  # a consumer redirected ip: the trampoline returns there
+    if up.shadow_stack is not None:
+        up.shadow_stack.push(retaddr)  # spec 2.1 step 12: for the trampoline's ret
     _write_words(up, regs, regs.sp, [regs.ax, regs.r11, regs.cx, retaddr])
     regs.ip = ip
     regs.r11 = regs.flags  # "ensure sysret"; the trampoline pops the real values
@@ -83,9 +90,9 @@ def sys_uprobe_call(up: Uprobes, nr: int) -> None:
     _leave(up, regs, held)
 
 
-def sys_uprobe_slot(up: Uprobes, nr: int) -> None:
+def sys_uprobe_slot(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
     """jmp-slots: find the probe from the slot, restore everything, IRET to probe+5 (DESIGN.md)."""
-    regs, held = syscall_entry_regs(up.cpu, nr)
+    regs, held = syscall_entry_regs(up.cpu, nr, state)
     assert up.design.uprobe_syscall_errno is not None
     vaddr = up.sites.probe_of_slot(regs.ip)
     if vaddr is None:
@@ -101,9 +108,9 @@ def sys_uprobe_slot(up: Uprobes, nr: int) -> None:
     _leave(up, regs, held, force_iret=True)
 
 
-def sys_uretprobe(up: Uprobes, nr: int) -> None:
+def sys_uretprobe(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
     """sys_uretprobe (335), spec 2.2."""
-    regs, held = syscall_entry_regs(up.cpu, nr)
+    regs, held = syscall_entry_regs(up.cpu, nr, state)
     if up.xol is None or regs.ip != up.xol.vaddr + tc.URETPROBE_335_CHECK:
         raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
     r11, cx, ax = _read_words(up, regs, regs.sp, 3)
@@ -112,7 +119,7 @@ def sys_uretprobe(up: Uprobes, nr: int) -> None:
     regs.orig_ax = U64
     ip, sp = regs.ip, regs.sp
     up.handle_trampoline(regs)
-    if regs.sp != sp:
+    if regs.sp != sp or up.shadow_stack is not None:  # shstk on: IRET, the trampoline's ret would #CP (2.2 step 7)
         return _leave(up, regs, held)
     regs.sp = (regs.sp - 24) & U64
     _write_words(up, regs, regs.sp, [regs.r11, regs.cx, regs.ip])
@@ -122,9 +129,9 @@ def sys_uretprobe(up: Uprobes, nr: int) -> None:
     _leave(up, regs, held)
 
 
-def sys_uretprobe_rfc(up: Uprobes, nr: int) -> None:
+def sys_uretprobe_rfc(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
     """The RFC's 462: restore rax/rcx/r11, sp += 24, run the return handlers, IRET to the real return address."""
-    regs, held = syscall_entry_regs(up.cpu, nr)
+    regs, held = syscall_entry_regs(up.cpu, nr, state)
     if up.xol is None or regs.ip != up.xol.vaddr + tc.URETPROBE_RFC_CHECK:
         raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
     r11, cx, ax = _read_words(up, regs, regs.sp, 3)
@@ -135,8 +142,8 @@ def sys_uretprobe_rfc(up: Uprobes, nr: int) -> None:
     _leave(up, regs, held, force_iret=True)
 
 
-def _row(nr: int, name: str, fn: Callable[[Uprobes, int], None], up: Uprobes) -> Row:
-    return Row(nr, name, lambda k, *_: fn(up, nr), (), raw=True)
+def _row(nr: int, name: str, fn: Callable[[Uprobes, int, list[int] | None], None], up: Uprobes) -> Row:
+    return Row(nr, name, lambda k, _nr, state: fn(up, nr, state), (), raw=True)
 
 
 def uprobe_rows(up: Uprobes) -> tuple[Row, ...]:
