@@ -13,7 +13,9 @@ from emu.machine import Machine, RunOptions, RunResult
 from emu.probes import ProbeSpec, parse_spec, scan_specs
 from emu.render import table
 from emu.verify.lockstep import Observed, first_divergence
+from emu.verify.rsb import RsbModel, RsbStats
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
+from emu.verify.shstk import CallRetTracker
 from emu.verify.violations import Check, Violation
 
 
@@ -27,14 +29,38 @@ class DesignReport:
     exits: dict[str, int]
     refused: list[str] = field(default_factory=list)
     result: RunResult | None = None
+    shstk: bool = False  # the shadow stack was on: Check.SHSTK counted
+    rsb: RsbStats | None = None  # the probed run's RSB model (--rsb)
+    rsb_reference: RsbStats | None = None  # the unprobed run's
 
     def count(self, kind: Check) -> int:
         return sum(1 for v in self.violations if v.kind is kind)
 
+    @property
+    def rsb_extra(self) -> int | None:
+        """Mispredicted returns the probes added: probed run minus unprobed run."""
+        if self.rsb is None or self.rsb_reference is None:
+            return None
+        return self.rsb.mispredicted - self.rsb_reference.mispredicted
+
+    @property
+    def rsb_per_hit(self) -> float | None:
+        extra = self.rsb_extra
+        return None if extra is None else extra / self.hits if self.hits else 0.0
+
     def to_json(self) -> dict[str, Any]:
+        kinds = (Check.REDZONE, Check.REGS, Check.RESUME) + ((Check.SHSTK,) if self.shstk else ())
+        out = self._json_base(kinds)
+        if self.rsb is not None:
+            out["rsb"] = {**self.rsb.to_json(), "reference_mispredicted":
+                          self.rsb_reference.mispredicted if self.rsb_reference else None,
+                          "extra_mispredicted": self.rsb_extra, "mispredicts_per_hit": self.rsb_per_hit}
+        return out
+
+    def _json_base(self, kinds: tuple[Check, ...]) -> dict[str, Any]:
         return {
             "hits": self.hits,
-            "violations": {k.value: self.count(k) for k in (Check.REDZONE, Check.REGS, Check.RESUME)},
+            "violations": {k.value: self.count(k) for k in kinds},
             "same_output": self.same_output,
             "divergence": self.divergence,
             "exits": self.exits,
@@ -53,6 +79,8 @@ class CheckRequest:
     verifiers: tuple[Verifier, ...] = DEFAULT_VERIFIERS
     options: RunOptions = field(default_factory=RunOptions)
     stdin: bytes = b""
+    shstk: bool = False  # a CET shadow stack in every probed run (emu/verify/shstk.py)
+    rsb: int | None = None  # an RSB model of this depth in every run, the unprobed one too (emu/verify/rsb.py)
 
 
 def designs_from(text: str) -> tuple[str, ...]:
@@ -91,7 +119,8 @@ def _specs(request: CheckRequest, machine: Machine) -> list[ProbeSpec]:
     return found
 
 
-def run_design(request: CheckRequest, design: str, reference: Observed) -> DesignReport:
+def run_design(request: CheckRequest, design: str, reference: Observed,
+               rsb_reference: RsbStats | None = None) -> DesignReport:
     machine, io = _observe(request, design, probes=True)
     refused: list[str] = []
     for spec in _specs(request, machine):
@@ -101,24 +130,39 @@ def run_design(request: CheckRequest, design: str, reference: Observed) -> Desig
             if request.specs:
                 raise
             refused.append(str(err))  # e.g. a nop10 the design's kernel refuses (-ENOTSUPP)
-    session = VerifySession(machine, request.verifiers)
+    session = VerifySession(machine, request.verifiers, shstk=request.shstk, rsb=request.rsb)
     result = machine.run()
     divergence = first_divergence(reference, _observed(machine, io, result))
     hits = sum(int(p["hits"]) for p in result.probes)
-    return DesignReport(design, hits, session.violations, divergence is None, divergence, result.exits, refused, result)
+    return DesignReport(design, hits, session.violations, divergence is None, divergence, result.exits, refused, result,
+                        shstk=session.shadow_stack is not None, rsb=session.rsb.stats if session.rsb else None,
+                        rsb_reference=rsb_reference)
 
 
 def run_check(request: CheckRequest) -> list[DesignReport]:
     machine, io = _observe(request, request.designs[0], probes=False)
+    model = RsbModel(CallRetTracker(machine), request.rsb) if request.rsb is not None else None
     reference = _observed(machine, io, machine.run())
-    return [run_design(request, design, reference) for design in request.designs]
+    rsb_reference = model.stats if model else None
+    return [run_design(request, design, reference, rsb_reference) for design in request.designs]
 
 
 def check_table(reports: Sequence[DesignReport]) -> str:
-    header = ("design", "hits", "redzone", "regs", "resume", "same output", "sysret", "iret")
-    rows = [header]
+    """One row a design; ``shstk`` (violations) and ``rsb miss/hit`` (mispredicted returns the probes
+    added over the unprobed run, per hit) columns appear when those models were on."""
+    shstk = any(r.shstk for r in reports)
+    rsb = any(r.rsb is not None for r in reports)
+    header = ("design", "hits", "redzone", "regs", "resume") + (("shstk",) if shstk else ()) + (
+        "same output", "sysret", "iret") + (("rsb miss/hit",) if rsb else ())
+    rows: list[tuple[str, ...]] = [header]
     for r in reports:
-        rows.append((r.design, str(r.hits), str(r.count(Check.REDZONE)), str(r.count(Check.REGS)),
-                     str(r.count(Check.RESUME)), "yes" if r.same_output else "no",
-                     str(r.exits.get("sysret", 0)), str(r.exits.get("iret", 0))))
+        row: tuple[str, ...] = (r.design, str(r.hits), str(r.count(Check.REDZONE)), str(r.count(Check.REGS)),
+                                str(r.count(Check.RESUME)))
+        if shstk:
+            row += (str(r.count(Check.SHSTK)) if r.shstk else "-",)
+        row += ("yes" if r.same_output else "no", str(r.exits.get("sysret", 0)), str(r.exits.get("iret", 0)))
+        if rsb:
+            per_hit = r.rsb_per_hit
+            row += (f"{per_hit:.2f}" if per_hit is not None else "-",)
+        rows.append(row)
     return table(rows)

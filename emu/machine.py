@@ -26,7 +26,7 @@ from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled
 from emu.kernel.fs import FdEntry
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
-from emu.kernel.uprobes.insn import analyze
+from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.uprobes.syscalls import uprobe_rows
 from emu.libprobes import LibraryProbe, LibraryProbes
 from emu.loader import LoadedImage, choose_bias, map_image
@@ -234,16 +234,7 @@ class Machine:
         return None
 
     def _usdt_site(self, resolved: ResolvedProbe) -> int:
-        """libbpf's nop combo: a `90` followed by a long NOP the design optimizes moves the probe to +1."""
-        pc = resolved.address
-        code = self.mem.read(pc, 16)
-        if code[0] != 0x90:
-            return pc
-        try:
-            insn = analyze(code[1:], pc + 1, accept_nop10=self.design.site_length == 10)
-        except SyscallError:
-            return pc
-        return pc + 1 if self.uprobes.sites.can_optimize(insn.raw, pc + 1) else pc
+        return usdt_combo_site(self.mem.read(resolved.address, 16), resolved.address, self.design.sites)
 
     # -------------------------------------------------------------- building
     def _load(self, plan: LoadPlan) -> tuple[LoadedImage, LoadedImage | None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -114,6 +114,7 @@ class Memory:
         self.backend = backend
         self.mmap_base = mmap_base
         self._vmas: list[Vma] = []
+        self.patch_observers: list[Callable[[int, bytes, bytes], None]] = []  # (addr, old, new) after each patch
         self._starts: list[int] = []
 
     # --------------------------------------------------------------- queries
@@ -357,8 +358,11 @@ class Memory:
         current = self.read(addr, len(expect))
         if current != expect:
             raise PatchMismatch(f"at {addr:#x}: expected {expect.hex()} found {current.hex()}")
+        old = self.read(addr, len(new))
         self.write(addr, new)
         self.backend.flush_code(addr, addr + len(new))
+        for observer in self.patch_observers:
+            observer(addr, old, new)
 
     # ---------------------------------------------------------------- procfs
     def maps_text(self) -> str:

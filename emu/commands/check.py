@@ -6,6 +6,7 @@ import argparse
 
 from emu.check import CheckRequest, check_table, designs_from, run_check
 from emu.commands.common import add_binary, add_process_options, check_writable, guest_env, run_options, write_json
+from emu.verify.rsb import rsb_depth
 from emu.verify.session import DEFAULT_VERIFIERS, parse_verifiers
 
 NAME = "check"
@@ -22,6 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="write the per-design results as JSON")
     p.add_argument("--details", action="store_true", help="print every violation with its evidence")
     p.add_argument("--strict", action="store_true", help="exit 1 if any design has a violation or diverges")
+    p.add_argument("--shstk", action="store_true",
+                   help="run a CET shadow stack: a ret it disagrees with (#CP) is a violation (column shstk)")
+    p.add_argument("--rsb", metavar="N", type=rsb_depth, nargs="?", const=16, default=None,
+                   help="model an N-entry return stack buffer (default 16): column rsb miss/hit = mispredicted "
+                        "returns the probes added over the unprobed run, per hit")
     add_binary(p)
 
 
@@ -31,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     request = CheckRequest(
         binary=args.binary, argv=[args.binary, *args.args], env=guest_env(args), specs=tuple(args.probe),
         designs=designs_from(args.kernel), verifiers=args.verify, options=run_options(args),
+        shstk=args.shstk, rsb=args.rsb,
     )
     reports = run_check(request)
     print(check_table(reports))

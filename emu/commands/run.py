@@ -20,6 +20,7 @@ from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.libprobes import LibraryProbe
 from emu.machine import Attachment, Machine
 from emu.render import table
+from emu.verify.rsb import rsb_depth
 from emu.verify.session import VerifySession, parse_verifiers
 
 NAME = "run"
@@ -38,6 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-args", action="store_true", help="print each USDT hit with its decoded arguments")
     p.add_argument("--verify", metavar="LIST", type=parse_verifiers, default=(),
                    help="verifiers to run on every probe hit: redzone,regs,resume (default: none)")
+    p.add_argument("--shstk", action="store_true",
+                   help="run a CET shadow stack; a ret it disagrees with (#CP on real hardware) is a violation")
+    p.add_argument("--rsb", metavar="N", type=rsb_depth, nargs="?", const=16, default=None,
+                   help="model an N-entry return stack buffer (default 16) and print its predicted/mispredicted "
+                        "returns per run and per probe hit")
     add_binary(p)
 
 
@@ -49,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     machine = Machine(args.binary, [args.binary, *args.args], guest_env(args), options, GuestIO.terminal())
     for spec in args.probe:
         _attach(machine, spec, args.print_args)
-    session = VerifySession(machine, args.verify) if args.verify else None
+    wanted = args.verify or args.shstk or args.rsb is not None
+    session = VerifySession(machine, args.verify, shstk=args.shstk, rsb=args.rsb) if wanted else None
     result = machine.run()
     if result.message:
         stderr_line(f"{PROG}: {result.message}")
@@ -60,9 +67,17 @@ def run(args: argparse.Namespace) -> int:
     violations = session.violations if session else []
     for violation in violations:
         stderr_line(f"{PROG}: {violation.line()}")
+    rsb = session.rsb.stats if session is not None and session.rsb is not None else None
+    if rsb is not None:
+        stderr_line(f"{PROG}: rsb (depth {rsb.depth}): {rsb.returns} returns, {rsb.predicted} predicted, "
+                    f"{rsb.mispredicted} mispredicted, {rsb.underflows} underflows")
+        for probe, counts in rsb.per_hit.items():
+            stderr_line(f"{PROG}: rsb: {probe}: mispredicts after each hit: {counts}")
     if args.json:
         payload = result.to_json()
         payload["violations"] = [v.to_json() for v in violations]
+        if rsb is not None:
+            payload["rsb"] = rsb.to_json()
         write_json(args.json, payload)
     return result.exit_status
 

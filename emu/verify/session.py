@@ -9,11 +9,16 @@ from typing import TYPE_CHECKING
 from emu.errors import UsageError
 from emu.verify.checks import check_redzone, check_regs, check_resume
 from emu.verify.expected import expected_outcome
+from emu.verify.rsb import RsbModel
 from emu.verify.scratch import ScratchCpu
+from emu.verify.shstk import CallRetTracker, ShadowStack
 from emu.verify.transaction import Transaction, TransactionTracker
 from emu.verify.violations import Violation
 
 if TYPE_CHECKING:
+    from emu.kernel.uprobes.consumers import Path
+    from emu.kernel.uprobes.core import Uprobe
+    from emu.kernel.uprobes.regs import PtRegs
     from emu.machine import Machine
 
 
@@ -22,6 +27,7 @@ class Verifier(enum.Enum):
     REGS = "regs"
     RESUME = "resume"
     LOCKSTEP = "lockstep"
+    SHSTK = "shstk"  # opt-in: a CET shadow stack (emu/verify/shstk.py)
 
 
 DEFAULT_VERIFIERS = (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME)
@@ -39,16 +45,42 @@ def parse_verifiers(text: str) -> tuple[Verifier, ...]:
 class VerifySession:
     """Install before the run (after attaching probes); read ``violations`` after it."""
 
-    def __init__(self, machine: Machine, verifiers: Iterable[Verifier] = DEFAULT_VERIFIERS) -> None:
+    def __init__(self, machine: Machine, verifiers: Iterable[Verifier] = DEFAULT_VERIFIERS,
+                 shstk: bool = False, rsb: int | None = None) -> None:
+        """``shstk`` (or Verifier.SHSTK) adds a shadow stack; ``rsb`` an RSB model of that depth."""
         self.machine = machine
-        self.enabled = frozenset(verifiers)
+        self.enabled = frozenset(verifiers) | ({Verifier.SHSTK} if shstk else frozenset())
         self.violations: list[Violation] = []
         self.scratch = ScratchCpu(machine.mem)
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
+        self.shadow_stack: ShadowStack | None = None
+        self.rsb: RsbModel | None = None
+        if Verifier.SHSTK in self.enabled or rsb is not None:
+            calls = CallRetTracker(machine)
+            if Verifier.SHSTK in self.enabled:
+                self.shadow_stack = ShadowStack(machine, calls, self.violations.append)
+            if rsb is not None:
+                self.rsb = RsbModel(calls, rsb)
+            self._names: dict[int, str] = {}
+            for att in machine.attachments:
+                self._names.setdefault(att.address, att.resolved.spec.text)
+            self._hits: dict[int, int] = {}
+            machine.uprobes.chain_observers.append(self._on_chain)
 
     @property
     def transactions(self) -> int:
         return self.tracker.count
+
+    def _on_chain(self, probe: Uprobe, _regs: PtRegs, _path: Path, after: bool) -> None:
+        if after:
+            return
+        name = self._names.get(probe.vaddr, f"uprobe:{probe.vaddr:#x}")
+        self._hits[probe.vaddr] = self._hits.get(probe.vaddr, 0) + 1
+        if self.shadow_stack is not None:
+            sh = self.shadow_stack
+            sh.last_probe, sh.last_site, sh.last_hit = name, probe.vaddr, self._hits[probe.vaddr]
+        if self.rsb is not None:
+            self.rsb.probe_hit(name)
 
     def _finished(self, tx: Transaction) -> None:
         exp = expected_outcome(tx, self.scratch)

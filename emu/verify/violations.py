@@ -12,6 +12,7 @@ class Check(enum.Enum):
     REGS = "regs"
     RESUME = "resume"
     LOCKSTEP = "lockstep"
+    SHSTK = "shstk"  # a ret the shadow stack disagrees with (#CP), or the kernel refusing it
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,7 +185,7 @@ class Uprobes:
         regs = regs_from_cpu(self.cpu)
         regs.ip = bp
         self.handler_chain(probe, regs, Path.INT3)
-        self._try_optimize(probe)
+        self.optimize_now(probe)
         if regs.ip != bp:  # a consumer redirected: no emulation, no step [IPCHG]
             regs_to_cpu(self.cpu, regs)
             return True
@@ -196,8 +196,8 @@ class Uprobes:
             regs_to_cpu(self.cpu, regs)
         return True
 
-    def _try_optimize(self, probe: Uprobe) -> None:
-        """arch_uprobe_optimize after the first hit (spec 3.3): only while byte 0 is still CC."""
+    def optimize_now(self, probe: Uprobe) -> None:
+        """arch_uprobe_optimize, as after the first hit (spec 3.3): only while byte 0 is still CC."""
         if not probe.can_optimize or probe.optimize_failed or self.probes.get(probe.vaddr) is not probe:
             return
         if self.mem.read(probe.vaddr, 1) != INT3:

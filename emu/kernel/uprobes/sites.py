@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot
 from emu.designs import SiteMode
+from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes import tramp_code as tc
+from emu.kernel.uprobes.insn import analyze
 from emu.memory import Memory
 
 INT3 = b"\xcc"
@@ -61,6 +63,27 @@ def nearest_page(mem: Memory, call_end: int) -> int | None:
     return high if high - call_end <= call_end - low else low
 
 
+def can_optimize(mode: SiteMode, raw: bytes, vaddr: int) -> bool:
+    """Would ``mode`` optimize a probe on this instruction (file bytes) at ``vaddr``? Pure: no memory."""
+    if mode is SiteMode.INT3_ONLY:
+        return False
+    if mode is SiteMode.LEA_CALL_NOP10:
+        return len(raw) == 10 and raw[:5] == NOP10_HEAD and not crosses_page(vaddr, 10)
+    return is_nop5(raw) and not crosses_page(vaddr, 5)
+
+
+def usdt_combo_site(code: bytes, pc: int, mode: SiteMode) -> int:
+    """libbpf's nop combo (spec 3.8): a `90` followed by a long NOP that ``mode`` optimizes moves the
+    probe to pc+1; anything else stays on pc. ``code``: the bytes at pc."""
+    if code[:1] != b"\x90":
+        return pc
+    try:
+        insn = analyze(code[1:], pc + 1, accept_nop10=mode is SiteMode.LEA_CALL_NOP10)
+    except SyscallError:
+        return pc
+    return pc + 1 if can_optimize(mode, insn.raw, pc + 1) else pc
+
+
 @dataclass
 class SlotPage:
     start: int
@@ -92,11 +115,7 @@ class SitePatcher:
 
     # ------------------------------------------------------------- queries
     def can_optimize(self, raw: bytes, vaddr: int) -> bool:
-        if self.mode is SiteMode.INT3_ONLY:
-            return False
-        if self.mode is SiteMode.LEA_CALL_NOP10:
-            return len(raw) == 10 and raw[:5] == NOP10_HEAD and not crosses_page(vaddr, 10)
-        return is_nop5(raw) and not crosses_page(vaddr, 5)
+        return can_optimize(self.mode, raw, vaddr)
 
     def is_optimized(self, vaddr: int) -> bool:
         head = self.mem.read(vaddr, 10 if self.mode is SiteMode.LEA_CALL_NOP10 else 5)
