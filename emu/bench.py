@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import capstone
-
 from emu.designs import DESIGNS
+from emu.disasm import cs64
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.consumers import Consumer
@@ -111,7 +110,7 @@ class _Tally:
         self.machine = machine
         self.insns = self.kernel = self.calls = self.rets = 0
         self._cache: dict[tuple[int, int], tuple[int, int, int]] = {}
-        self._cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        self._cs = cs64()
         machine.cpu.add_block_hook(self._on_block)
 
     def _on_block(self, addr: int, size: int) -> None:

@@ -22,6 +22,14 @@ from unicorn.unicorn_py3.unicorn import uclib
 
 from emu.abi import Prot
 
+# uc_reg_* bound again without argtypes: the binding's POINTER argtypes cost ~0.7 us of
+# conversion per call on the syscall hot path; these take the arrays as plain pointers.
+_raw = ctypes.CDLL(uclib._name, handle=uclib._handle)
+_reg_read, _reg_write = _raw.uc_reg_read, _raw.uc_reg_write
+_reg_read_batch, _reg_write_batch = _raw.uc_reg_read_batch, _raw.uc_reg_write_batch
+for _f in (_reg_read, _reg_write, _reg_read_batch, _reg_write_batch):
+    _f.restype = ctypes.c_int
+
 
 class Reg(enum.IntEnum):
     """x86-64 registers the harness touches, valued as Unicorn's ids."""
@@ -144,12 +152,12 @@ class Cpu:
 
     # ---------------------------------------------------------------- registers
     def read(self, reg: Reg) -> int:
-        uclib.uc_reg_read(self._uch, reg, self._one_ref)
+        _reg_read(self._uch, reg, self._one_ref)
         return self._one.value
 
     def write(self, reg: Reg, value: int) -> None:
         self._one.value = value & 0xFFFFFFFFFFFFFFFF
-        uclib.uc_reg_write(self._uch, reg, self._one_ref)
+        _reg_write(self._uch, reg, self._one_ref)
 
     def write_syscall_return(self, rax: int, rcx: int, r11: int) -> None:
         b = self._ret_batch
@@ -157,18 +165,18 @@ class Cpu:
         v[0] = rax & 0xFFFFFFFFFFFFFFFF
         v[1] = rcx
         v[2] = r11
-        uclib.uc_reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
+        _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
     def read_gprs(self) -> dict[Reg, int]:
         """All 16 GPRs plus rip and rflags."""
         b = self._gpr_batch
-        uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
+        _reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
         return {reg: b.values[i] for i, reg in enumerate(GPRS + (Reg.RIP, Reg.RFLAGS))}
 
     def read_user_state(self) -> list[int]:
         """The 16 GPRs (in GPRS order), rip, rflags: one C call."""
         b = self._gpr_batch
-        uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
+        _reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
         return b.values[:]
 
     def write_user_state(self, values: Sequence[int], write_rip: bool) -> None:
@@ -181,16 +189,16 @@ class Cpu:
         if write_rip:
             b.values[16] = values[16] & 0xFFFFFFFFFFFFFFFF
         b.values[b.count - 1] = values[17] & 0xFFFFFFFFFFFFFFFF
-        uclib.uc_reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
+        _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
     def write_gprs(self, values: dict[Reg, int]) -> None:
         """All 16 GPRs plus rip and rflags in one call (missing ones keep their current value)."""
         b = self._gpr_batch
-        uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
+        _reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
         for i, reg in enumerate(GPRS + (Reg.RIP, Reg.RFLAGS)):
             if reg in values:
                 b.values[i] = values[reg] & 0xFFFFFFFFFFFFFFFF
-        uclib.uc_reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
+        _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
     def write_regs(self, values: dict[Reg, int]) -> None:
         for reg, value in values.items():
@@ -199,7 +207,7 @@ class Cpu:
     def read_extended(self) -> tuple[int, int, tuple[int, ...], int]:
         """fs base, gs base, xmm0-15, mxcsr, in one C call."""
         b = self._ext_batch
-        uclib.uc_reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
+        _reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
         raw = bytes(self._ext_buf)
         fs, gs, mxcsr = struct.unpack_from("<QQQ", raw)
         xmm = tuple(int.from_bytes(raw[24 + 16 * i : 40 + 16 * i], "little") for i in range(16))
@@ -286,10 +294,15 @@ class Cpu:
         self._callbacks.pop(hook.value, None)
 
     def add_syscall_hook(self, callback: Callable[[], None]) -> HookHandle:
-        guarded = self._guard(callback)
-        return self._add_hook(
-            unicorn.UC_HOOK_INSN, _SYSCALL_CB(lambda _uc, _ud: guarded()), 1, 0, x86.UC_X86_INS_SYSCALL
-        )
+        def on_syscall(_uc: object, _ud: object) -> None:  # one Python frame: the syscall hot path
+            try:
+                callback()
+            except BaseException as exc:  # re-raised by run()
+                if self._hook_error is None:
+                    self._hook_error = exc
+                uclib.uc_emu_stop(self._uch)
+
+        return self._add_hook(unicorn.UC_HOOK_INSN, _SYSCALL_CB(on_syscall), 1, 0, x86.UC_X86_INS_SYSCALL)
 
     def add_interrupt_hook(self, callback: Callable[[int], None]) -> HookHandle:
         guarded = self._guard(callback)

@@ -10,12 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import capstone
-
 from emu import abi
 from emu.abi import AuxType, Prot, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.designs import DEFAULT_DESIGN, Design, get_design
+from emu.disasm import cs64, insn_text
 from emu.elf import LoadPlan, load_plan
 from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, LoadError, UsageError
 from emu.guestio import GuestIO
@@ -141,7 +140,6 @@ class _InsnCounter:
         self.total = 0
         self.hit_limit = False
         self._sizes: dict[tuple[int, int], int] = {}
-        self._cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         cpu.add_block_hook(self._on_block)
 
     def _on_block(self, addr: int, size: int) -> None:
@@ -149,7 +147,7 @@ class _InsnCounter:
         n = self._sizes.get(key)
         if n is None:
             code = self.mem.read(addr, size)
-            n = sum(1 for _ in self._cs.disasm_lite(code, addr)) or 1
+            n = sum(1 for _ in cs64().disasm_lite(code, addr)) or 1
             self._sizes[key] = n
         self.total += n
         if self.limit is not None and self.total >= self.limit:
@@ -398,7 +396,4 @@ class Machine:
             code = self.mem.read(address, 16)
         except Exception:
             return "<unmapped>"
-        cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-        for insn in cs.disasm(code, address, 1):
-            return f"{insn.mnemonic} {insn.op_str}".strip()
-        return f"<undecodable {code[:4].hex()}>"
+        return insn_text(code, address) or f"<undecodable {code[:4].hex()}>"

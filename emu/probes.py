@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import difflib
 import enum
 import io
 import re
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import capstone
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
-
+from emu.disasm import cs64
 from emu.errors import UsageError
 from emu.loader import LoadedImage
+
+if TYPE_CHECKING:
+    from elftools.elf.elffile import ELFFile
 
 _REG_ALIASES = {
     "rax": ("ax", 8), "eax": ("ax", 4), "ax": ("ax", 2), "al": ("ax", 1),
@@ -180,6 +180,9 @@ class Resolver:
         """Symbols and USDT notes from the section headers. Linux never reads those to run a file,
         so a broken section table only matters once a probe asks for a symbol or a note."""
         symbols: dict[str, tuple[int, int]] = {}
+        from elftools.elf.elffile import ELFFile  # ~40 ms to import: only when a probe needs symbols
+        from elftools.elf.sections import SymbolTableSection
+
         try:
             elf = ELFFile(io.BytesIO(self.image.plan.data))
             for sec in elf.iter_sections():
@@ -216,6 +219,8 @@ class Resolver:
             return ResolvedProbe(spec, spec.address)
         assert spec.symbol is not None
         if spec.symbol not in self.symbols:
+            import difflib
+
             near = difflib.get_close_matches(spec.symbol, list(self.symbols), n=3)
             hint = f" (did you mean {', '.join(near)}?)" if near else ""
             raise UsageError(f"{spec.text}: no symbol {spec.symbol!r} in {self.image.plan.file.path}{hint}")
@@ -227,8 +232,7 @@ class Resolver:
 
     def _check_boundary(self, spec: ProbeSpec, start: int, size: int) -> None:
         code = self._bytes_at(start - self.image.bias, size)
-        cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-        for addr, length, _, _ in cs.disasm_lite(code, start):
+        for addr, length, _, _ in cs64().disasm_lite(code, start):
             if addr - start == spec.offset:
                 return
             if addr - start > spec.offset:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from emu.bench import report_markdown, results_table, run_bench, workloads_from
-from emu.check import designs_from
 from emu.commands.common import check_writable, positive_float, positive_int, write_json
 
 NAME = "bench"
@@ -25,6 +23,9 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.json, args.report):
         if path:
             check_writable(path)
+    from emu.bench import report_markdown, results_table, run_bench, workloads_from  # heavy: only when run
+    from emu.check import designs_from
+
     results = run_bench(designs_from(args.kernel), workloads_from(args.workload), args.duration, args.runs)
     for design in dict.fromkeys(r.design for r in results):
         print(f"{design}:")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from emu.check import CheckRequest, check_table, designs_from, run_check
 from emu.commands.common import add_binary, add_process_options, check_writable, guest_env, run_options, write_json
 from emu.verify.rsb import rsb_depth
 from emu.verify.session import DEFAULT_VERIFIERS, parse_verifiers
@@ -32,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from emu.check import CheckRequest, check_table, designs_from, run_check  # heavy: only when run
+
     if args.json:
         check_writable(args.json)
     request = CheckRequest(

@@ -8,7 +8,6 @@ import json
 from emu.commands.common import add_binary, add_process_options, check_writable, guest_env, run_options
 from emu.designs import DEFAULT_DESIGN, DESIGNS
 from emu.errors import EmuError
-from emu.patchview import record_patches, render
 
 NAME = "patch"
 HELP = "show the bytes and disassembly of each probe site before and after every patch step"
@@ -27,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from emu.patchview import record_patches, render  # heavy: only when run
+
     if args.json:
         check_writable(args.json)
     if args.kernel not in DESIGNS:

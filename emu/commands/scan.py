@@ -5,10 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from emu.check import designs_from
 from emu.commands.common import check_writable
 from emu.errors import EmuError
-from emu.scan import scan_file, scan_table
 
 NAME = "scan"
 HELP = "list probe sites (USDT notes, 5-/10-byte NOPs) and which designs optimize them"
@@ -23,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from emu.check import designs_from  # heavy (pyelftools, capstone): only when run
+    from emu.scan import scan_file, scan_table
+
     if args.json:
         check_writable(args.json)
     result = scan_file(args.binary, designs_from(args.kernel), inline=not args.no_inline)

@@ -33,9 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import capstone
-
 from emu.cpu import Reg
+from emu.disasm import cs64
 from emu.verify.violations import Check, Violation
 
 if TYPE_CHECKING:
@@ -69,7 +68,7 @@ class CallRetTracker:
         self.mem = machine.mem
         self.on_call: list[CallFn] = []
         self.on_ret: list[RetFn] = []
-        self._cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        self._cs = cs64()
         self._ends: dict[tuple[int, int], BlockEnd] = {}
         self._pending: BlockEnd | None = None
         self._stepping = False

@@ -5,10 +5,13 @@ from __future__ import annotations
 import enum
 import errno
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import capstone
-
+from emu.disasm import cs64
 from emu.kernel.errno_ import SyscallError
+
+if TYPE_CHECKING:
+    import capstone
 
 ENOTSUPP = 524
 MAX_UINSN_BYTES = 16
@@ -100,12 +103,8 @@ class Analysis:
     scratch: str = ""  # register standing in for rip in the XOL copy
 
 
-_CS = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-_CS.detail = True
-
-
 def decode(code: bytes, address: int) -> capstone.CsInsn | None:
-    for insn in _CS.disasm(code, address, 1):
+    for insn in cs64(detail=True).disasm(code, address, 1):
         return insn
     return None
 

@@ -1,0 +1,25 @@
+"""Capstone, loaded on first use (importing it costs ~35 ms, which a plain `run` should not pay)."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import capstone
+
+
+@functools.cache
+def cs64(detail: bool = False) -> capstone.Cs:
+    import capstone
+
+    cs = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    cs.detail = detail
+    return cs
+
+
+def insn_text(code: bytes, address: int) -> str | None:
+    """Intel-syntax text of the first instruction in ``code``; None if it does not decode."""
+    for _addr, _size, mnemonic, op_str in cs64().disasm_lite(code, address, 1):
+        return f"{mnemonic} {op_str}".strip()
+    return None
