@@ -1,0 +1,83 @@
+"""Probe hits per second per design and path, in one process, against the unprobed loop.
+
+    python3 benchmarks/probe_hits.py [--iterations N] [--verify] [--json FILE]
+
+Each row runs elf_samples/trig WORKLOAD N with one probe attached and reports hits/s
+(hits / emulation time, median of --repeat runs). --verify also runs every row with the
+red-zone, register and resume verifiers on and prints the on/off ratio. No assertions:
+the numbers go into the README and the issue notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from emu.guestio import GuestIO  # noqa: E402
+from emu.machine import Machine, RunOptions  # noqa: E402
+from emu.verify.session import VerifySession  # noqa: E402
+
+TRIG = str(Path(__file__).resolve().parent.parent / "elf_samples" / "trig")
+ROWS = [
+    ("int3", "uprobe:uprobe_target_nop", "nop", "INT3 + emulated nop"),
+    ("linux-6.18", "uprobe:uprobe_target_push", "push", "INT3 + emulated push"),
+    ("linux-6.18", "uprobe:uprobe_target_ret", "ret", "INT3 + XOL step"),
+    ("linux-6.18", "uprobe:uprobe_target_nop5", "nop5", "optimized: call + syscall 336"),
+    ("jmp-slots", "uprobe:uprobe_target_nop5", "nop5", "optimized: jmp slot + syscall 336 (IRET)"),
+    ("nop10", "uprobe:uprobe_target_nop10", "nop10", "optimized: lea+call + syscall 336"),
+    ("int3", "uretprobe:uprobe_target_nop", "nop", "uretprobe via INT3 trampoline"),
+    ("uretprobe-rfc", "uretprobe:uprobe_target_nop", "nop", "uretprobe via syscall 462"),
+    ("linux-6.18", "uretprobe:uprobe_target_nop5", "nop5", "uretprobe: optimized entry + syscall 335"),
+]
+
+
+def hits_per_second(design: str, spec: str | None, workload: str, n: int, verify: bool) -> float:
+    m = Machine(TRIG, [TRIG, workload, str(n)], {}, RunOptions(design=design), GuestIO.captured())
+    if spec:
+        m.attach(spec)
+    if verify:
+        VerifySession(m)
+    start = time.perf_counter()
+    result = m.run()
+    elapsed = time.perf_counter() - start
+    assert result.exit_status == 0, result.message
+    return n / elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iterations", type=int, default=20000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--verify", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    base = statistics.median(hits_per_second("linux-6.18", None, "nop", args.iterations * 10, False)
+                             for _ in range(args.repeat))
+    print(f"unprobed loop: {base:,.0f} calls/s\n")
+    header = f"{'design':<14} {'probe':<30} {'path':<42} {'hits/s':>10}"
+    print(header + ("  verified/s   ratio" if args.verify else ""))
+    out = []
+    for design, spec, workload, path in ROWS:
+        off = statistics.median(hits_per_second(design, spec, workload, args.iterations, False)
+                                for _ in range(args.repeat))
+        row = {"design": design, "probe": spec, "path": path, "hits_per_s": off}
+        line = f"{design:<14} {spec:<30} {path:<42} {off:>10,.0f}"
+        if args.verify:
+            on = statistics.median(hits_per_second(design, spec, workload, args.iterations // 4, True)
+                                   for _ in range(args.repeat))
+            row |= {"verified_hits_per_s": on, "ratio": on / off}
+            line += f"  {on:>10,.0f}   {on / off:.2f}x"
+        print(line)
+        out.append(row)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"unprobed_calls_per_s": base, "rows": out}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
