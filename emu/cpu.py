@@ -62,6 +62,12 @@ GPRS: tuple[Reg, ...] = (
     Reg.R8, Reg.R9, Reg.R10, Reg.R11, Reg.R12, Reg.R13, Reg.R14, Reg.R15,
 )
 
+# The syscall snapshot: number, six arguments, then where and with which flags.
+SYSCALL_REGS: tuple[Reg, ...] = (
+    Reg.RAX, Reg.RDI, Reg.RSI, Reg.RDX, Reg.R10, Reg.R8, Reg.R9, Reg.RIP, Reg.RFLAGS,
+)
+
+
 class Access(enum.Enum):
     READ = "read"
     WRITE = "write"
@@ -137,6 +143,7 @@ class Cpu:
         self._one = ctypes.c_uint64()
         self._one_ref = ctypes.byref(self._one)
         self._ret_batch = _RegBatch((Reg.RAX, Reg.RCX, Reg.R11))
+        self._syscall_batch = _RegBatch(SYSCALL_REGS)
         self._gpr_batch = _RegBatch(GPRS + (Reg.RIP, Reg.RFLAGS))
         self._norip_batch = _RegBatch(GPRS + (Reg.RFLAGS,))
         # fs base, gs base, mxcsr (8 bytes each) then xmm0-15 (16 bytes each), one buffer
@@ -158,6 +165,12 @@ class Cpu:
     def write(self, reg: Reg, value: int) -> None:
         self._one.value = value & 0xFFFFFFFFFFFFFFFF
         _reg_write(self._uch, reg, self._one_ref)
+
+    def read_syscall(self) -> list[int]:
+        """rax, rdi, rsi, rdx, r10, r8, r9, rip (at the ``syscall``), rflags: one C call."""
+        b = self._syscall_batch
+        _reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
+        return b.values[:]
 
     def write_syscall_return(self, rax: int, rcx: int, r11: int) -> None:
         b = self._ret_batch

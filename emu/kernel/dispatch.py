@@ -113,14 +113,13 @@ class Kernel:
 
     def on_syscall(self) -> None:
         """UC_HOOK_INSN(SYSCALL): rip is at the ``syscall`` instruction; Unicorn adds 2 afterwards."""
-        v = self.cpu.read_user_state()  # one C call; raw handlers need every register anyway
-        nr, a0, a1, a2, a3, a4, a5, rip, rflags = v[0], v[5], v[4], v[3], v[10], v[8], v[9], v[16], v[17]
+        nr, a0, a1, a2, a3, a4, a5, rip, rflags = self.cpu.read_syscall()
         self.counts[nr] += 1
         row = self.table.get(nr)
         if row is not None and row.raw:
             if self.tracer is not None:
                 self.tracer(f"{row.name}() = ?")
-            row.handler(self, nr, v)
+            row.handler(self, nr, None)  # it reads every register itself
             return
         if row is None:
             self.unknown[nr] += 1
