@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from emu.commands.common import add_binary, add_process_options, check_writable, guest_env, run_options, write_json
-from emu.verify.rsb import rsb_depth
-from emu.verify.session import DEFAULT_VERIFIERS, parse_verifiers
+from emu.commands.common import (
+    add_binary,
+    add_process_options,
+    check_writable,
+    guest_env,
+    rsb_depth_arg,
+    run_options,
+    verifier_list,
+    write_json,
+)
 
 NAME = "check"
 HELP = "run unprobed and under each design with verifiers; print one table"
@@ -17,14 +24,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default="all", metavar="all|D1,D2", help="designs to compare (default all)")
     p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
                    help="probe to attach (default: every scan-able site of the binary)")
-    p.add_argument("--verify", metavar="LIST", type=parse_verifiers, default=DEFAULT_VERIFIERS,
+    p.add_argument("--verify", metavar="LIST", type=verifier_list, default=None,
                    help="verifiers (default redzone,regs,resume)")
     p.add_argument("--json", metavar="FILE", help="write the per-design results as JSON")
     p.add_argument("--details", action="store_true", help="print every violation with its evidence")
     p.add_argument("--strict", action="store_true", help="exit 1 if any design has a violation or diverges")
     p.add_argument("--shstk", action="store_true",
                    help="run a CET shadow stack: a ret it disagrees with (#CP) is a violation (column shstk)")
-    p.add_argument("--rsb", metavar="N", type=rsb_depth, nargs="?", const=16, default=None,
+    p.add_argument("--rsb", metavar="N", type=rsb_depth_arg, nargs="?", const=16, default=None,
                    help="model an N-entry return stack buffer (default 16): column rsb miss/hit = mispredicted "
                         "returns the probes added over the unprobed run, per hit")
     add_binary(p)
@@ -32,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from emu.check import CheckRequest, check_table, designs_from, run_check  # heavy: only when run
+    from emu.verify.session import DEFAULT_VERIFIERS
+
+    if args.verify is None:
+        args.verify = DEFAULT_VERIFIERS
 
     if args.json:
         check_writable(args.json)

@@ -95,3 +95,17 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
             fh.write("\n")
     except OSError as exc:
         raise EmuError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def verifier_list(text: str) -> tuple[Any, ...]:
+    """The ``--verify LIST`` argument (the verifier modules load only when a command uses them)."""
+    from emu.verify.session import parse_verifiers
+
+    return parse_verifiers(text)
+
+
+def rsb_depth_arg(text: str) -> int:
+    """The ``--rsb N`` argument."""
+    from emu.verify.rsb import rsb_depth
+
+    return rsb_depth(text)

@@ -10,8 +10,10 @@ from emu.commands.common import (
     add_process_options,
     check_writable,
     guest_env,
+    rsb_depth_arg,
     run_options,
     stderr_line,
+    verifier_list,
     write_json,
 )
 from emu.designs import DEFAULT_DESIGN, DESIGNS
@@ -20,8 +22,6 @@ from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.libprobes import LibraryProbe
 from emu.machine import Attachment, Machine
 from emu.render import table
-from emu.verify.rsb import rsb_depth
-from emu.verify.session import VerifySession, parse_verifiers
 
 NAME = "run"
 HELP = "run a binary; the exit status is the guest's"
@@ -37,11 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="attach a probe: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME, "
                         "uprobe:LIBRARY:SYM")
     p.add_argument("--print-args", action="store_true", help="print each USDT hit with its decoded arguments")
-    p.add_argument("--verify", metavar="LIST", type=parse_verifiers, default=(),
+    p.add_argument("--verify", metavar="LIST", type=verifier_list, default=(),
                    help="verifiers to run on every probe hit: redzone,regs,resume (default: none)")
     p.add_argument("--shstk", action="store_true",
                    help="run a CET shadow stack; a ret it disagrees with (#CP on real hardware) is a violation")
-    p.add_argument("--rsb", metavar="N", type=rsb_depth, nargs="?", const=16, default=None,
+    p.add_argument("--rsb", metavar="N", type=rsb_depth_arg, nargs="?", const=16, default=None,
                    help="model an N-entry return stack buffer (default 16) and print its predicted/mispredicted "
                         "returns per run and per probe hit")
     add_binary(p)
@@ -56,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.probe:
         _attach(machine, spec, args.print_args)
     wanted = args.verify or args.shstk or args.rsb is not None
-    session = VerifySession(machine, args.verify, shstk=args.shstk, rsb=args.rsb) if wanted else None
+    session = None
+    if wanted:
+        from emu.verify.session import VerifySession
+
+        session = VerifySession(machine, args.verify, shstk=args.shstk, rsb=args.rsb)
     result = machine.run()
     if result.message:
         stderr_line(f"{PROG}: {result.message}")
