@@ -62,9 +62,9 @@ GPRS: tuple[Reg, ...] = (
     Reg.R8, Reg.R9, Reg.R10, Reg.R11, Reg.R12, Reg.R13, Reg.R14, Reg.R15,
 )
 
-# The syscall snapshot: number, six arguments, then where and with which flags.
+# The syscall snapshot: number, six arguments, then where, with which flags, and the stack.
 SYSCALL_REGS: tuple[Reg, ...] = (
-    Reg.RAX, Reg.RDI, Reg.RSI, Reg.RDX, Reg.R10, Reg.R8, Reg.R9, Reg.RIP, Reg.RFLAGS,
+    Reg.RAX, Reg.RDI, Reg.RSI, Reg.RDX, Reg.R10, Reg.R8, Reg.R9, Reg.RIP, Reg.RFLAGS, Reg.RSP,
 )
 
 
@@ -166,8 +166,19 @@ class Cpu:
         self._one.value = value & 0xFFFFFFFFFFFFFFFF
         _reg_write(self._uch, reg, self._one_ref)
 
+    def batch_writer(self, regs: Sequence[Reg]) -> Callable[[Sequence[int]], None]:
+        """A function writing ``regs`` in one C call. Writing RIP ends the translation block."""
+        b = _RegBatch(regs)
+
+        def write(values: Sequence[int]) -> None:
+            for i, value in enumerate(values):
+                b.values[i] = value & 0xFFFFFFFFFFFFFFFF
+            _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
+
+        return write
+
     def read_syscall(self) -> list[int]:
-        """rax, rdi, rsi, rdx, r10, r8, r9, rip (at the ``syscall``), rflags: one C call."""
+        """rax, rdi, rsi, rdx, r10, r8, r9, rip (at the ``syscall``), rflags, rsp: one C call."""
         b = self._syscall_batch
         _reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
         return b.values[:]

@@ -113,13 +113,14 @@ class Kernel:
 
     def on_syscall(self) -> None:
         """UC_HOOK_INSN(SYSCALL): rip is at the ``syscall`` instruction; Unicorn adds 2 afterwards."""
-        nr, a0, a1, a2, a3, a4, a5, rip, rflags = self.cpu.read_syscall()
+        entry = self.cpu.read_syscall()
+        nr, a0, a1, a2, a3, a4, a5, rip, rflags, _rsp = entry
         self.counts[nr] += 1
         row = self.table.get(nr)
         if row is not None and row.raw:
             if self.tracer is not None:
                 self.tracer(f"{row.name}() = ?")
-            row.handler(self, nr, None)  # it reads every register itself
+            row.handler(self, nr, entry)
             return
         if row is None:
             self.unknown[nr] += 1

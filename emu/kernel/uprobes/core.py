@@ -8,7 +8,7 @@ import struct
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, Signal
 from emu.cpu import Cpu, Reg, StopReason
@@ -26,6 +26,9 @@ from emu.kernel.uprobes.insn import Analysis, Fixup, Kind, analyze, jcc_taken
 from emu.kernel.uprobes.regs import PtRegs, regs_from_cpu, regs_to_cpu
 from emu.kernel.uprobes.sites import INT3, SitePatcher
 from emu.memory import Memory, UserFault
+
+if TYPE_CHECKING:
+    from emu.kernel.uprobes.fastpath import FastPaths
 
 log = logging.getLogger(__name__)
 DeferFn = Callable[[Callable[[], None]], None]
@@ -118,6 +121,7 @@ class Uprobes:
         self.stats = UprobeStats()
         self._defer = defer
         self.chain_observers: list[ChainObserver] = []
+        self.fast: FastPaths | None = None  # set with the design's syscall rows (fastpath.py)
         self.stepping = False  # inside an out-of-line single step: the kernel, not the guest, is running
         self.shadow_stack: ShadowStackHooks | None = None  # None: shstk off (-ENOTSUPP, ignored; spec 3.7)
 

@@ -16,6 +16,7 @@ from emu.kernel.table import Row
 from emu.kernel.uprobes import tramp_code as tc
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobes
+from emu.kernel.uprobes.fastpath import FastPaths
 from emu.kernel.uprobes.regs import ExitPath, PtRegs, return_from_syscall, syscall_entry_regs
 from emu.memory import UserFault
 
@@ -52,9 +53,11 @@ def _write_words(up: Uprobes, regs: PtRegs, addr: int, words: list[int]) -> None
         raise _sigill(regs, "cannot write the trampoline's saved registers") from None
 
 
-def sys_uprobe_call(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
+def sys_uprobe_call(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
     """sys_uprobe of 6.18 (nop5 -> call) and of nop10 (lea + call): spec 2.1 and 3.8."""
-    regs, held = syscall_entry_regs(up.cpu, nr, state)
+    if entry is not None and up.fast is not None and up.fast.call(entry):
+        return
+    regs, held = syscall_entry_regs(up.cpu, nr)
     assert up.design.uprobe_syscall_errno is not None
     if not up.sites.in_trampoline(regs.ip):
         return _fail(up, regs, held, up.design.uprobe_syscall_errno)
@@ -90,9 +93,11 @@ def sys_uprobe_call(up: Uprobes, nr: int, state: list[int] | None = None) -> Non
     _leave(up, regs, held)
 
 
-def sys_uprobe_slot(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
+def sys_uprobe_slot(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
     """jmp-slots: find the probe from the slot, restore everything, IRET to probe+5 (DESIGN.md)."""
-    regs, held = syscall_entry_regs(up.cpu, nr, state)
+    if entry is not None and up.fast is not None and up.fast.slot(entry):
+        return
+    regs, held = syscall_entry_regs(up.cpu, nr)
     assert up.design.uprobe_syscall_errno is not None
     vaddr = up.sites.probe_of_slot(regs.ip)
     if vaddr is None:
@@ -108,9 +113,9 @@ def sys_uprobe_slot(up: Uprobes, nr: int, state: list[int] | None = None) -> Non
     _leave(up, regs, held, force_iret=True)
 
 
-def sys_uretprobe(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
+def sys_uretprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
     """sys_uretprobe (335), spec 2.2."""
-    regs, held = syscall_entry_regs(up.cpu, nr, state)
+    regs, held = syscall_entry_regs(up.cpu, nr)
     if up.xol is None or regs.ip != up.xol.vaddr + tc.URETPROBE_335_CHECK:
         raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
     r11, cx, ax = _read_words(up, regs, regs.sp, 3)
@@ -129,9 +134,9 @@ def sys_uretprobe(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
     _leave(up, regs, held)
 
 
-def sys_uretprobe_rfc(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
+def sys_uretprobe_rfc(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
     """The RFC's 462: restore rax/rcx/r11, sp += 24, run the return handlers, IRET to the real return address."""
-    regs, held = syscall_entry_regs(up.cpu, nr, state)
+    regs, held = syscall_entry_regs(up.cpu, nr)
     if up.xol is None or regs.ip != up.xol.vaddr + tc.URETPROBE_RFC_CHECK:
         raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
     r11, cx, ax = _read_words(up, regs, regs.sp, 3)
@@ -143,12 +148,13 @@ def sys_uretprobe_rfc(up: Uprobes, nr: int, state: list[int] | None = None) -> N
 
 
 def _row(nr: int, name: str, fn: Callable[[Uprobes, int, list[int] | None], None], up: Uprobes) -> Row:
-    return Row(nr, name, lambda k, _nr, state: fn(up, nr, state), (), raw=True)
+    return Row(nr, name, lambda k, _nr, entry: fn(up, nr, entry), (), raw=True)
 
 
 def uprobe_rows(up: Uprobes) -> tuple[Row, ...]:
     """The syscall rows a design adds to the table (absent numbers stay -ENOSYS)."""
     design = up.design
+    up.fast = FastPaths(up)
     rows: list[Row] = []
     if design.sites in (SiteMode.CALL_NOP5, SiteMode.LEA_CALL_NOP10):
         rows.append(_row(NR_UPROBE, "uprobe", sys_uprobe_call, up))
