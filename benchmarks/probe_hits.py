@@ -52,7 +52,7 @@ def hits_per_second(design: str, spec: str | None, workload: str, n: int, verify
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iterations", type=int, default=20000)
+    ap.add_argument("--iterations", type=int, default=100000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--verify", action="store_true")
     ap.add_argument("--json")

@@ -145,6 +145,7 @@ class Cpu:
         self._ret_batch = _RegBatch((Reg.RAX, Reg.RCX, Reg.R11))
         self._syscall_batch = _RegBatch(SYSCALL_REGS)
         self._gpr_batch = _RegBatch(GPRS + (Reg.RIP, Reg.RFLAGS))
+        self._read_buf = ctypes.create_string_buffer(256)
         self._norip_batch = _RegBatch(GPRS + (Reg.RFLAGS,))
         # fs base, gs base, mxcsr (8 bytes each) then xmm0-15 (16 bytes each), one buffer
         ext_ids = (Reg.FS_BASE, Reg.GS_BASE, Reg.MXCSR) + tuple(x86.UC_X86_REG_XMM0 + i for i in range(16))
@@ -264,11 +265,12 @@ class Cpu:
         self._uc.mem_protect(addr, size, int(prot))
 
     def mem_read(self, addr: int, size: int) -> bytes:
-        buf = ctypes.create_string_buffer(size)
+        small = size <= len(self._read_buf)  # the kernel's small copies reuse one buffer
+        buf = self._read_buf if small else ctypes.create_string_buffer(size)
         status = uclib.uc_mem_read(self._uch, addr, buf, size)
         if status != unicorn.UC_ERR_OK:
             raise unicorn.UcError(status)
-        return buf.raw
+        return ctypes.string_at(buf, size) if small else buf.raw
 
     def mem_write(self, addr: int, data: bytes) -> None:
         status = uclib.uc_mem_write(self._uch, addr, bytes(data), len(data))
