@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import io
 import re
@@ -82,19 +83,31 @@ def parse_spec(text: str) -> ProbeSpec:
 
 @dataclass(frozen=True, slots=True)
 class UsdtArg:
+    """One ``SIZE@OPERAND`` of a USDT note: a register, a constant, or memory at
+    ``offset + base + index*scale`` (``symbol`` names a data object, for ``sym(%rip)`` operands;
+    its address is filled in by :meth:`Resolver.notes` with the load bias applied)."""
+
     size: int  # bytes; negative for signed
     reg: str | None = None
     offset: int = 0
     base: str | None = None
+    index: str | None = None
+    scale: int = 1
     const: int | None = None
+    symbol: str | None = None
+    address: int | None = None  # absolute address of ``symbol``
 
     def read(self, regs: object, read_mem: object) -> int:
         width = abs(self.size)
         if self.const is not None:
             value = self.const
-        elif self.base is not None:
-            addr = (getattr(regs, self.base) + self.offset) & ((1 << 64) - 1)
-            value = int.from_bytes(read_mem(addr, width), "little")  # type: ignore[operator]
+        elif self.address is not None or self.base is not None or self.index is not None:
+            addr = self.address if self.address is not None else self.offset
+            if self.base is not None and self.address is None:
+                addr += getattr(regs, self.base)
+            if self.index is not None:
+                addr += getattr(regs, self.index) * self.scale
+            value = int.from_bytes(read_mem(addr & ((1 << 64) - 1), width), "little")  # type: ignore[operator]
         else:
             assert self.reg is not None
             value = getattr(regs, self.reg)
@@ -102,6 +115,9 @@ class UsdtArg:
         if self.size < 0 and value >> (8 * width - 1):
             value -= 1 << (8 * width)
         return value
+
+
+_MEM_OPERAND = re.compile(r"(?P<off>[^(]*)\((?:%(?P<base>\w+))?(?:,%(?P<index>\w+)(?:,(?P<scale>\d+))?)?\)")
 
 
 def parse_usdt_arg(spec: str) -> UsdtArg:
@@ -114,11 +130,20 @@ def parse_usdt_arg(spec: str) -> UsdtArg:
     if operand.startswith("%"):
         reg, _ = _REG_ALIASES[operand[1:]]
         return UsdtArg(size, reg=reg)
-    m = re.fullmatch(r"(-?(?:0x)?[0-9a-fA-F]*)\(%(\w+)\)", operand)
-    if m is None:
+    m = _MEM_OPERAND.fullmatch(operand)
+    if m is None or (m["base"] and m["base"] not in _REG_ALIASES) or (m["index"] and m["index"] not in _REG_ALIASES):
         raise UsageError(f"unsupported USDT argument {spec!r}")
-    base, _ = _REG_ALIASES[m.group(2)]
-    return UsdtArg(size, offset=int(m.group(1) or "0", 0), base=base)
+    off = m["off"]
+    base = _REG_ALIASES[m["base"]][0] if m["base"] else None
+    index = _REG_ALIASES[m["index"]][0] if m["index"] else None
+    scale = int(m["scale"] or 1)
+    if base == "ip":  # sym(%rip): the data object itself (libbpf reads it at its address)
+        return UsdtArg(size, symbol=off, index=index, scale=scale)
+    try:
+        offset = int(off or "0", 0)
+    except ValueError:
+        raise UsageError(f"unsupported USDT argument {spec!r}") from None
+    return UsdtArg(size, offset=offset, base=base, index=index, scale=scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +205,7 @@ class Resolver:
         """Symbols and USDT notes from the section headers. Linux never reads those to run a file,
         so a broken section table only matters once a probe asks for a symbol or a note."""
         symbols: dict[str, tuple[int, int]] = {}
+        objects: dict[str, int] = {}
         from elftools.elf.elffile import ELFFile  # ~40 ms to import: only when a probe needs symbols
         from elftools.elf.sections import SymbolTableSection
 
@@ -189,12 +215,27 @@ class Resolver:
                 if isinstance(sec, SymbolTableSection):
                     for sym in sec.iter_symbols():
                         kind = sym["st_info"]["type"]
-                        if sym.name and sym["st_shndx"] != "SHN_UNDEF" and kind in ("STT_FUNC", "STT_NOTYPE"):
+                        if not sym.name or sym["st_shndx"] == "SHN_UNDEF":
+                            continue
+                        if kind in ("STT_FUNC", "STT_NOTYPE"):
                             symbols.setdefault(sym.name, (sym["st_value"], sym["st_size"]))
-            notes = usdt_notes(elf)
+                        elif kind == "STT_OBJECT":
+                            objects.setdefault(sym.name, sym["st_value"])
+            notes = [self._bind(note, objects) for note in usdt_notes(elf)]
         except Exception as exc:  # pyelftools raises many kinds on a corrupt section table
             raise UsageError(f"cannot read the symbols of {self.image.plan.file.path}: {exc}") from None
         self._symbols, self._notes = symbols, notes
+
+    def _bind(self, note: UsdtNote, objects: dict[str, int]) -> UsdtNote:
+        """Fill in the addresses of ``sym(%rip)`` arguments (with the image's load bias)."""
+        args = []
+        for arg in note.args:
+            if arg.symbol is not None:
+                if arg.symbol not in objects:
+                    raise UsageError(f"USDT {note.provider}:{note.name}: no data symbol {arg.symbol!r}")
+                arg = dataclasses.replace(arg, address=objects[arg.symbol] + self.image.bias)
+            args.append(arg)
+        return dataclasses.replace(note, args=tuple(args))
 
     @property
     def symbols(self) -> dict[str, tuple[int, int]]:
