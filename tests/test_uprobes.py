@@ -215,3 +215,23 @@ def test_refusals_say_what_is_wrong() -> None:
         m.attach("uprobe:0x10")
     with pytest.raises(UsageError, match="no USDT probe"):
         m.attach("usdt:demo:nope")
+
+
+@pytest.mark.parametrize("design", ["linux-6.18", "jmp-slots", "nop10", "int3"])
+def test_consumer_moving_sp_takes_the_iret_path(design: str) -> None:
+    """A consumer that returns from the probed function itself (ip = [sp], sp += 8): spec 2.1 step 8."""
+    m, io = machine(TARGETS, design=design)
+
+    def early_return(hit: Hit) -> None:
+        hit.regs.ip = struct.unpack("<Q", hit.read(hit.regs.sp, 8))[0]
+        hit.regs.sp += 8
+
+    site = "uprobe:t_nop10" if design == "nop10" else "uprobe:t_nop5"
+    att = m.attach(site, Consumer(handler=early_return))
+    result = run(m)
+    assert (result.exit_status, io.out.decode()) == (0, PROBE_TARGETS_OUTPUT)
+    assert att.summary()["hits"] == 3
+    if design == "int3":
+        assert result.exits == {}
+    else:  # hits 2 and 3 come through the syscall; a moved sp always leaves by IRET
+        assert result.exits == {"iret": 2}
