@@ -7,11 +7,10 @@ import argparse
 from emu.commands.common import (
     add_binary,
     add_process_options,
+    add_verifier_options,
     check_writable,
     guest_env,
-    rsb_depth_arg,
     run_options,
-    verifier_list,
     write_json,
 )
 
@@ -24,16 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default="all", metavar="all|D1,D2", help="designs to compare (default all)")
     p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
                    help="probe to attach (default: every scan-able site of the binary)")
-    p.add_argument("--verify", metavar="LIST", type=verifier_list, default=None,
-                   help="verifiers (default redzone,regs,resume)")
     p.add_argument("--json", metavar="FILE", help="write the per-design results as JSON")
     p.add_argument("--details", action="store_true", help="print every violation with its evidence")
     p.add_argument("--strict", action="store_true", help="exit 1 if any design has a violation or diverges")
-    p.add_argument("--shstk", action="store_true",
-                   help="run a CET shadow stack: a ret it disagrees with (#CP) is a violation (column shstk)")
-    p.add_argument("--rsb", metavar="N", type=rsb_depth_arg, nargs="?", const=16, default=None,
-                   help="model an N-entry return stack buffer (default 16): column rsb miss/hit = mispredicted "
-                        "returns the probes added over the unprobed run, per hit")
+    add_verifier_options(p, "verifiers (default redzone,regs,resume)")
     add_binary(p)
 
 

@@ -109,3 +109,13 @@ def rsb_depth_arg(text: str) -> int:
     from emu.verify.rsb import rsb_depth
 
     return rsb_depth(text)
+
+
+def add_verifier_options(p: argparse.ArgumentParser, verify_help: str) -> None:
+    """--verify, --shstk and --rsb, as run and check both take them."""
+    p.add_argument("--verify", metavar="LIST", type=verifier_list, default=None, help=verify_help)
+    p.add_argument("--shstk", action="store_true",
+                   help="run a CET shadow stack; a ret it disagrees with (#CP on real hardware) is a violation")
+    p.add_argument("--rsb", metavar="N", type=rsb_depth_arg, nargs="?", const=16, default=None,
+                   help="model an N-entry return stack buffer (default 16): predicted and mispredicted returns, "
+                        "per run and per probe hit")

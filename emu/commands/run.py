@@ -8,12 +8,11 @@ from emu.commands.common import (
     PROG,
     add_binary,
     add_process_options,
+    add_verifier_options,
     check_writable,
     guest_env,
-    rsb_depth_arg,
     run_options,
     stderr_line,
-    verifier_list,
     write_json,
 )
 from emu.designs import DEFAULT_DESIGN, DESIGNS
@@ -37,13 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="attach a probe: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME, "
                         "uprobe:LIBRARY:SYM")
     p.add_argument("--print-args", action="store_true", help="print each USDT hit with its decoded arguments")
-    p.add_argument("--verify", metavar="LIST", type=verifier_list, default=(),
-                   help="verifiers to run on every probe hit: redzone,regs,resume (default: none)")
-    p.add_argument("--shstk", action="store_true",
-                   help="run a CET shadow stack; a ret it disagrees with (#CP on real hardware) is a violation")
-    p.add_argument("--rsb", metavar="N", type=rsb_depth_arg, nargs="?", const=16, default=None,
-                   help="model an N-entry return stack buffer (default 16) and print its predicted/mispredicted "
-                        "returns per run and per probe hit")
+    add_verifier_options(p, "verifiers to run on every probe hit: redzone,regs,resume (default: none)")
     add_binary(p)
 
 
@@ -60,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if wanted:
         from emu.verify.session import VerifySession
 
-        session = VerifySession(machine, args.verify, shstk=args.shstk, rsb=args.rsb)
+        session = VerifySession(machine, args.verify or (), shstk=args.shstk, rsb=args.rsb)
     result = machine.run()
     if result.message:
         stderr_line(f"{PROG}: {result.message}")

@@ -113,15 +113,22 @@ def sys_uprobe_slot(up: Uprobes, nr: int, entry: list[int] | None = None) -> Non
     _leave(up, regs, held, force_iret=True)
 
 
-def sys_uretprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
-    """sys_uretprobe (335), spec 2.2."""
+def _uretprobe_entry(up: Uprobes, nr: int, check_offset: int) -> tuple[PtRegs, list[int]]:
+    """Steps 1-4 of spec 2.2, shared by 335 and the RFC's 462: the call must come from the trampoline
+    (else SIGILL); rax/rcx/r11 come back from the stack and sp moves past them."""
     regs, held = syscall_entry_regs(up.cpu, nr)
-    if up.xol is None or regs.ip != up.xol.vaddr + tc.URETPROBE_335_CHECK:
+    if up.xol is None or regs.ip != up.xol.vaddr + check_offset:
         raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
     r11, cx, ax = _read_words(up, regs, regs.sp, 3)
     regs.r11, regs.cx, regs.ax = r11, cx, ax
     regs.sp = (regs.sp + 24) & U64
     regs.orig_ax = U64
+    return regs, held
+
+
+def sys_uretprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
+    """sys_uretprobe (335), spec 2.2."""
+    regs, held = _uretprobe_entry(up, nr, tc.URETPROBE_335_CHECK)
     ip, sp = regs.ip, regs.sp
     up.handle_trampoline(regs)
     if regs.sp != sp or up.shadow_stack is not None:  # shstk on: IRET, the trampoline's ret would #CP (2.2 step 7)
@@ -136,13 +143,7 @@ def sys_uretprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
 
 def sys_uretprobe_rfc(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
     """The RFC's 462: restore rax/rcx/r11, sp += 24, run the return handlers, IRET to the real return address."""
-    regs, held = syscall_entry_regs(up.cpu, nr)
-    if up.xol is None or regs.ip != up.xol.vaddr + tc.URETPROBE_RFC_CHECK:
-        raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
-    r11, cx, ax = _read_words(up, regs, regs.sp, 3)
-    regs.r11, regs.cx, regs.ax = r11, cx, ax
-    regs.sp = (regs.sp + 24) & U64
-    regs.orig_ax = U64
+    regs, held = _uretprobe_entry(up, nr, tc.URETPROBE_RFC_CHECK)
     up.handle_trampoline(regs)
     _leave(up, regs, held, force_iret=True)
 
