@@ -1,0 +1,32 @@
+"""`uprobe-emu diff`: run natively with probes (host kernel) and emulated, and compare."""
+
+from __future__ import annotations
+
+import argparse
+
+from emu.commands.common import add_binary, guest_env
+
+NAME = "diff"
+HELP = "run natively with the host kernel's uprobes and emulated (linux-6.18); print agreement or the first difference"
+EXIT_DIFFERENT = 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC", help="probe (in the executable)")
+    p.add_argument("--kernel", default="linux-6.18", metavar="DESIGN", help="emulated design (default linux-6.18)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="set an environment variable")
+    p.add_argument("--clear-env", action="store_true", help="run both sides with an empty environment")
+    add_binary(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from emu.diff import run_diff  # heavy: only when run
+
+    report = run_diff(args.binary, [args.binary, *args.args], args.probe, guest_env(args), args.kernel)
+    difference = report.first_difference()
+    counts = ", ".join(f"{s}={n}" for s, n in zip(report.specs, report.hits, strict=True))
+    if difference is None:
+        print(f"agree: stdout, stderr, exit status {report.exit_status}" + (f", hits {counts}" if counts else ""))
+        return 0
+    print(f"differ: {difference}")
+    return EXIT_DIFFERENT

@@ -1,0 +1,39 @@
+"""`uprobe-emu diff`: agreement under the matching design, the first difference otherwise."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from emu import cli
+from emu.native import NativeUnavailable, uprobe_pmu_type
+
+REDZONE = str(Path(__file__).resolve().parent.parent / "elf_samples" / "redzone_probe")
+
+
+def _native_available() -> bool:
+    try:
+        uprobe_pmu_type()
+    except NativeUnavailable:
+        return False
+    return os.geteuid() == 0 and os.uname().release.startswith("6.18")
+
+
+@pytest.mark.skipif(not _native_available(), reason="needs root, Linux 6.18 and the uprobe PMU")
+def test_diff_agrees_with_linux_618_and_not_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["diff", "--clear-env", "-p", "uprobe:rz_nop5_site", "-p", "usdt:redzone:site", REDZONE, "4"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("agree:") and "uprobe:rz_nop5_site=4" in out
+    assert cli.main([*args[:1], "--kernel", "jmp-slots", *args[1:]]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("differ: stdout line 5: native b'rz_nop5 i=1 got=0xfce43cc16f5d083a") and "emulated b'rz_nop5 i=1 got=0xd8f55a41ffb3f893 want=0xd8f55a41ffb3f893'" in out
+
+
+def test_diff_without_the_pmu_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("emu.native.PMU_DIR", "/nonexistent")
+    assert cli.main(["diff", "-p", "uprobe:rz_nop5_site", REDZONE, "1"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no uprobe PMU" in err[0]
