@@ -29,7 +29,8 @@ def test_diff_agrees_with_linux_618_and_not_with_the_fix(capsys: pytest.CaptureF
     assert out.startswith("agree:") and "uprobe:rz_nop5_site=4" in out
     assert cli.main([*args[:1], "--kernel", "jmp-slots", *args[1:]]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("differ: stdout line 5: native b'rz_nop5 i=1 got=0xfce43cc16f5d083a") and "emulated b'rz_nop5 i=1 got=0xd8f55a41ffb3f893 want=0xd8f55a41ffb3f893'" in out
+    assert out.startswith("differ: stdout line 5: native b'rz_nop5 i=1 got=0xfce43cc16f5d083a")
+    assert "emulated b'rz_nop5 i=1 got=0xd8f55a41ffb3f893 want=0xd8f55a41ffb3f893'" in out
 
 
 def test_diff_without_the_pmu_says_so(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
