@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -185,6 +186,7 @@ class Machine:
         self.resolver = Resolver(self.exe)
         self.attachments: list[Attachment] = []
         self.libraries = LibraryProbes(self)
+        self.kernel.perf_attach = self._perf_attach
         self.cpu.add_syscall_hook(self.kernel.on_syscall)
         self.cpu.add_interrupt_hook(self._on_interrupt)
 
@@ -202,6 +204,30 @@ class Machine:
             return self.libraries.add(parsed, consumer)
         resolved = self.resolver.resolve(dataclasses.replace(parsed, path=None))
         return self.attach_resolved(resolved, consumer, (self.exe, self.interp))
+
+    def _perf_attach(self, path: str, offset: int, retprobe: bool, ref_ctr_offset: int,
+                     consumer: Consumer) -> Callable[[], None]:
+        """The uprobe PMU's attach: a file offset (and a semaphore offset) in the executable."""
+        from emu.kernel.fs import lookup
+
+        guest = lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path)
+        try:
+            st = os.stat(self.kernel.vfs.host_path(guest))
+        except OSError:
+            raise SyscallError(errno.ENOENT) from None
+        plan = self.exe.plan
+        if ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino) != (plan.file.dev, plan.file.inode):
+            raise SyscallError(errno.EINVAL)  # only the executable's own text is emulated here
+        vaddr = self._offset_to_vaddr(offset)
+        ref = self._offset_to_vaddr(ref_ctr_offset) if ref_ctr_offset else None
+        uprobe = self.uprobes.attach(vaddr, consumer, ref, self._file_bytes(vaddr, (self.exe,)))
+        return lambda: self.uprobes.detach(uprobe, consumer)
+
+    def _offset_to_vaddr(self, offset: int) -> int:
+        for seg in self.exe.plan.segments:
+            if seg.offset <= offset < seg.offset + seg.filesz:
+                return seg.vaddr + (offset - seg.offset) + self.exe.bias
+        raise SyscallError(errno.EINVAL)
 
     def _is_exe(self, path: str) -> bool:
         return os.path.realpath(path) == os.path.realpath(self.path) or path == self.kernel.ident.exe

@@ -20,6 +20,7 @@ from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fs import FdTable
+from emu.kernel.perf import PerfAttach
 from emu.kernel.process import DEFAULT_RLIMITS
 from emu.kernel.signal import SignalState
 from emu.kernel.strace import format_call, format_result
@@ -97,6 +98,7 @@ class Kernel:
         self.deferred: list[Callable[[], None]] = []
         self.syscall_log: list[tuple[str, tuple[int, ...], int]] | None = None  # for lockstep comparison
         self.exec_mmap_observers: list[Callable[[Vma], None]] = []
+        self.perf_attach: PerfAttach | None = None  # set by the machine: uprobes for perf_event_open
 
     def add_rows(self, rows: tuple[Row, ...]) -> None:
         """Add (or override) syscall rows, e.g. a design's uprobe syscalls."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu import abi
-from emu.kernel import procfs
+from emu.kernel import procfs, sysfs
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestBlocked
 from emu.kernel.vfs import (
@@ -143,6 +143,8 @@ def _signed32(value: int) -> int:
 def lookup(k: Kernel, dirfd: int, path: str, follow: bool = True) -> str:
     """Guest path -> canonical guest path, with /proc/self served by procfs, never by the host."""
     base = _base_dir(k, dirfd, path)
+    if sysfs.serves(k.vfs.absolute(path, base)):
+        return sysfs.normalize(k.vfs.absolute(path, base))
     special = procfs.canonical(k, k.vfs.absolute(path, base))
     if special is None:
         resolved = k.vfs.resolve(path, base, follow, special=procfs.intercepts(k))
@@ -157,7 +159,7 @@ def _host_errno(exc: OSError, default: int = errno.EIO) -> SyscallError:
 
 
 def stat_path(k: Kernel, guest: str) -> StatInfo:
-    info = procfs.stat_of(k, guest)
+    info = procfs.stat_of(k, guest) or sysfs.stat_of(guest)
     if info is not None:
         return info
     try:
@@ -191,7 +193,7 @@ def open_path(k: Kernel, dirfd: int, path: str, flags: int) -> OpenFile:
             _parent_must_exist(k, dirfd, path)
             raise SyscallError(errno.EROFS) from None  # creating would write to the read-only sandbox
         raise
-    synthetic = procfs.open_file(k, guest, flags)
+    synthetic = procfs.open_file(k, guest, flags) or sysfs.open_file(guest, flags)
     if synthetic is not None:
         return synthetic
     host = k.vfs.host_path(guest)
@@ -555,6 +557,9 @@ def sys_ioctl(k: Kernel, fd: int, request: int, arg: int, *_: int) -> int:
     request &= 0xFFFFFFFF
     if entry.flags & abi.O_PATH:
         raise SyscallError(errno.EBADF)
+    own = file.ioctl(request, arg)
+    if own is not None:
+        return own
     # The generic file ioctls (fs/ioctl.c do_vfs_ioctl) work on any descriptor.
     if request in (FIOCLEX, FIONCLEX):
         entry.cloexec = request == FIOCLEX

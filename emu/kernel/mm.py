@@ -65,7 +65,7 @@ def sys_mmap(k: Kernel, addr: int, length: int, prot: int, flags: int, fd: int, 
     file_args: dict[str, object] = {}
     if not flags & abi.MAP_ANONYMOUS:
         entry = k.files.get(_fd(fd))
-        if kind != abi.MAP_PRIVATE and protection & Prot.WRITE:
+        if kind != abi.MAP_PRIVATE and protection & Prot.WRITE and not entry.file.shared_writable:
             raise SyscallError(errno.EACCES)  # the sandbox only opens files read-only
         data = entry.file.mmap_bytes(offset, length)
         st = entry.file.stat()
@@ -73,6 +73,8 @@ def sys_mmap(k: Kernel, addr: int, length: int, prot: int, flags: int, fd: int, 
                          inode=st.ino)
     start = _place(k, addr, length, flags)
     vma = k.mem.map(start, length, protection, shared=kind == abi.MAP_SHARED, data=data, **file_args)  # type: ignore[arg-type]
+    if not flags & abi.MAP_ANONYMOUS:
+        entry.file.mapped(start, length)
     if vma.inode and protection & Prot.EXEC:
         for observer in k.exec_mmap_observers:  # uprobe_mmap: install probes on a newly mapped text
             observer(vma)

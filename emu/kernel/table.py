@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from emu.kernel import fs, mm, net, process, signal
+from emu.kernel import fs, mm, net, perf, process, signal
 
 Handler = Callable[..., "int | None"]
 
@@ -100,6 +100,8 @@ def _rows() -> tuple[Row, ...]:
         r(273, "set_robust_list", process.sys_set_robust_list, ("ptr", "u")),
         r(292, "dup3", fs.sys_dup3, ("fd", "fd", "oflags")),
         r(293, "pipe2", fs.sys_pipe2, ("ptr", "oflags")),
+        r(298, "perf_event_open", perf.sys_perf_event_open, ("ptr", "d", "d", "d", "x"),
+          "the uprobe PMU only"),
         r(302, "prlimit64", process.sys_prlimit64, ("d", "d", "ptr", "ptr")),
         r(318, "getrandom", process.sys_getrandom, ("ptr", "u", "x")),
         r(332, "statx", fs.sys_statx, ("dirfd", "path", "x", "x", "ptr")),

@@ -172,6 +172,16 @@ class OpenFile:
     def mmap_bytes(self, offset: int, length: int) -> bytes:
         raise SyscallError(errno.ENODEV)
 
+    # A writable shared mapping of this file is allowed (only kernel objects, never host files).
+    shared_writable = False
+
+    def mapped(self, start: int, length: int) -> None:
+        """Told where mmap put it (a perf ring buffer writes its samples there)."""
+
+    def ioctl(self, request: int, arg: int) -> int | None:
+        """File-specific ioctls; None: not this file's, the generic ones apply."""
+        return None
+
     def close(self) -> None:
         pass
 
