@@ -87,3 +87,41 @@ def test_uretprobe_counts_agree(name: str) -> None:
     native = run_native([TARGETS, "3"], [NativeProbe(TARGETS, _offset(elf, _symbol(elf, name)), retprobe=True)], env={})
     out, status, hits = _emulated(TARGETS, [TARGETS, "3"], [f"uretprobe:{name}"])
     assert (native.stdout, native.returncode, list(native.counts)) == (out, status, hits)
+
+
+SYSCALLS = str(SAMPLES / "uprobe_syscall")
+HELLO_DYNAMIC = str(SAMPLES / "hello_dynamic")
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+
+
+def _run_native_plain(argv: list[str]) -> tuple[bytes, int]:
+    import subprocess
+
+    done = subprocess.run(argv, capture_output=True, env={}, timeout=60)
+    return done.stdout, 128 - done.returncode if done.returncode < 0 else done.returncode
+
+
+@pytest.mark.parametrize("args", [["error"], ["syscall_call", "335"]])
+def test_uprobe_syscalls_called_directly(args: list[str]) -> None:
+    """336 from ordinary code is -ENXIO; 335 from outside the trampoline is SIGILL."""
+    native = _run_native_plain([SYSCALLS, *args])
+    out, status, _ = _emulated(SYSCALLS, [SYSCALLS, *args], [])
+    assert native == (out, status)
+
+
+def test_red_zone_test_of_the_nop10_series_agrees_for_nop5() -> None:
+    elf = _elf(SYSCALLS)
+    site = _symbol(elf, "uprobe_red_zone_site_nop5")
+    native = run_native([SYSCALLS, "redzone", "nop5", "6"], [NativeProbe(SYSCALLS, _offset(elf, site))], env={})
+    out, status, hits = _emulated(SYSCALLS, [SYSCALLS, "redzone", "nop5", "6"], ["uprobe:uprobe_red_zone_site_nop5"])
+    assert (native.stdout, native.returncode, list(native.counts)) == (out, status, hits)
+
+
+@pytest.mark.skipif(not Path(LIBC).exists(), reason=f"{LIBC} absent")
+def test_probe_inside_libc_counts_agree() -> None:
+    libc = _elf(LIBC)
+    dynsym = libc.get_section_by_name(".dynsym")
+    fwrite = int(dynsym.get_symbol_by_name("fwrite")[0]["st_value"])
+    native = run_native([HELLO_DYNAMIC], [NativeProbe(os.path.realpath(LIBC), _offset(libc, fwrite))], env={})
+    out, status, hits = _emulated(HELLO_DYNAMIC, [HELLO_DYNAMIC], [f"uprobe:{LIBC}:fwrite"])
+    assert (native.stdout, native.returncode, list(native.counts)) == (out, status, hits) == (b"hello, world\n", 0, [1])
