@@ -58,3 +58,28 @@ def test_sysfs_pmu_files_are_served_under_any_root(tmp_path: Path) -> None:
                           ("/sys/bus/event_source/devices/uprobe/format/retprobe", b"config:0\n"),
                           ("/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset", b"config:32-63\n")):
         assert fs.open_path(k, -100 & 0xFFFFFFFF, path, 0).read(100) == content
+
+
+ENCODINGS_618 = (
+    b"nop5         hits=2 byte0=e8 call->trampoline=yes tramp-exe=-4096 detached=0f\n"
+    b"nop5_disp08  hits=2 byte0=e8 call->trampoline=yes tramp-exe=-4096 detached=0f\n"
+    b"nop5_66      hits=2 byte0=e8 call->trampoline=yes tramp-exe=-4096 detached=66\n"
+    b"nop5_pfx90   hits=2 byte0=e8 call->trampoline=yes tramp-exe=-4096 detached=66\n"
+    b"nopl5_reg1   hits=2 byte0=cc detached=0f\n"
+    b"lea0_5       hits=2 byte0=cc detached=48\n"
+    b"nop1         hits=2 byte0=cc detached=90\n"
+)
+
+
+def test_encodings_and_trampoline_placement_as_on_linux_618() -> None:
+    """Which 5-byte forms get the call, that it targets the start of an r-xp [uprobes-trampoline]
+    mapping on the page just below the executable, and that detach restores byte 0 (notes 4, 6, 8a)."""
+    io = GuestIO.captured()
+    result = Machine(SELFPROBE, [SELFPROBE, "encodings"], {}, RunOptions(design="linux-6.18"), io).run()
+    assert (result.exit_status, bytes(io.out)) == (0, ENCODINGS_618)
+
+
+@pytest.mark.skipif(not _native_available(), reason="needs root and the uprobe PMU")
+def test_encodings_natively() -> None:
+    native = subprocess.run([SELFPROBE, "encodings"], capture_output=True, env={}, timeout=60)
+    assert (native.returncode, native.stdout) == (0, ENCODINGS_618)
