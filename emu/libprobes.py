@@ -86,7 +86,7 @@ class LibraryProbes:
         return image, Resolver(image).resolve(dataclasses.replace(probe.spec, path=None))
 
     def _install(self, probe: LibraryProbe, vma: Vma) -> None:
-        bias = _bias(probe.plan, vma)
+        bias = library_bias(probe.plan, vma)
         if bias is None:
             return
         image, resolved = self._resolve(probe, bias)
@@ -97,7 +97,7 @@ class LibraryProbes:
         probe.installed.append(att)
 
 
-def _bias(plan: LoadPlan, vma: Vma) -> int | None:
+def library_bias(plan: LoadPlan, vma: Vma) -> int | None:
     """Load bias of a library from one of its mappings: the PT_LOAD whose file pages start at vma.offset."""
     for seg in plan.segments:
         if page_down(seg.offset) == vma.offset:

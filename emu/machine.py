@@ -28,7 +28,7 @@ from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.uprobes.syscalls import uprobe_rows
-from emu.libprobes import LibraryProbe, LibraryProbes
+from emu.libprobes import LibraryProbe, LibraryProbes, library_bias
 from emu.loader import LoadedImage, choose_bias, map_image
 from emu.memory import Memory
 from emu.probes import ProbeKind, ProbeSpec, ResolvedProbe, Resolver, parse_spec
@@ -207,27 +207,34 @@ class Machine:
 
     def _perf_attach(self, path: str, offset: int, retprobe: bool, ref_ctr_offset: int,
                      consumer: Consumer) -> Callable[[], None]:
-        """The uprobe PMU's attach: a file offset (and a semaphore offset) in the executable."""
+        """The uprobe PMU's attach: a file offset (and a semaphore offset) in the executable or in a
+        library already mapped."""
         from emu.kernel.fs import lookup
 
         guest = lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path)
+        image = self._mapped_image(guest)
+        vaddr = _offset_to_vaddr(image, offset)
+        ref = _offset_to_vaddr(image, ref_ctr_offset) if ref_ctr_offset else None
+        uprobe = self.uprobes.attach(vaddr, consumer, ref, self._file_bytes(vaddr, (image,)))
+        return lambda: self.uprobes.detach(uprobe, consumer)
+
+    def _mapped_image(self, guest: str) -> LoadedImage:
+        """The loaded image of a guest file: the executable, or a library through one of its mappings."""
         try:
             st = os.stat(self.kernel.vfs.host_path(guest))
         except OSError:
             raise SyscallError(errno.ENOENT) from None
-        plan = self.exe.plan
-        if ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino) != (plan.file.dev, plan.file.inode):
-            raise SyscallError(errno.EINVAL)  # only the executable's own text is emulated here
-        vaddr = self._offset_to_vaddr(offset)
-        ref = self._offset_to_vaddr(ref_ctr_offset) if ref_ctr_offset else None
-        uprobe = self.uprobes.attach(vaddr, consumer, ref, self._file_bytes(vaddr, (self.exe,)))
-        return lambda: self.uprobes.detach(uprobe, consumer)
-
-    def _offset_to_vaddr(self, offset: int) -> int:
-        for seg in self.exe.plan.segments:
-            if seg.offset <= offset < seg.offset + seg.filesz:
-                return seg.vaddr + (offset - seg.offset) + self.exe.bias
-        raise SyscallError(errno.EINVAL)
+        ident = ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino)
+        for image in (self.exe, self.interp):
+            if image is not None and (image.plan.file.dev, image.plan.file.inode) == ident:
+                return image
+        for vma in self.mem:
+            if (vma.dev, vma.inode) == ident:
+                plan = load_plan(self.kernel.vfs.host_path(guest))
+                bias = library_bias(plan, vma)
+                if bias is not None:
+                    return LoadedImage(plan, bias)
+        raise SyscallError(errno.EINVAL)  # not mapped in this process (yet)
 
     def _is_exe(self, path: str) -> bool:
         return os.path.realpath(path) == os.path.realpath(self.path) or path == self.kernel.ident.exe
@@ -423,3 +430,10 @@ class Machine:
         except Exception:
             return "<unmapped>"
         return insn_text(code, address) or f"<undecodable {code[:4].hex()}>"
+
+
+def _offset_to_vaddr(image: LoadedImage, offset: int) -> int:
+    for seg in image.plan.segments:
+        if seg.offset <= offset < seg.offset + seg.filesz:
+            return seg.vaddr + (offset - seg.offset) + image.bias
+    raise SyscallError(errno.EINVAL)

@@ -83,3 +83,27 @@ def test_encodings_and_trampoline_placement_as_on_linux_618() -> None:
 def test_encodings_natively() -> None:
     native = subprocess.run([SELFPROBE, "encodings"], capture_output=True, env={}, timeout=60)
     assert (native.returncode, native.stdout) == (0, ENCODINGS_618)
+
+
+def test_perf_attach_to_a_mapped_library() -> None:
+    """config1 may name any file mapped in the process: here the interpreter, mapped at exec."""
+    import io as io_module
+
+    from elftools.elf.elffile import ELFFile
+
+    from emu.kernel.uprobes.consumers import Consumer
+
+    hello = str(Path(SELFPROBE).parent / "hello_dynamic")
+    ld = "/lib64/ld-linux-x86-64.so.2"
+    if not os.path.exists(ld):
+        pytest.skip(f"{ld} absent")
+    elf = ELFFile(io_module.BytesIO(Path(os.path.realpath(ld)).read_bytes()))
+    value = int(elf.get_section_by_name(".dynsym").get_symbol_by_name("_dl_debug_state")[0]["st_value"])
+    offset = next(value - s["p_vaddr"] + s["p_offset"] for s in elf.iter_segments()
+                  if s["p_type"] == "PT_LOAD" and s["p_vaddr"] <= value < s["p_vaddr"] + s["p_filesz"])
+    m = Machine(hello, [hello], {}, RunOptions(), GuestIO.captured())
+    consumer = Consumer()
+    assert m.kernel.perf_attach is not None
+    detach = m.kernel.perf_attach(ld, offset, False, 0, consumer)
+    assert m.run().exit_status == 0 and consumer.hits == 2  # r_debug's breakpoint: before and after loading libc
+    detach()
