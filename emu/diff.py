@@ -28,6 +28,7 @@ class DiffReport:
     exit_status: int
     hits: tuple[int, ...]
     specs: tuple[str, ...]
+    sites: tuple[bytes, ...]  # the probe sites' bytes when the emulated guest exited
 
     def first_difference(self) -> str | None:
         native_status = self.native.returncode if self.native.returncode >= 0 else 128 - self.native.returncode
@@ -40,6 +41,9 @@ class DiffReport:
         for spec, want, got in zip(self.specs, self.native.counts, self.hits, strict=True):
             if want != got:
                 return f"hits of {spec}: native {want}, emulated {got}"
+        for spec, want_bytes, got_bytes in zip(self.specs, self.native.site_bytes, self.sites, strict=True):
+            if want_bytes != got_bytes:
+                return f"site bytes of {spec} at exit: native {want_bytes.hex()}, emulated {got_bytes.hex()}"
         return None
 
 
@@ -80,7 +84,10 @@ def run_diff(binary: str, argv: Sequence[str], specs: Sequence[str], env: dict[s
     machine = Machine(binary, list(argv), env, RunOptions(design=design), io)
     natives = [native_probe(machine, s) for s in specs]
     attachments = [machine.attach(s) for s in specs]
-    native = run_native([os.path.realpath(binary), *argv[1:]], natives, env=env, stdin=stdin)
+    length = machine.design.site_length
+    native = run_native([os.path.realpath(binary), *argv[1:]], natives, env=env, stdin=stdin,
+                        peek=[(p.offset, length) for p in natives])
     result = machine.run()
     hits = tuple(int(a.summary()["hits"]) for a in attachments)
-    return DiffReport(native, bytes(io.out), bytes(io.err), result.exit_status, hits, tuple(specs))
+    sites = tuple(machine.mem.read(int(a.summary()["address"]), length) for a in attachments)
+    return DiffReport(native, bytes(io.out), bytes(io.err), result.exit_status, hits, tuple(specs), sites)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,6 +46,7 @@ class NativeRun:
     stderr: bytes
     returncode: int
     counts: tuple[int, ...]
+    site_bytes: tuple[bytes, ...] = ()  # what was at each peeked file offset when the process exited
 
 
 def uprobe_pmu_type() -> int:
@@ -73,8 +76,13 @@ def _open_event(pmu: int, probe: NativeProbe, pid: int) -> int:
     return int(fd)
 
 
-def _spawn_gated(argv: Sequence[str], env: dict[str, str] | None) -> tuple[int, int, int, int, int]:
-    """fork; the child waits on a gate pipe, then execs. Returns pid, gate, stdin, stdout, stderr fds."""
+PTRACE_TRACEME, PTRACE_CONT, PTRACE_SETOPTIONS = 0, 7, 0x4200
+PTRACE_O_TRACEEXIT, PTRACE_EVENT_EXIT = 0x40, 6
+
+
+def _spawn_gated(argv: Sequence[str], env: dict[str, str] | None, traced: bool) -> tuple[int, int, int, int, int]:
+    """fork; the child waits on a gate pipe, then execs (traced: stopping at exec for the parent).
+    Returns pid, gate, stdin, stdout, stderr fds."""
     gate_r, gate_w = os.pipe()
     in_r, in_w = os.pipe()
     out_r, out_w = os.pipe()
@@ -88,6 +96,8 @@ def _spawn_gated(argv: Sequence[str], env: dict[str, str] | None) -> tuple[int, 
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             os.closerange(3, 1 << 16)
+            if traced:
+                _libc.ptrace(PTRACE_TRACEME, 0, None, None)
             os.execve(argv[0], list(argv), env if env is not None else dict(os.environ))
         finally:
             os._exit(127)
@@ -97,10 +107,13 @@ def _spawn_gated(argv: Sequence[str], env: dict[str, str] | None) -> tuple[int, 
 
 
 def run_native(argv: Sequence[str], probes: Sequence[NativeProbe], env: dict[str, str] | None = None,
-               stdin: bytes = b"", timeout: float = 60.0) -> NativeRun:
-    """Start ``argv`` stopped before exec, attach every probe to it, let it run, read the counts."""
+               stdin: bytes = b"", timeout: float = 60.0, peek: Sequence[tuple[int, int]] = ()) -> NativeRun:
+    """Start ``argv`` stopped before exec, attach every probe to it, let it run, read the counts.
+
+    ``peek``: (file offset in argv[0], length) pairs read from the process's memory when it exits
+    (ptrace's exit stop), e.g. the probe sites as the kernel left them."""
     pmu = uprobe_pmu_type()
-    pid, gate, in_w, out_r, err_r = _spawn_gated(argv, env)
+    pid, gate, in_w, out_r, err_r = _spawn_gated(argv, env, traced=bool(peek))
     fds: list[int] = []
     try:
         fds = [_open_event(pmu, probe, pid) for probe in probes]
@@ -110,17 +123,60 @@ def run_native(argv: Sequence[str], probes: Sequence[NativeProbe], env: dict[str
     finally:
         os.write(gate, b"x")
         os.close(gate)
+    drained: dict[str, tuple[bytes, bytes]] = {}
+    drainer = threading.Thread(target=lambda: drained.setdefault("out", _drain(out_r, err_r)), daemon=True)
+    drainer.start()
     try:
         with os.fdopen(in_w, "wb") as fh:
             fh.write(stdin)
-        out, err = _drain(out_r, err_r)
-        _, status = os.waitpid(pid, 0)
+        status, sites = _wait(pid, argv[0], peek)
+        drainer.join(timeout)
         counts = tuple(struct.unpack("<Q", os.read(fd, 8))[0] for fd in fds)
     finally:
         for fd in fds:
             os.close(fd)
+    out, err = drained.get("out", (b"", b""))
     returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    return NativeRun(out, err, returncode, counts)
+    return NativeRun(out, err, returncode, counts, sites)
+
+
+def _wait(pid: int, exe: str, peek: Sequence[tuple[int, int]]) -> tuple[int, tuple[bytes, ...]]:
+    """Wait for the child; when traced, read the peeked bytes at its exit stop, forward other signals."""
+    sites: tuple[bytes, ...] = ()
+    while True:
+        _, status = os.waitpid(pid, 0)
+        if not os.WIFSTOPPED(status):
+            return status, sites
+        sig, event = os.WSTOPSIG(status), status >> 16
+        deliver = 0
+        if sig == signal.SIGTRAP and event == PTRACE_EVENT_EXIT:
+            sites = _peek(pid, exe, peek)
+        elif sig == signal.SIGTRAP and event == 0 and not sites:
+            _libc.ptrace(PTRACE_SETOPTIONS, pid, None, ctypes.c_void_p(PTRACE_O_TRACEEXIT))  # the exec stop
+        else:
+            deliver = sig
+        _libc.ptrace(PTRACE_CONT, pid, None, ctypes.c_void_p(deliver))
+
+
+def _peek(pid: int, exe: str, peek: Sequence[tuple[int, int]]) -> tuple[bytes, ...]:
+    real = os.path.realpath(exe)
+    maps = []
+    with open(f"/proc/{pid}/maps") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5] == real:
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                maps.append((lo, hi, int(fields[2], 16)))
+    out = []
+    with open(f"/proc/{pid}/mem", "rb") as mem:
+        for offset, length in peek:
+            addr = next((lo + offset - off for lo, hi, off in maps if off <= offset < off + hi - lo), None)
+            if addr is None:
+                out.append(b"")
+                continue
+            mem.seek(addr)
+            out.append(mem.read(length))
+    return tuple(out)
 
 
 def _drain(out_r: int, err_r: int) -> tuple[bytes, bytes]:

@@ -38,3 +38,15 @@ def test_diff_without_the_pmu_says_so(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert cli.main(["diff", "-p", "uprobe:rz_nop5_site", REDZONE, "1"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no uprobe PMU" in err[0]
+
+
+@pytest.mark.skipif(not _native_available(), reason="needs root, Linux 6.18 and the uprobe PMU")
+def test_site_bytes_at_exit_agree_including_the_trampoline_placement() -> None:
+    from emu.diff import run_diff
+
+    targets = str(Path(REDZONE).parent / "probe_targets")
+    specs = ["uprobe:f_nop5", "uprobe:f_nopl5_reg1", "uprobe:f_nop5_66"]
+    report = run_diff(targets, [targets, "3"], specs, {})
+    assert report.first_difference() is None
+    assert [b[:1] for b in report.native.site_bytes] == [b"\xe8", b"\xcc", b"\xe8"]
+    assert report.native.site_bytes == report.sites

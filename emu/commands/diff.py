@@ -26,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
     difference = report.first_difference()
     counts = ", ".join(f"{s}={n}" for s, n in zip(report.specs, report.hits, strict=True))
     if difference is None:
-        print(f"agree: stdout, stderr, exit status {report.exit_status}" + (f", hits {counts}" if counts else ""))
+        sites = ", ".join(b.hex() for b in report.sites)
+        print(f"agree: stdout, stderr, exit status {report.exit_status}"
+              + (f", hits {counts}, site bytes at exit {sites}" if counts else ""))
         return 0
     print(f"differ: {difference}")
     return EXIT_DIFFERENT
