@@ -125,3 +125,23 @@ def test_probe_inside_libc_counts_agree() -> None:
     native = run_native([HELLO_DYNAMIC], [NativeProbe(os.path.realpath(LIBC), _offset(libc, fwrite))], env={})
     out, status, hits = _emulated(HELLO_DYNAMIC, [HELLO_DYNAMIC], [f"uprobe:{LIBC}:fwrite"])
     assert (native.stdout, native.returncode, list(native.counts)) == (out, status, hits) == (b"hello, world\n", 0, [1])
+
+
+def _regs_words(out: bytes) -> tuple[list[str], list[str]]:
+    lines = dict(line.split("=", 1) for line in out.decode().splitlines() if "=" in line)
+    return lines["before"].split(), lines["after"].split()
+
+
+@pytest.mark.parametrize("retprobe", [False, True])
+def test_every_register_survives_the_site_natively_and_emulated(retprobe: bool) -> None:
+    """uprobe_regs (spec 6 #1 and #10): all pt_regs words equal before and after the probed call, but rax."""
+    elf = _elf(SYSCALLS)
+    trigger = _symbol(elf, "uprobe_regs_trigger")
+    argv = [SYSCALLS, "regs", "2"]  # the first call optimizes the entry probe
+    native = run_native(argv, [NativeProbe(SYSCALLS, _offset(elf, trigger), retprobe=retprobe)], env={})
+    out, status, hits = _emulated(SYSCALLS, argv, [f"{'uretprobe' if retprobe else 'uprobe'}:uprobe_regs_trigger"])
+    for text, count in ((native.stdout, native.counts[0]), (out, hits[0])):
+        before, after = _regs_words(text)
+        assert after[10] == "0xdeadbeef" and after[:10] + after[11:] == before[:10] + before[11:]
+        assert count == 3
+    assert (native.returncode, status) == (0, 0)
