@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +14,7 @@ from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.consumers import Consumer
 from emu.loader import LoadedImage
 from emu.memory import Vma
-from emu.probes import ProbeKind, ProbeSpec, Resolver
+from emu.probes import ProbeKind, ProbeSpec, ResolvedProbe, Resolver
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine
@@ -28,6 +29,8 @@ class LibraryProbe:
     plan: LoadPlan
     installed: list[Attachment] = field(default_factory=list)
     detached: bool = False
+    file_offset: int | None = None  # perf_event_open's probe_offset, instead of a symbol
+    ref_ctr_offset: int = 0
 
     @property
     def file_id(self) -> tuple[tuple[int, int], int]:
@@ -70,6 +73,10 @@ class LibraryProbes:
             raise UsageError(f"{spec.text}: {err}") from None
         probe = LibraryProbe(spec, consumer, plan)
         self._resolve(probe, 0)  # refuse an unknown symbol now, not at the first mmap
+        return self._add(probe)
+
+    def _add(self, probe: LibraryProbe) -> LibraryProbe:
+        """Keep it for later mappings and install it on the ones already there."""
         self.probes.append(probe)
         for vma in list(self.machine.mem):
             if vma.prot & 4 and (vma.dev, vma.inode) == probe.file_id:
@@ -81,8 +88,20 @@ class LibraryProbes:
             if not probe.detached and (vma.dev, vma.inode) == probe.file_id:
                 self._install(probe, vma)
 
+    def add_offset(self, spec: ProbeSpec, plan: LoadPlan, offset: int, ref_ctr_offset: int,
+                   consumer: Consumer) -> LibraryProbe:
+        """A probe by file offset (the uprobe PMU's way), installed whenever the file is mapped."""
+        if LoadedImage(plan, 0).vaddr_of_offset(offset) is None:
+            raise SyscallError(errno.EINVAL)
+        return self._add(LibraryProbe(spec, consumer, plan, file_offset=offset, ref_ctr_offset=ref_ctr_offset))
+
     def _resolve(self, probe: LibraryProbe, bias: int) -> tuple[LoadedImage, Any]:
         image = LoadedImage(probe.plan, bias)
+        if probe.file_offset is not None:
+            vaddr = image.vaddr_of_offset(probe.file_offset)
+            sema = image.vaddr_of_offset(probe.ref_ctr_offset) if probe.ref_ctr_offset else None
+            assert vaddr is not None
+            return image, ResolvedProbe(probe.spec, vaddr, sema)
         return image, Resolver(image).resolve(dataclasses.replace(probe.spec, path=None))
 
     def _install(self, probe: LibraryProbe, vma: Vma) -> None:

@@ -29,6 +29,13 @@ class LoadedImage:
     def phdr(self) -> int:
         return self.plan.phdr_address(self.bias)
 
+    def vaddr_of_offset(self, offset: int) -> int | None:
+        """Where file offset ``offset`` is mapped (None: not in any PT_LOAD's file bytes)."""
+        for seg in self.plan.segments:
+            if seg.offset <= offset < seg.offset + seg.filesz:
+                return seg.vaddr + (offset - seg.offset) + self.bias
+        return None
+
     @property
     def end(self) -> int:
         """End of the highest segment (where brk starts)."""

@@ -17,7 +17,7 @@ from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.designs import DEFAULT_DESIGN, Design, get_design
 from emu.disasm import cs64, insn_text
 from emu.elf import LoadPlan, load_plan
-from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, LoadError, UsageError
+from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, EmuError, LoadError, UsageError
 from emu.guestio import GuestIO
 from emu.initstack import build_stack
 from emu.kernel.dispatch import Identity, Kernel, KernelConfig
@@ -28,7 +28,7 @@ from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.uprobes.syscalls import uprobe_rows
-from emu.libprobes import LibraryProbe, LibraryProbes, library_bias
+from emu.libprobes import LibraryProbe, LibraryProbes
 from emu.loader import LoadedImage, choose_bias, map_image
 from emu.memory import Memory
 from emu.probes import ProbeKind, ProbeSpec, ResolvedProbe, Resolver, parse_spec
@@ -207,34 +207,32 @@ class Machine:
 
     def _perf_attach(self, path: str, offset: int, retprobe: bool, ref_ctr_offset: int,
                      consumer: Consumer) -> Callable[[], None]:
-        """The uprobe PMU's attach: a file offset (and a semaphore offset) in the executable or in a
-        library already mapped."""
+        """The uprobe PMU's attach by file offset: installed now where the file is mapped, and
+        whenever it is mapped later (as the kernel's uprobes live on the inode)."""
         from emu.kernel.fs import lookup
 
         guest = lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path)
-        image = self._mapped_image(guest)
-        vaddr = _offset_to_vaddr(image, offset)
-        ref = _offset_to_vaddr(image, ref_ctr_offset) if ref_ctr_offset else None
-        uprobe = self.uprobes.attach(vaddr, consumer, ref, self._file_bytes(vaddr, (image,)))
-        return lambda: self.uprobes.detach(uprobe, consumer)
-
-    def _mapped_image(self, guest: str) -> LoadedImage:
-        """The loaded image of a guest file: the executable, or a library through one of its mappings."""
+        host = self.kernel.vfs.host_path(guest)
         try:
-            st = os.stat(self.kernel.vfs.host_path(guest))
+            st = os.stat(host)
         except OSError:
             raise SyscallError(errno.ENOENT) from None
         ident = ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino)
         for image in (self.exe, self.interp):
             if image is not None and (image.plan.file.dev, image.plan.file.inode) == ident:
-                return image
-        for vma in self.mem:
-            if (vma.dev, vma.inode) == ident:
-                plan = load_plan(self.kernel.vfs.host_path(guest))
-                bias = library_bias(plan, vma)
-                if bias is not None:
-                    return LoadedImage(plan, bias)
-        raise SyscallError(errno.EINVAL)  # not mapped in this process (yet)
+                vaddr = image.vaddr_of_offset(offset)
+                if vaddr is None:
+                    raise SyscallError(errno.EINVAL)
+                ref = image.vaddr_of_offset(ref_ctr_offset) if ref_ctr_offset else None
+                uprobe = self.uprobes.attach(vaddr, consumer, ref, self._file_bytes(vaddr, (image,)))
+                return lambda: self.uprobes.detach(uprobe, consumer)
+        try:
+            plan = load_plan(host)
+        except EmuError:
+            raise SyscallError(errno.EINVAL) from None
+        kind = ProbeKind.URETPROBE if retprobe else ProbeKind.UPROBE
+        spec = ProbeSpec(f"{kind.value}:{guest}+{offset:#x}", kind, path=guest)
+        return self.libraries.add_offset(spec, plan, offset, ref_ctr_offset, consumer).detach
 
     def _is_exe(self, path: str) -> bool:
         return os.path.realpath(path) == os.path.realpath(self.path) or path == self.kernel.ident.exe
@@ -430,10 +428,3 @@ class Machine:
         except Exception:
             return "<unmapped>"
         return insn_text(code, address) or f"<undecodable {code[:4].hex()}>"
-
-
-def _offset_to_vaddr(image: LoadedImage, offset: int) -> int:
-    for seg in image.plan.segments:
-        if seg.offset <= offset < seg.offset + seg.filesz:
-            return seg.vaddr + (offset - seg.offset) + image.bias
-    raise SyscallError(errno.EINVAL)

@@ -107,3 +107,26 @@ def test_perf_attach_to_a_mapped_library() -> None:
     detach = m.kernel.perf_attach(ld, offset, False, 0, consumer)
     assert m.run().exit_status == 0 and consumer.hits == 2  # r_debug's breakpoint: before and after loading libc
     detach()
+
+
+def test_perf_attach_to_a_library_mapped_later() -> None:
+    """Like the kernel's inode-based uprobes: a library not mapped yet gets the probe when ld.so maps it."""
+    import io as io_module
+
+    from elftools.elf.elffile import ELFFile
+
+    from emu.kernel.uprobes.consumers import Consumer
+
+    libc = "/lib/x86_64-linux-gnu/libc.so.6"
+    if not os.path.exists(libc):
+        pytest.skip(f"{libc} absent")
+    hello = str(Path(SELFPROBE).parent / "hello_dynamic")
+    elf = ELFFile(io_module.BytesIO(Path(os.path.realpath(libc)).read_bytes()))
+    value = int(elf.get_section_by_name(".dynsym").get_symbol_by_name("fwrite")[0]["st_value"])
+    offset = next(value - s["p_vaddr"] + s["p_offset"] for s in elf.iter_segments()
+                  if s["p_type"] == "PT_LOAD" and s["p_vaddr"] <= value < s["p_vaddr"] + s["p_filesz"])
+    m = Machine(hello, [hello], {}, RunOptions(), GuestIO.captured())
+    consumer = Consumer()
+    assert m.kernel.perf_attach is not None
+    m.kernel.perf_attach(libc, offset, False, 0, consumer)
+    assert m.run().exit_status == 0 and consumer.hits == 1
