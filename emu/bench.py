@@ -21,6 +21,8 @@ from emu.guestio import GuestIO
 from emu.kernel.uprobes.consumers import Consumer
 from emu.machine import Machine, RunOptions
 from emu.render import table
+from emu.verify.rsb import RsbModel
+from emu.verify.shstk import CallRetTracker
 
 TRIG = str(Path(__file__).resolve().parent.parent / "elf_samples" / "trig")
 KERNEL_PAGES = frozenset({"[uprobes-trampoline]", "[uprobes]"})
@@ -68,14 +70,17 @@ class Accounting:
     calls: float = 0.0
     rets: float = 0.0
     copied: float = 0.0
+    rsb_mispredicts: float = 0.0
 
     def row(self) -> tuple[str, ...]:
         return tuple(f"{v:.2f}".rstrip("0").rstrip(".") for v in (
             self.insns, self.kernel_page_insns, self.traps, self.syscalls, self.sysret, self.iret,
-            self.calls, self.rets, self.copied))
+            self.calls, self.rets, self.copied, self.rsb_mispredicts))
 
 
-ACCOUNTING_HEADER = ("insns", "in-kernel-pages", "traps", "syscalls", "sysret", "iret", "calls", "rets", "bytes")
+ACCOUNTING_HEADER = ("insns", "in-kernel-pages", "traps", "syscalls", "sysret", "iret", "calls", "rets", "bytes",
+                     "rsb-miss")
+RSB_DEPTH = 16
 
 
 @dataclass
@@ -181,16 +186,17 @@ def measure(design: str, workload: Workload, duration_s: float, runs: int) -> Be
 def account(design: str, workload: Workload, iterations: int = 200) -> Accounting:
     """Per-hit deltas: probed run minus the same workload unprobed (first, INT3-only hit excluded by
     differencing two probed runs of different lengths)."""
-    def tally(n: int, probed: bool) -> tuple[_Tally, Machine, int]:
+    def tally(n: int, probed: bool) -> tuple[_Tally, Machine, int, RsbModel]:
         wl = workload if probed else Workload(workload.name, workload.trig, None)
         m, consumer = _machine(design, wl, n)
         t = _Tally(m)
+        rsb = RsbModel(CallRetTracker(m), RSB_DEPTH)
         m.run()
-        return t, m, _hits(wl, consumer, n)
+        return t, m, _hits(wl, consumer, n), rsb
 
     short, long_ = iterations, iterations * 2
-    (a, ma, ha), (b, mb, hb) = tally(short, True), tally(long_, True)
-    (ua, _, _), (ub, _, _) = tally(short, False), tally(long_, False)
+    (a, ma, ha, ra), (b, mb, hb, rb) = tally(short, True), tally(long_, True)
+    (ua, _, _, ura), (ub, _, _, urb) = tally(short, False), tally(long_, False)
     hits = max(hb - ha, 1)
 
     def per(x: float, y: float) -> float:
@@ -209,6 +215,7 @@ def account(design: str, workload: Workload, iterations: int = 200) -> Accountin
         calls=per(a.calls - ua.calls, b.calls - ub.calls),
         rets=per(a.rets - ua.rets, b.rets - ub.rets),
         copied=per(sa.copied, sb.copied),
+        rsb_mispredicts=per(ra.stats.mispredicted - ura.stats.mispredicted, rb.stats.mispredicted - urb.stats.mispredicted),
     )
 
 
@@ -264,5 +271,6 @@ def _explanations(results: Sequence[BenchResult]) -> list[str]:
         exit_kind = "IRET" if a.iret > a.sysret else "SYSRET" if a.sysret else "no syscall"
         out.append(f"- {r.design} {r.workload}: {a.traps:g} trap(s), {a.syscalls:g} uprobe syscall(s) per hit "
                    f"leaving by {exit_kind}; {a.kernel_page_insns:g} instructions in the kernel's pages; "
-                   f"{a.calls:g} extra call(s) and {a.rets:g} extra ret(s); {a.copied:g} bytes copied.")
+                   f"{a.calls:g} extra call(s) and {a.rets:g} extra ret(s); {a.copied:g} bytes copied; "
+                   f"{a.rsb_mispredicts:g} extra return mispredict(s) ({RSB_DEPTH}-entry RSB model).")
     return out + [""]
