@@ -24,6 +24,8 @@ from emu.kernel.dispatch import Identity, Kernel, KernelConfig
 from emu.kernel.errno_ import SyscallError, errno_name
 from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled
 from emu.kernel.fs import FdEntry
+from emu.kernel.sigframe import SigInfo
+from emu.kernel.signal import deliver, handles
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
@@ -37,18 +39,19 @@ HWCAP = 0x178BFBFF  # cpuid(1).edx of a baseline x86-64 CPU
 CLOCK_TICKS = 100
 MIN_SIGSTKSZ = 2048
 
-# CPU exception vector -> the signal Linux sends for it in user mode.
+SI_KERNEL, ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 0x80, 2, 1, 1, 2
+# CPU exception vector -> the signal Linux sends for it in user mode, and the si_code (arch/x86/kernel/traps.c).
 EXCEPTION_SIGNALS = {
-    0: (Signal.SIGFPE, "divide error"),
-    1: (Signal.SIGTRAP, "debug trap"),
-    3: (Signal.SIGTRAP, "breakpoint"),
-    4: (Signal.SIGSEGV, "overflow"),
-    5: (Signal.SIGSEGV, "bound range exceeded"),
-    6: (Signal.SIGILL, "invalid opcode"),
-    13: (Signal.SIGSEGV, "general protection"),
-    16: (Signal.SIGFPE, "x87 floating-point error"),
-    17: (Signal.SIGBUS, "alignment check"),
-    19: (Signal.SIGFPE, "SIMD floating-point error"),
+    0: (Signal.SIGFPE, "divide error", FPE_INTDIV),
+    1: (Signal.SIGTRAP, "debug trap", SI_KERNEL),
+    3: (Signal.SIGTRAP, "breakpoint", SI_KERNEL),
+    4: (Signal.SIGSEGV, "overflow", SI_KERNEL),
+    5: (Signal.SIGSEGV, "bound range exceeded", SI_KERNEL),
+    6: (Signal.SIGILL, "invalid opcode", ILL_ILLOPN),
+    13: (Signal.SIGSEGV, "general protection", SI_KERNEL),
+    16: (Signal.SIGFPE, "x87 floating-point error", SI_KERNEL),
+    17: (Signal.SIGBUS, "alignment check", SI_KERNEL),
+    19: (Signal.SIGFPE, "SIMD floating-point error", SI_KERNEL),
 }
 
 
@@ -338,11 +341,10 @@ class Machine:
     def _on_interrupt(self, intno: int) -> None:
         if intno == 3 and self.uprobes.handle_int3():
             return
-        signal, what = EXCEPTION_SIGNALS.get(intno, (Signal.SIGSEGV, f"exception {intno}"))
+        signal, what, code = EXCEPTION_SIGNALS.get(intno, (Signal.SIGSEGV, f"exception {intno}", SI_KERNEL))
         rip = self.cpu.read(Reg.RIP)
-        if intno == 3:
-            rip -= 1  # the trap is reported after the int3 byte
-        raise GuestKilled(signal, rip, what)
+        at = rip - 1 if intno == 3 else rip  # int3 traps after its byte; the message names the int3
+        raise GuestKilled(signal, at, what, code=code, si_addr=0 if code == SI_KERNEL else rip, resume_ip=rip)
 
     def run(self) -> RunResult:
         start = time.perf_counter()
@@ -370,19 +372,51 @@ class Machine:
         )
 
     def _run_until_end(self, entry: int, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
+        pc = entry
+        while True:
+            try:
+                reason = self._run_slices(pc, timeout_us, start)
+                signal = self._fault_signal(reason)
+            except GuestExit as ex:
+                self.kernel.trace_exit("exit_group", ex.status)
+                return Ending.EXITED, ex.status, None, None
+            except GuestKilled as kill:
+                signal = kill
+            except GuestBlocked as blocked:
+                return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {blocked}"
+            if signal is None:
+                return self._stopped(timeout_us, start)
+            if not self._to_handler(signal):
+                return self._killed(signal.signal, signal.address, signal.detail)
+            pc = self.cpu.read(Reg.RIP)
+
+    def _to_handler(self, sig: GuestKilled) -> bool:
+        """force_sig: a caught, unblocked signal runs the guest's handler; anything else kills."""
+        signo = int(sig.signal)
+        if not handles(self.kernel, signo):
+            return False
+        info = SigInfo(signo, sig.code, addr=sig.si_addr)
         try:
-            reason = self._run_slices(entry, timeout_us, start)
-        except GuestExit as ex:
-            self.kernel.trace_exit("exit_group", ex.status)
-            return Ending.EXITED, ex.status, None, None
-        except GuestKilled as kill:
-            return self._killed(kill.signal, kill.address, kill.detail)
-        except GuestBlocked as blocked:
-            return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {blocked}"
+            deliver(self.kernel, signo, info, sig.resume_ip)
+        except GuestKilled:
+            return False
+        return True
+
+    def _fault_signal(self, reason: StopReason) -> GuestKilled | None:
+        rip = self.cpu.read(Reg.RIP)
         if reason is StopReason.INVALID_INSN:
-            return self._killed(Signal.SIGILL, self.cpu.read(Reg.RIP), "invalid opcode")
-        if reason is StopReason.BAD_ACCESS:
-            return self._fault()
+            return GuestKilled(Signal.SIGILL, rip, "invalid opcode", code=ILL_ILLOPN, si_addr=rip)
+        if reason is not StopReason.BAD_ACCESS:
+            return None
+        bad = self.cpu.last_bad_access
+        if bad is None:
+            return GuestKilled(Signal.SIGSEGV, rip, "bad memory access", code=SI_KERNEL)
+        state = "unmapped" if bad.unmapped else "protected"
+        what = {Access.READ: "read of", Access.WRITE: "write to", Access.FETCH: "execution of"}[bad.access]
+        code = SEGV_MAPERR if bad.unmapped else SEGV_ACCERR
+        return GuestKilled(Signal.SIGSEGV, rip, f"{what} {state} {bad.address:#x}", code=code, si_addr=bad.address)
+
+    def _stopped(self, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
         if self.counter is not None and self.counter.hit_limit:
             return (Ending.INSN_LIMIT, EXIT_INSN_LIMIT, None,
                     f"stopped after {self.counter.total} instructions (--max-insns {self.options.max_insns})")
@@ -412,15 +446,6 @@ class Machine:
         if self.options.strace:
             self.options.strace(f"+++ killed by {signal.name} +++")
         return Ending.KILLED, 128 + signal, signal, message
-
-    def _fault(self) -> tuple[Ending, int, Signal, str]:
-        bad = self.cpu.last_bad_access
-        rip = self.cpu.read(Reg.RIP)
-        if bad is None:
-            return self._killed(Signal.SIGSEGV, rip, "bad memory access")
-        state = "unmapped" if bad.unmapped else "protected"
-        what = {Access.READ: "read of", Access.WRITE: "write to", Access.FETCH: "execution of"}[bad.access]
-        return self._killed(Signal.SIGSEGV, rip, f"{what} {state} {bad.address:#x}")
 
     def describe_insn(self, address: int) -> str:
         try:

@@ -14,13 +14,20 @@ class GuestExit(Exception):
 
 
 class GuestKilled(Exception):
-    """A signal's default action killed the guest."""
+    """A signal the kernel forces on the guest (a fault, force_sig): fatal unless a handler catches it.
 
-    def __init__(self, signal: Signal, address: int | None, detail: str) -> None:
+    ``code``/``si_addr`` fill the handler's siginfo (SI_KERNEL unless a fault says otherwise);
+    ``resume_ip`` is where the interrupted context continues (None: where the CPU stopped)."""
+
+    def __init__(self, signal: Signal, address: int | None, detail: str, code: int = 0x80,
+                 si_addr: int = 0, resume_ip: int | None = None) -> None:
         super().__init__(f"killed by {signal.name}")
         self.signal = signal
         self.address = address
         self.detail = detail
+        self.code = code
+        self.si_addr = si_addr
+        self.resume_ip = resume_ip
 
 
 class GuestBlocked(Exception):

@@ -7,14 +7,16 @@ ends the run with a clear message instead of pretending it ran.
 from __future__ import annotations
 
 import errno
+import functools
 import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emu.abi import DEFAULT_IGNORED, Signal
-from emu.errors import EmuError
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
+from emu.kernel.sigframe import SI_TKILL, SI_USER, Action, SigInfo, restore_frame, setup_frame
+from emu.memory import UserFault
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -26,16 +28,13 @@ UNBLOCKABLE = (1 << (Signal.SIGKILL - 1)) | (1 << (Signal.SIGSTOP - 1))
 NSIG = 64
 
 
-class SignalHandlerUnsupported(EmuError):
-    """The guest installed a handler for a signal that arrived; delivery is not emulated yet."""
-
-
 @dataclass
 class SignalState:
     actions: dict[int, bytes] = field(default_factory=dict)  # signo -> struct kernel_sigaction (32 bytes)
     mask: int = 0
     pending: int = 0
     altstack: bytes = struct.pack("<QiiQ", 0, 2, 0, 0)  # ss_sp, ss_flags=SS_DISABLE, size
+    pending_code: dict[int, int] = field(default_factory=dict)  # signo -> si_code of the pending instance
 
     def handler(self, signo: int) -> int:
         raw = self.actions.get(signo)
@@ -90,12 +89,13 @@ def sys_sigaltstack(k: Kernel, new: int, old: int, *_: int) -> int:
     return 0
 
 
-def send_to_self(k: Kernel, signo: int) -> None:
+def send_to_self(k: Kernel, signo: int, code: int = SI_USER) -> None:
     """A signal for this process: pending while blocked, otherwise acted on now."""
     if signo == 0:
         return
     _check_signo(signo)
     k.signals.pending |= 1 << (signo - 1)
+    k.signals.pending_code[signo] = code
     deliver_pending(k)
 
 
@@ -114,7 +114,40 @@ def deliver_pending(k: Kernel) -> None:
             if sig is None or sig in DEFAULT_IGNORED:
                 continue
             raise GuestKilled(sig, None, "sent by the process itself")
-        raise SignalHandlerUnsupported(f"signal {signo} has a guest handler at {handler:#x}; delivery is not emulated")
+        info = SigInfo(signo, state.pending_code.pop(signo, SI_USER), pid=k.ident.pid, uid=k.ident.uid)
+        k.defer(functools.partial(deliver, k, signo, info))  # once the current syscall has returned
+        return  # the rest wait: the handler's mask decides, and sigreturn delivers them
+
+
+def handles(k: Kernel, signo: int) -> bool:
+    """Would a forced signal reach a guest handler (not blocked, a handler installed)?"""
+    handler = k.signals.handler(signo)
+    return handler not in (SIG_DFL, SIG_IGN) and not k.signals.mask & (1 << (signo - 1))
+
+
+def deliver(k: Kernel, signo: int, info: SigInfo, resume_ip: int | None = None) -> None:
+    """Build the signal frame on the current user state and enter the handler (setup_rt_frame)."""
+    state = k.cpu.read_user_state()
+    if resume_ip is not None:
+        state[16] = resume_ip
+    action = Action.parse(k.signals.actions[signo])
+    try:
+        new = setup_frame(k, signo, info, state, action)
+    except UserFault:
+        raise GuestKilled(Signal.SIGSEGV, state[16], f"cannot write the frame for signal {signo}") from None
+    k.cpu.write_user_state(new, write_rip=True)
+
+
+def sys_rt_sigreturn(k: Kernel, nr: int, entry: list[int] | None = None) -> None:
+    """Restore what the frame saved (every register, the mask); Unicorn adds 2 to rip afterwards."""
+    sp = k.cpu.read_user_state()[7]
+    try:
+        state = restore_frame(k, sp)
+    except SyscallError:
+        raise GuestKilled(Signal.SIGSEGV, None, "rt_sigreturn with a bad frame") from None
+    state[16] -= 2
+    k.cpu.write_user_state(state, write_rip=True)
+    deliver_pending(k)
 
 
 def sys_kill(k: Kernel, pid: int, signo: int, *_: int) -> int:
@@ -128,7 +161,7 @@ def sys_kill(k: Kernel, pid: int, signo: int, *_: int) -> int:
 def sys_tgkill(k: Kernel, tgid: int, tid: int, signo: int, *_: int) -> int:
     if tgid != k.ident.pid or tid != k.ident.pid:
         raise SyscallError(errno.ESRCH)
-    send_to_self(k, signo)
+    send_to_self(k, signo, SI_TKILL)
     return 0
 
 

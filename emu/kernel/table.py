@@ -43,6 +43,7 @@ def _rows() -> tuple[Row, ...]:
         r(12, "brk", mm.sys_brk, ("ptr",)),
         r(13, "rt_sigaction", signal.sys_rt_sigaction, ("sig", "ptr", "ptr", "u")),
         r(14, "rt_sigprocmask", signal.sys_rt_sigprocmask, ("how", "ptr", "ptr", "u")),
+        Row(15, "rt_sigreturn", signal.sys_rt_sigreturn, (), "restores the frame of a signal handler", raw=True),
         r(16, "ioctl", fs.sys_ioctl, ("fd", "x", "ptr")),
         r(17, "pread64", fs.sys_pread64, ("fd", "rbuf", "u", "d")),
         r(19, "readv", fs.sys_readv, ("fd", "ptr", "u")),

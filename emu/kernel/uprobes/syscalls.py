@@ -29,7 +29,8 @@ def _leave(up: Uprobes, regs: PtRegs, held: list[int], force_iret: bool = False)
 
 
 def _sigill(regs: PtRegs, why: str) -> GuestKilled:
-    return GuestKilled(Signal.SIGILL, regs.ip - 2, why)
+    """force_sig(SIGILL) from a syscall: a handler sees SI_KERNEL and resumes after the syscall."""
+    return GuestKilled(Signal.SIGILL, regs.ip - 2, why, resume_ip=regs.ip)
 
 
 def _fail(up: Uprobes, regs: PtRegs, held: list[int], errno_value: int) -> None:

@@ -1,0 +1,103 @@
+"""Delivering a signal to a guest handler: the x86-64 rt_sigframe, and rt_sigreturn undoing it.
+
+Frame (arch/x86/include/asm/sigframe.h, rt_sigframe for 64-bit): the return address (the
+action's restorer), struct ucontext (flags, link, the alternate stack, struct sigcontext,
+the blocked mask), struct siginfo. It goes below the red zone, or on the alternate stack
+for SA_ONSTACK; rsp is 8 mod 16 at the handler, as after a call. No FPU state is saved
+(fpstate = NULL), which rt_sigreturn accepts.
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from emu.abi import RED_ZONE
+from emu.kernel.errno_ import SyscallError
+from emu.memory import UserFault
+
+if TYPE_CHECKING:
+    from emu.kernel.dispatch import Kernel
+
+SA_SIGINFO, SA_ONSTACK, SA_RESTORER = 0x4, 0x08000000, 0x04000000
+SA_NODEFER, SA_RESETHAND = 0x40000000, 0x80000000
+SS_ONSTACK, SS_DISABLE = 1, 2
+SI_USER, SI_KERNEL, SI_TKILL = 0, 0x80, -6
+UC_OFFSET, MCONTEXT_OFFSET, SIGMASK_OFFSET, SIGINFO_OFFSET = 8, 48, 304, 312
+FRAME_SIZE = SIGINFO_OFFSET + 128
+TF, DF, RF = 1 << 8, 1 << 10, 1 << 16
+# sigcontext order, as indexes into Cpu.read_user_state() (16 GPRs in emu.cpu.GPRS order, rip, rflags)
+SIGCONTEXT_ORDER = (8, 9, 10, 11, 12, 13, 14, 15, 5, 4, 6, 1, 3, 0, 2, 7, 16, 17)
+
+
+@dataclass(frozen=True, slots=True)
+class SigInfo:
+    signo: int
+    code: int
+    addr: int = 0  # faults: the address; kill/tgkill: unused
+    pid: int = 0
+    uid: int = 0
+
+    def pack(self) -> bytes:
+        head = struct.pack("<iii4x", self.signo, 0, self.code)
+        body = struct.pack("<Q", self.addr) if self.code > 0 and self.code != SI_KERNEL else struct.pack(
+            "<ii", self.pid, self.uid)
+        return (head + body).ljust(128, b"\0")
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    handler: int
+    flags: int
+    restorer: int
+    mask: int
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Action:
+        return cls(*struct.unpack_from("<QQQQ", raw))
+
+
+def _sigcontext(state: list[int], signo: int, addr: int) -> bytes:
+    words = [state[i] for i in SIGCONTEXT_ORDER]
+    segs = struct.pack("<HHHH", 0x33, 0, 0, 0x2B)
+    tail = struct.pack("<QQQQQ", 0, 14 if signo == 11 else 0, 0, addr, 0)  # err, trapno, oldmask, cr2, fpstate
+    return struct.pack(f"<{len(words)}Q", *words) + segs + tail + bytes(64)
+
+
+def setup_frame(k: Kernel, signo: int, info: SigInfo, state: list[int], action: Action) -> list[int]:
+    """Write the frame; return the user state the handler starts with. A frame that cannot be written
+    is SIGSEGV, as in the kernel (raised as UserFault for the caller)."""
+    sp = state[7] - RED_ZONE
+    ss_sp, ss_flags, _pad, ss_size = struct.unpack("<QiiQ", k.signals.altstack)
+    on_alt = ss_sp <= state[7] < ss_sp + ss_size
+    if action.flags & SA_ONSTACK and not ss_flags & SS_DISABLE and not on_alt:
+        sp = ss_sp + ss_size
+    frame = ((sp - FRAME_SIZE) & ~0xF) - 8
+    uc_stack = struct.pack("<QiiQ", ss_sp, SS_ONSTACK if on_alt else ss_flags, 0, ss_size)
+    blob = (struct.pack("<QQQ", action.restorer, 0, 0) + uc_stack + _sigcontext(state, signo, info.addr)
+            + struct.pack("<Q", k.signals.mask) + info.pack())
+    k.mem.write_user(frame, blob)
+    k.signals.mask |= action.mask | (0 if action.flags & SA_NODEFER else 1 << (signo - 1))
+    if action.flags & SA_RESETHAND:
+        k.signals.actions.pop(signo, None)
+    new = list(state)
+    new[5], new[4], new[3], new[0] = signo, frame + SIGINFO_OFFSET, frame + UC_OFFSET, 0  # rdi, rsi, rdx, rax
+    new[7], new[16] = frame, action.handler
+    new[17] = state[17] & ~(TF | DF | RF)
+    return new
+
+
+def restore_frame(k: Kernel, sp: int) -> list[int]:
+    """rt_sigreturn: the user state saved in the frame whose ucontext is at ``sp``; the mask comes back too."""
+    try:
+        raw = k.mem.read_user(sp, FRAME_SIZE - UC_OFFSET)
+    except UserFault:
+        raise SyscallError(errno.EFAULT) from None
+    words = struct.unpack_from("<18Q", raw, MCONTEXT_OFFSET - UC_OFFSET)
+    state = [0] * 18
+    for value, index in zip(words, SIGCONTEXT_ORDER, strict=True):
+        state[index] = value
+    (k.signals.mask,) = struct.unpack_from("<Q", raw, SIGMASK_OFFSET - UC_OFFSET)
+    return state
