@@ -192,12 +192,6 @@ class Cpu:
         v[2] = r11
         _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
-    def read_gprs(self) -> dict[Reg, int]:
-        """All 16 GPRs plus rip and rflags."""
-        b = self._gpr_batch
-        _reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
-        return {reg: b.values[i] for i, reg in enumerate(GPRS + (Reg.RIP, Reg.RFLAGS))}
-
     def read_user_state(self) -> list[int]:
         """The 16 GPRs (in GPRS order), rip, rflags: one C call."""
         b = self._gpr_batch
@@ -216,19 +210,6 @@ class Cpu:
         b.values[b.count - 1] = values[17] & 0xFFFFFFFFFFFFFFFF
         _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
-    def write_gprs(self, values: dict[Reg, int]) -> None:
-        """All 16 GPRs plus rip and rflags in one call (missing ones keep their current value)."""
-        b = self._gpr_batch
-        _reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
-        for i, reg in enumerate(GPRS + (Reg.RIP, Reg.RFLAGS)):
-            if reg in values:
-                b.values[i] = values[reg] & 0xFFFFFFFFFFFFFFFF
-        _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
-
-    def write_regs(self, values: dict[Reg, int]) -> None:
-        for reg, value in values.items():
-            self.write(reg, value)
-
     def read_extended(self) -> tuple[int, int, tuple[int, ...], int]:
         """fs base, gs base, xmm0-15, mxcsr, in one C call."""
         b = self._ext_batch
@@ -245,11 +226,6 @@ class Cpu:
         for i, value in enumerate(xmm):
             self.write_xmm(i, value)
         self.write(Reg.MXCSR, mxcsr)
-
-    def read_xmm(self, index: int) -> int:
-        value = self._uc.reg_read(x86.UC_X86_REG_XMM0 + index)
-        assert isinstance(value, int)
-        return value
 
     def write_xmm(self, index: int, value: int) -> None:
         self._uc.reg_write(x86.UC_X86_REG_XMM0 + index, value)
