@@ -14,7 +14,7 @@ from emu.abi import PAGE_SIZE, TASK_SIZE, Prot
 from emu.designs import SiteMode
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes import tramp_code as tc
-from emu.kernel.uprobes.insn import analyze
+from emu.kernel.uprobes.insn import analyze, decode
 from emu.memory import Memory
 
 INT3 = b"\xcc"
@@ -35,17 +35,14 @@ def rel32(target: int, next_ip: int) -> bytes | None:
 
 
 def is_nop5(raw: bytes) -> bool:
-    """[NOPS]: a 5-byte NOP: opcode 90 with any prefixes, or NOPL 0f 1f /0."""
-    if len(raw) != 5:
+    """[NOPS]: one 5-byte instruction that is opcode 90 (any prefixes; REX.B would make it
+    xchg %r8) or NOPL 0f 1f /0."""
+    insn = decode(raw[:5], 0)
+    if insn is None or insn.size != 5:
         return False
-    i = 0
-    while i < 5 and raw[i] in (0x66, 0x2E, 0x3E, 0x26, 0x36, 0x64, 0x65, 0x67, 0xF2, 0xF3):
-        i += 1
-    if i < 5 and 0x40 <= raw[i] <= 0x4F:
-        i += 1
-    if i == 4 and raw[4] == 0x90:
-        return True
-    return i <= 2 and raw[i : i + 2] == b"\x0f\x1f" and (raw[i + 2] >> 3) & 7 == 0 if i + 2 < 5 else False
+    if insn.opcode[0] == 0x90:
+        return bool(insn.mnemonic == "nop")
+    return insn.opcode[:2] == [0x0F, 0x1F] and (insn.modrm >> 3) & 7 == 0
 
 
 def crosses_page(vaddr: int, length: int) -> bool:
