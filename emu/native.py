@@ -49,6 +49,15 @@ class NativeRun:
     site_bytes: tuple[bytes, ...] = ()  # what was at each peeked file offset when the process exited
 
 
+def available(kernel_release_prefix: str = "") -> bool:
+    """Can this machine run the native side (root, the uprobe PMU, and the kernel release asked for)?"""
+    try:
+        uprobe_pmu_type()
+    except NativeUnavailable:
+        return False
+    return os.geteuid() == 0 and os.uname().release.startswith(kernel_release_prefix)
+
+
 def uprobe_pmu_type() -> int:
     try:
         with open(f"{PMU_DIR}/type") as fh:

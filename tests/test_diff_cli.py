@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from emu import cli
-from emu.native import NativeUnavailable, uprobe_pmu_type
+from emu.native import available as native_available
 
 REDZONE = str(Path(__file__).resolve().parent.parent / "elf_samples" / "redzone_probe")
 
 
-def _native_available() -> bool:
-    try:
-        uprobe_pmu_type()
-    except NativeUnavailable:
-        return False
-    return os.geteuid() == 0 and os.uname().release.startswith("6.18")
-
-
-@pytest.mark.skipif(not _native_available(), reason="needs root, Linux 6.18 and the uprobe PMU")
+@pytest.mark.skipif(not native_available("6.18"), reason="needs root, Linux 6.18 and the uprobe PMU")
 def test_diff_agrees_with_linux_618_and_not_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["diff", "--clear-env", "-p", "uprobe:rz_nop5_site", "-p", "usdt:redzone:site", REDZONE, "4"]
     assert cli.main(args) == 0
@@ -40,7 +31,7 @@ def test_diff_without_the_pmu_says_so(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert len(err) == 1 and "no uprobe PMU" in err[0]
 
 
-@pytest.mark.skipif(not _native_available(), reason="needs root, Linux 6.18 and the uprobe PMU")
+@pytest.mark.skipif(not native_available("6.18"), reason="needs root, Linux 6.18 and the uprobe PMU")
 def test_site_bytes_at_exit_agree_including_the_trampoline_placement() -> None:
     from emu.diff import run_diff
 

@@ -13,7 +13,7 @@ from emu.guestio import GuestIO
 from emu.kernel import fs
 from emu.kernel.dispatch import KernelConfig
 from emu.machine import Machine, RunOptions
-from emu.native import NativeUnavailable, uprobe_pmu_type
+from emu.native import available as native_available
 
 SELFPROBE = str(Path(__file__).resolve().parent.parent / "elf_samples" / "selfprobe")
 EXPECTED = (
@@ -24,14 +24,6 @@ EXPECTED = (
     b"samples=9 ip_ok=9 regs_ok=9\n"  # one PERF_RECORD_SAMPLE per hit, ip and regs of the probed insn
     b"sum=115\n"
 )
-
-
-def _native_available() -> bool:
-    try:
-        uprobe_pmu_type()
-    except NativeUnavailable:
-        return False
-    return os.geteuid() == 0
 
 
 @pytest.mark.parametrize("design", list(DESIGNS))
@@ -45,7 +37,7 @@ def test_self_probing_program_under_emulation(design: str) -> None:
     assert m.uprobes.probes == {}
 
 
-@pytest.mark.skipif(not _native_available(), reason="needs root and the uprobe PMU")
+@pytest.mark.skipif(not native_available(), reason="needs root and the uprobe PMU")
 def test_same_output_natively() -> None:
     native = subprocess.run([SELFPROBE], capture_output=True, env={}, timeout=60)
     assert (native.returncode, native.stdout) == (0, EXPECTED)
@@ -79,7 +71,7 @@ def test_encodings_and_trampoline_placement_as_on_linux_618() -> None:
     assert (result.exit_status, bytes(io.out)) == (0, ENCODINGS_618)
 
 
-@pytest.mark.skipif(not _native_available(), reason="needs root and the uprobe PMU")
+@pytest.mark.skipif(not native_available(), reason="needs root and the uprobe PMU")
 def test_encodings_natively() -> None:
     native = subprocess.run([SELFPROBE, "encodings"], capture_output=True, env={}, timeout=60)
     assert (native.returncode, native.stdout) == (0, ENCODINGS_618)

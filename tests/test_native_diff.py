@@ -16,7 +16,8 @@ from elftools.elf.elffile import ELFFile
 
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
-from emu.native import NativeProbe, NativeUnavailable, run_native, uprobe_pmu_type
+from emu.native import NativeProbe, run_native
+from emu.native import available as native_available
 from emu.probes import usdt_notes
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
@@ -24,15 +25,7 @@ REDZONE = str(SAMPLES / "redzone_probe")
 TARGETS = str(SAMPLES / "probe_targets")
 
 
-def _native_available() -> bool:
-    try:
-        uprobe_pmu_type()
-    except NativeUnavailable:
-        return False
-    return os.geteuid() == 0 and os.uname().release.startswith("6.18")
-
-
-pytestmark = pytest.mark.skipif(not _native_available(), reason="needs root, Linux 6.18 and the uprobe PMU")
+pytestmark = pytest.mark.skipif(not native_available("6.18"), reason="needs root, Linux 6.18 and the uprobe PMU")
 
 
 def _elf(path: str) -> ELFFile:

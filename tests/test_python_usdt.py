@@ -15,20 +15,13 @@ from elftools.elf.elffile import ELFFile
 
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
-from emu.native import NativeProbe, NativeUnavailable, run_native, uprobe_pmu_type
+from emu.native import NativeProbe, run_native
+from emu.native import available as native_available
 from emu.probes import usdt_notes
 
 PYTHON = "/usr/bin/python3.11"
 PROBES = ("gc__start", "function__entry", "function__return", "line")
 SCRIPT = "def f(n):\n    return n + 1\nimport gc\nt = 0\nfor i in range(20):\n    t = f(t)\ngc.collect()\nprint(t)\n"
-
-
-def _native_available() -> bool:
-    try:
-        uprobe_pmu_type()
-    except NativeUnavailable:
-        return False
-    return os.geteuid() == 0
 
 
 pytestmark = [
@@ -64,7 +57,7 @@ def test_semaphores_are_raised_while_attached(tmp_path: Path) -> None:
     assert counts["gc__start"] >= 1 and counts["line"] > counts["function__entry"] > 0
 
 
-@pytest.mark.skipif(not _native_available(), reason="needs root and the uprobe PMU")
+@pytest.mark.skipif(not native_available(), reason="needs root and the uprobe PMU")
 def test_counts_equal_the_real_kernel(tmp_path: Path) -> None:
     script = tmp_path / "probe.py"
     script.write_text(SCRIPT)
