@@ -210,21 +210,20 @@ class Cpu:
         b.values[b.count - 1] = values[17] & 0xFFFFFFFFFFFFFFFF
         _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
-    def read_extended(self) -> tuple[int, int, tuple[int, ...], int]:
-        """fs base, gs base, xmm0-15, mxcsr, in one C call."""
+    def read_extended(self) -> tuple[int, int, bytes, int]:
+        """fs base, gs base, xmm0-15 (256 raw little-endian bytes), mxcsr, in one C call."""
         b = self._ext_batch
         _reg_read_batch(self._uch, b.ids, b.ptrs, b.count)
         raw = bytes(self._ext_buf)
         fs, gs, mxcsr = struct.unpack_from("<QQQ", raw)
-        xmm = tuple(int.from_bytes(raw[24 + 16 * i : 40 + 16 * i], "little") for i in range(16))
-        return fs, gs, xmm, mxcsr
+        return fs, gs, raw[24:280], mxcsr
 
-    def write_extended(self, state: tuple[int, int, tuple[int, ...], int]) -> None:
+    def write_extended(self, state: tuple[int, int, bytes, int]) -> None:
         fs, gs, xmm, mxcsr = state
         self.write(Reg.FS_BASE, fs)
         self.write(Reg.GS_BASE, gs)
-        for i, value in enumerate(xmm):
-            self.write_xmm(i, value)
+        for i in range(16):
+            self.write_xmm(i, int.from_bytes(xmm[16 * i : 16 * i + 16], "little"))
         self.write(Reg.MXCSR, mxcsr)
 
     def write_xmm(self, index: int, value: int) -> None:

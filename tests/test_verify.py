@@ -154,3 +154,17 @@ def test_lockstep_reports_first_divergence() -> None:
     bad, good = reports
     assert bad.divergence is not None and "write" in bad.divergence
     assert good.divergence is None and good.same_output
+
+
+def test_negative_control_handler_clobbering_xmm0(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = syscalls.sys_uprobe_slot
+
+    def clobbering(up: syscalls.Uprobes, nr: int, state: list[int] | None = None) -> None:
+        original(up, nr, state)
+        up.cpu.write_xmm(0, 0xDEADBEEF)  # as if the kernel used SSE without saving the user's state
+
+    monkeypatch.setattr(syscalls, "sys_uprobe_slot", clobbering)
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
+    regs = [v for v in session.violations if v.kind is Check.REGS]
+    assert regs and all("xmm0" in v.detail["registers"] for v in regs)
+    assert "found 0xdeadbeef" in regs[0].detail["registers"]["xmm0"]

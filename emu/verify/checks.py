@@ -36,7 +36,8 @@ def check_regs(tx: Transaction, exp: Expected) -> list[Violation]:
     for name, want, got in (("fs_base", efs, afs), ("gs_base", egs, ags), ("mxcsr", emx, amx)):
         if want != got:
             diffs[name] = f"expected {want:#x}, found {got:#x}"
-    for i, (want, got) in enumerate(zip(exmm, axmm, strict=True)):
+    for i in range(16 if exmm != axmm else 0):
+        want, got = (int.from_bytes(x[16 * i : 16 * i + 16], "little") for x in (exmm, axmm))
         if want != got:
             diffs[f"xmm{i}"] = f"expected {want:#x}, found {got:#x}"
     if not diffs:

@@ -8,7 +8,7 @@ from emu.abi import PAGE_SIZE, Prot, page_down
 from emu.cpu import BadAccess, Cpu, StopReason
 from emu.memory import Memory
 
-ExtendedState = tuple[int, int, tuple[int, ...], int]
+ExtendedState = tuple[int, int, bytes, int]  # fs base, gs base, xmm0-15 raw, mxcsr
 
 
 @dataclass(frozen=True, slots=True)
