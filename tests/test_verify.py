@@ -92,7 +92,7 @@ def test_negative_control_resume_at_plus_4(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(syscalls.Uprobes, "handle_syscall_uprobe", short)
     m = Machine(TARGETS, [TARGETS, "3"], {}, RunOptions(design="jmp-slots", max_insns=2_000_000), GuestIO.captured())
-    m.attach("uprobe:f_nop5")
+    m.attach("uprobe:f_nop5", Consumer(handler=lambda hit: None))  # a handler: the full sys_uprobe path runs
     session = VerifySession(m)
     m.run()
     resume = [v for v in session.violations if v.kind is Check.RESUME]

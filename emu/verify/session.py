@@ -71,7 +71,7 @@ class VerifySession:
     def transactions(self) -> int:
         return self.tracker.count
 
-    def _on_chain(self, probe: Uprobe, _regs: PtRegs, _path: Path, after: bool) -> None:
+    def _on_chain(self, probe: Uprobe, _regs: PtRegs | None, _path: Path, after: bool) -> None:
         if after:
             return
         name = self._names.get(probe.vaddr, f"uprobe:{probe.vaddr:#x}")

@@ -126,10 +126,13 @@ class TransactionTracker:
         if addr + size > base and addr < base + RED_ZONE:
             tx.guest_writes.append(GuestWrite(self.cpu.read(Reg.RIP), addr, size, value))
 
-    def _on_chain(self, probe: Uprobe, regs: PtRegs, path: Path, after: bool) -> None:
+    def _on_chain(self, probe: Uprobe, regs: PtRegs | None, path: Path, after: bool) -> None:
         tx = self.active
         if tx is None or probe.vaddr != tx.site:
             return
+        tx.path = path
+        if regs is None:
+            return  # the counting-only fast path: the consumers changed nothing
         if not after:
             tx.chain = (regs.copy(), regs)
             tx.path = path

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DeferFn = Callable[[Callable[[], None]], None]
-ChainObserver = Callable[["Uprobe", PtRegs, Path, bool], None]  # (probe, regs, path, after_consumers)
+# (probe, regs, path, after_consumers); regs None: the fast path, where no consumer can change them
+ChainObserver = Callable[["Uprobe", PtRegs | None, Path, bool], None]
 MAX_URETPROBE_DEPTH = 64  # [HDR]
 XOL_SLOT_BYTES = 128  # UPROBE_XOL_SLOT_BYTES [ASMH]
 XOL_NAME = "[uprobes]"

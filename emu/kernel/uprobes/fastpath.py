@@ -1,7 +1,7 @@
 """The optimized-site syscalls when nothing can change a register.
 
 When every consumer of the probe only counts (no handler, no ret_handler) and no
-verifier or shadow stack watches, sys_uprobe's pt_regs round trip (spec 2.1) writes
+shadow stack is modelled, sys_uprobe's pt_regs round trip (spec 2.1) writes
 back exactly what it read. What remains observable is: the hit, the saved words read
 from the stack, and the exit (SYSRET into the trampoline for call designs: rax = 0,
 rcx = ip, r11 = flags; IRET to probe+5 for jmp slots with rax/rcx/r11/rsp restored).
@@ -16,6 +16,7 @@ import struct
 from emu.abi import RED_ZONE
 from emu.cpu import Reg
 from emu.designs import SiteMode
+from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobes
 from emu.memory import UserFault
 
@@ -29,9 +30,11 @@ class FastPaths:
         self.write_iret = up.cpu.batch_writer(_IRET_REGS)
         self.insn_len = 10 if up.design.sites is SiteMode.LEA_CALL_NOP10 else 5
 
-    def _counting_only(self, vaddr: int, path: str) -> bool:
+    def _counting_only(self, vaddr: int, path: Path) -> bool:
+        """Count the hit if no consumer can change a register; observers hear of it with regs=None
+        (nothing changed). False: the full path must run."""
         up = self.up
-        if up.chain_observers or up.shadow_stack is not None:
+        if up.shadow_stack is not None:
             return False
         probe = up.probes.get(vaddr)
         if probe is None:
@@ -39,10 +42,14 @@ class FastPaths:
         for consumer in probe.consumers:
             if consumer.handler is not None or consumer.ret_handler is not None:
                 return False
+        for observer in up.chain_observers:
+            observer(probe, None, path, False)
         for consumer in probe.consumers:
             if consumer.enabled:
                 consumer.hits += 1
-                consumer.paths[path] = consumer.paths.get(path, 0) + 1
+                consumer.paths[path.value] = consumer.paths.get(path.value, 0) + 1
+        for observer in up.chain_observers:
+            observer(probe, None, path, True)
         return True
 
     def call(self, entry: list[int]) -> bool:
@@ -57,7 +64,7 @@ class FastPaths:
         except UserFault:
             return False
         retaddr = struct.unpack_from("<Q", raw, 24)[0]
-        if not self._counting_only((retaddr - self.insn_len) & U64, "call"):
+        if not self._counting_only((retaddr - self.insn_len) & U64, Path.CALL):
             return False
         up.stats.copied += 64  # the words are read and written back unchanged
         up.stats.exits["sysret"] += 1
@@ -75,7 +82,7 @@ class FastPaths:
             raw = up.mem.read_user(sp, 24)
         except UserFault:
             return False
-        if not self._counting_only(vaddr, "jmp"):
+        if not self._counting_only(vaddr, Path.JMP):
             return False
         ax, r11, cx = struct.unpack("<3Q", raw)
         up.stats.copied += 24
