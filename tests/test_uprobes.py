@@ -235,3 +235,14 @@ def test_consumer_moving_sp_takes_the_iret_path(design: str) -> None:
         assert result.exits == {}
     else:  # hits 2 and 3 come through the syscall; a moved sp always leaves by IRET
         assert result.exits == {"iret": 2}
+
+
+def test_cli_detach_after_n_hits_unoptimizes_mid_run(capfd: pytest.CaptureFixture[str]) -> None:
+    from emu import cli
+
+    status = cli.main(["run", "--clear-env", "--kernel", "linux-6.18", "--detach-after", "2",
+                       "-p", "uprobe:rz_nop5_site", REDZONE, "5"])
+    out, err = capfd.readouterr()
+    assert status == 1 and out.count("MISMATCH rz_nop5") == 1  # only the one optimized hit clobbered
+    row = next(line for line in err.splitlines() if line.startswith("uprobe:rz_nop5_site"))
+    assert row.split()[2:] == ["2", "call:1,int3:1", "no"]  # removed after hit 2: the nop5 is back

@@ -11,13 +11,14 @@ from emu.commands.common import (
     add_verifier_options,
     check_writable,
     guest_env,
+    positive_int,
     run_options,
     stderr_line,
     write_json,
 )
 from emu.designs import DEFAULT_DESIGN, DESIGNS
 from emu.guestio import GuestIO
-from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.kernel.uprobes.consumers import UPROBE_HANDLER_REMOVE, Consumer, Hit
 from emu.libprobes import LibraryProbe
 from emu.machine import Attachment, Machine
 from emu.render import table
@@ -36,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="attach a probe: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME, "
                         "uprobe:LIBRARY:SYM")
     p.add_argument("--print-args", action="store_true", help="print each USDT hit with its decoded arguments")
+    p.add_argument("--detach-after", type=positive_int, metavar="N",
+                   help="remove each probe after its N-th hit (the consumer returns UPROBE_HANDLER_REMOVE)")
     add_verifier_options(p, "verifiers to run on every probe hit: redzone,regs,resume (default: none)")
     add_binary(p)
 
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
                           design=args.kernel)
     machine = Machine(args.binary, [args.binary, *args.args], guest_env(args), options, GuestIO.terminal())
     for spec in args.probe:
-        _attach(machine, spec, args.print_args)
+        _attach(machine, spec, args.print_args, args.detach_after)
     wanted = args.verify or args.shstk or args.rsb is not None
     session = None
     if wanted:
@@ -79,16 +82,21 @@ def run(args: argparse.Namespace) -> int:
     return result.exit_status
 
 
-def _attach(machine: Machine, spec: str, print_args: bool) -> Attachment | LibraryProbe:
+def _attach(machine: Machine, spec: str, print_args: bool, detach_after: int | None) -> Attachment | LibraryProbe:
     consumer = Consumer()
     attachment = machine.attach(spec, consumer)
     note = attachment.resolved.usdt if isinstance(attachment, Attachment) else None
-    if print_args and note is not None:
-        def show(hit: Hit) -> None:
+    if not (print_args and note is not None) and detach_after is None:
+        return attachment  # a counting consumer: the fast path
+
+    def on_hit(hit: Hit) -> int:
+        if print_args and note is not None:
             values = [arg.read(hit.regs, hit.read) for arg in note.args]
             stderr_line(f"{spec} @ {hit.address:#x}: " + " ".join(f"arg{i}={v}" for i, v in enumerate(values)))
+        # UPROBE_HANDLER_REMOVE after N hits: the kernel unapplies (and unoptimizes) the probe mid-run
+        return UPROBE_HANDLER_REMOVE if detach_after is not None and consumer.hits >= detach_after else 0
 
-        consumer.handler = show
+    consumer.handler = on_hit
     return attachment
 
 
