@@ -57,11 +57,10 @@ def _first_line_difference(native: bytes, emulated: bytes) -> str:
 
 
 def _file_offset(image: LoadedImage, vaddr: int) -> int:
-    link = vaddr - image.bias
-    for seg in image.plan.segments:
-        if seg.vaddr <= link < seg.vaddr + seg.filesz:
-            return link - seg.vaddr + seg.offset
-    raise UsageError(f"{vaddr:#x} is not backed by {image.plan.file.path}")
+    offset = image.plan.file_offset(vaddr - image.bias)
+    if offset is None:
+        raise UsageError(f"{vaddr:#x} is not backed by {image.plan.file.path}")
+    return offset
 
 
 def native_probe(machine: Machine, spec_text: str) -> NativeProbe:

@@ -78,6 +78,13 @@ class LoadPlan:
     def high(self) -> int:
         return max(s.vaddr + s.memsz for s in self.segments)
 
+    def file_offset(self, vaddr: int) -> int | None:
+        """Where link-time address ``vaddr`` lies in the file (None: not file-backed)."""
+        for seg in self.segments:
+            if seg.vaddr <= vaddr < seg.vaddr + seg.filesz:
+                return vaddr - seg.vaddr + seg.offset
+        return None
+
     def phdr_address(self, bias: int) -> int:
         """AT_PHDR, as Linux >= 5.18 computes it: where e_phoff lands in the (last) PT_LOAD whose
         file bytes contain it, plus the bias; just the bias if none does. PT_PHDR is not consulted

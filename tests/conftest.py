@@ -195,3 +195,33 @@ class GuestKernel:
 @pytest.fixture
 def guest() -> GuestKernel:
     return GuestKernel()
+
+
+def symbol_file_offset(path: str, name: str) -> int:
+    """File offset of a function or data symbol (.symtab, else .dynsym): what perf_event_open's
+    probe_offset and ref_ctr_offset want."""
+    import io
+
+    from elftools.elf.elffile import ELFFile
+
+    from emu.elf import load_plan
+
+    real = os.path.realpath(path)
+    elf = ELFFile(io.BytesIO(Path(real).read_bytes()))
+    for section in (".symtab", ".dynsym"):
+        table = elf.get_section_by_name(section)
+        found = table.get_symbol_by_name(name) if table is not None else None
+        if found:
+            offset = load_plan(real).file_offset(int(found[0]["st_value"]))
+            assert offset is not None, f"{name} is not file-backed"
+            return offset
+    raise AssertionError(f"no symbol {name} in {path}")
+
+
+def link_file_offset(path: str, vaddr: int) -> int:
+    """File offset of a link-time address of ``path``."""
+    from emu.elf import load_plan
+
+    offset = load_plan(os.path.realpath(path)).file_offset(vaddr)
+    assert offset is not None, f"{vaddr:#x} is not file-backed"
+    return offset

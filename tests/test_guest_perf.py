@@ -7,11 +7,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import symbol_file_offset
 
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
 from emu.kernel import fs
 from emu.kernel.dispatch import KernelConfig
+from emu.kernel.uprobes.consumers import Consumer
 from emu.machine import Machine, RunOptions
 from emu.native import available as native_available
 
@@ -79,20 +81,11 @@ def test_encodings_natively() -> None:
 
 def test_perf_attach_to_a_mapped_library() -> None:
     """config1 may name any file mapped in the process: here the interpreter, mapped at exec."""
-    import io as io_module
-
-    from elftools.elf.elffile import ELFFile
-
-    from emu.kernel.uprobes.consumers import Consumer
-
     hello = str(Path(SELFPROBE).parent / "hello_dynamic")
     ld = "/lib64/ld-linux-x86-64.so.2"
     if not os.path.exists(ld):
         pytest.skip(f"{ld} absent")
-    elf = ELFFile(io_module.BytesIO(Path(os.path.realpath(ld)).read_bytes()))
-    value = int(elf.get_section_by_name(".dynsym").get_symbol_by_name("_dl_debug_state")[0]["st_value"])
-    offset = next(value - s["p_vaddr"] + s["p_offset"] for s in elf.iter_segments()
-                  if s["p_type"] == "PT_LOAD" and s["p_vaddr"] <= value < s["p_vaddr"] + s["p_filesz"])
+    offset = symbol_file_offset(ld, "_dl_debug_state")
     m = Machine(hello, [hello], {}, RunOptions(), GuestIO.captured())
     consumer = Consumer()
     assert m.kernel.perf_attach is not None
@@ -103,20 +96,11 @@ def test_perf_attach_to_a_mapped_library() -> None:
 
 def test_perf_attach_to_a_library_mapped_later() -> None:
     """Like the kernel's inode-based uprobes: a library not mapped yet gets the probe when ld.so maps it."""
-    import io as io_module
-
-    from elftools.elf.elffile import ELFFile
-
-    from emu.kernel.uprobes.consumers import Consumer
-
     libc = "/lib/x86_64-linux-gnu/libc.so.6"
     if not os.path.exists(libc):
         pytest.skip(f"{libc} absent")
     hello = str(Path(SELFPROBE).parent / "hello_dynamic")
-    elf = ELFFile(io_module.BytesIO(Path(os.path.realpath(libc)).read_bytes()))
-    value = int(elf.get_section_by_name(".dynsym").get_symbol_by_name("fwrite")[0]["st_value"])
-    offset = next(value - s["p_vaddr"] + s["p_offset"] for s in elf.iter_segments()
-                  if s["p_type"] == "PT_LOAD" and s["p_vaddr"] <= value < s["p_vaddr"] + s["p_filesz"])
+    offset = symbol_file_offset(libc, "fwrite")
     m = Machine(hello, [hello], {}, RunOptions(), GuestIO.captured())
     consumer = Consumer()
     assert m.kernel.perf_attach is not None

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import link_file_offset, symbol_file_offset
 from elftools.elf.elffile import ELFFile
 
 from emu.guestio import GuestIO
@@ -32,18 +33,6 @@ def _elf(path: str) -> ELFFile:
     return ELFFile(io.BytesIO(Path(path).read_bytes()))
 
 
-def _offset(elf: ELFFile, vaddr: int) -> int:
-    for seg in elf.iter_segments():
-        if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
-            return int(vaddr - seg["p_vaddr"] + seg["p_offset"])
-    raise AssertionError(hex(vaddr))
-
-
-def _symbol(elf: ELFFile, name: str) -> int:
-    symtab = elf.get_section_by_name(".symtab")
-    return int(symtab.get_symbol_by_name(name)[0]["st_value"])
-
-
 def _emulated(path: str, argv: list[str], specs: list[str]) -> tuple[bytes, int, list[int]]:
     io_ = GuestIO.captured()
     m = Machine(path, argv, {}, RunOptions(design="linux-6.18"), io_)
@@ -54,10 +43,10 @@ def _emulated(path: str, argv: list[str], specs: list[str]) -> tuple[bytes, int,
 
 def test_red_zone_corruption_is_identical_natively_and_emulated() -> None:
     elf = _elf(REDZONE)
-    site = _symbol(elf, "rz_nop5_site")
+    site = symbol_file_offset(REDZONE, "rz_nop5_site")
     usdt = next(n for n in usdt_notes(elf) if n.name == "site")
     # libbpf's combo rule on this kernel: the probe goes on the nop5 after the 90
-    probes = [NativeProbe(REDZONE, _offset(elf, site)), NativeProbe(REDZONE, _offset(elf, usdt.pc + 1))]
+    probes = [NativeProbe(REDZONE, site), NativeProbe(REDZONE, link_file_offset(REDZONE, usdt.pc + 1))]
     native = run_native([REDZONE, "5"], probes, env={})
     out, status, hits = _emulated(REDZONE, [REDZONE, "5"], ["uprobe:rz_nop5_site", "usdt:redzone:site"])
     assert b"MISMATCH rz_nop5 i=1" in native.stdout  # the real kernel clobbers from the second hit on
@@ -68,16 +57,14 @@ def test_red_zone_corruption_is_identical_natively_and_emulated() -> None:
 @pytest.mark.parametrize("name", ["f_nop5", "f_nop5_66", "f_nop1", "f_nopl5_reg1", "t_ret", "t_push", "t_callrax",
                                   "t_riprel", "t_popf_site", "mc_add"])
 def test_probe_targets_agree(name: str) -> None:
-    elf = _elf(TARGETS)
-    native = run_native([TARGETS, "4"], [NativeProbe(TARGETS, _offset(elf, _symbol(elf, name)))], env={})
+    native = run_native([TARGETS, "4"], [NativeProbe(TARGETS, symbol_file_offset(TARGETS, name))], env={})
     out, status, hits = _emulated(TARGETS, [TARGETS, "4"], [f"uprobe:{name}"])
     assert (native.stdout, native.returncode, list(native.counts)) == (out, status, hits)
 
 
 @pytest.mark.parametrize("name", ["t_push", "t_nop5", "mc_mul"])
 def test_uretprobe_counts_agree(name: str) -> None:
-    elf = _elf(TARGETS)
-    native = run_native([TARGETS, "3"], [NativeProbe(TARGETS, _offset(elf, _symbol(elf, name)), retprobe=True)], env={})
+    native = run_native([TARGETS, "3"], [NativeProbe(TARGETS, symbol_file_offset(TARGETS, name), retprobe=True)], env={})
     out, status, hits = _emulated(TARGETS, [TARGETS, "3"], [f"uretprobe:{name}"])
     assert (native.stdout, native.returncode, list(native.counts)) == (out, status, hits)
 
@@ -103,19 +90,15 @@ def test_uprobe_syscalls_called_directly(args: list[str]) -> None:
 
 
 def test_red_zone_test_of_the_nop10_series_agrees_for_nop5() -> None:
-    elf = _elf(SYSCALLS)
-    site = _symbol(elf, "uprobe_red_zone_site_nop5")
-    native = run_native([SYSCALLS, "redzone", "nop5", "6"], [NativeProbe(SYSCALLS, _offset(elf, site))], env={})
+    site = symbol_file_offset(SYSCALLS, "uprobe_red_zone_site_nop5")
+    native = run_native([SYSCALLS, "redzone", "nop5", "6"], [NativeProbe(SYSCALLS, site)], env={})
     out, status, hits = _emulated(SYSCALLS, [SYSCALLS, "redzone", "nop5", "6"], ["uprobe:uprobe_red_zone_site_nop5"])
     assert (native.stdout, native.returncode, list(native.counts)) == (out, status, hits)
 
 
 @pytest.mark.skipif(not Path(LIBC).exists(), reason=f"{LIBC} absent")
 def test_probe_inside_libc_counts_agree() -> None:
-    libc = _elf(LIBC)
-    dynsym = libc.get_section_by_name(".dynsym")
-    fwrite = int(dynsym.get_symbol_by_name("fwrite")[0]["st_value"])
-    native = run_native([HELLO_DYNAMIC], [NativeProbe(os.path.realpath(LIBC), _offset(libc, fwrite))], env={})
+    native = run_native([HELLO_DYNAMIC], [NativeProbe(os.path.realpath(LIBC), symbol_file_offset(LIBC, "fwrite"))], env={})
     out, status, hits = _emulated(HELLO_DYNAMIC, [HELLO_DYNAMIC], [f"uprobe:{LIBC}:fwrite"])
     assert (native.stdout, native.returncode, list(native.counts)) == (out, status, hits) == (b"hello, world\n", 0, [1])
 
@@ -128,10 +111,9 @@ def _regs_words(out: bytes) -> tuple[list[str], list[str]]:
 @pytest.mark.parametrize("retprobe", [False, True])
 def test_every_register_survives_the_site_natively_and_emulated(retprobe: bool) -> None:
     """uprobe_regs (spec 6 #1 and #10): all pt_regs words equal before and after the probed call, but rax."""
-    elf = _elf(SYSCALLS)
-    trigger = _symbol(elf, "uprobe_regs_trigger")
+    trigger = symbol_file_offset(SYSCALLS, "uprobe_regs_trigger")
     argv = [SYSCALLS, "regs", "2"]  # the first call optimizes the entry probe
-    native = run_native(argv, [NativeProbe(SYSCALLS, _offset(elf, trigger), retprobe=retprobe)], env={})
+    native = run_native(argv, [NativeProbe(SYSCALLS, trigger, retprobe=retprobe)], env={})
     out, status, hits = _emulated(SYSCALLS, argv, [f"{'uretprobe' if retprobe else 'uprobe'}:uprobe_regs_trigger"])
     for text, count in ((native.stdout, native.counts[0]), (out, hits[0])):
         before, after = _regs_words(text)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import link_file_offset
 from elftools.elf.elffile import ELFFile
 
 from emu.guestio import GuestIO
@@ -28,13 +29,6 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists(PYTHON), reason=f"{PYTHON} absent"),
     pytest.mark.slow,
 ]
-
-
-def _file_offset(elf: ELFFile, vaddr: int) -> int:
-    for seg in elf.iter_segments():
-        if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
-            return int(vaddr - seg["p_vaddr"] + seg["p_offset"])
-    raise AssertionError(f"{vaddr:#x} is not file-backed")
 
 
 def _emulated(script: Path) -> tuple[bytes, dict[str, int], list[int]]:
@@ -66,7 +60,8 @@ def test_counts_equal_the_real_kernel(tmp_path: Path) -> None:
     notes = {n.name: n for n in usdt_notes(elf) if n.provider == "python"}
     native = run_native(
         [PYTHON, str(script)],
-        [NativeProbe(PYTHON, _file_offset(elf, notes[n].pc), False, _file_offset(elf, notes[n].semaphore)) for n in PROBES],
+        [NativeProbe(PYTHON, link_file_offset(PYTHON, notes[n].pc), False, link_file_offset(PYTHON, notes[n].semaphore))
+         for n in PROBES],
         env={},
     )
     out, counts, _ = _emulated(script)
