@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emu.designs import DESIGNS
+from emu.designs import known_designs
 from emu.disasm import cs64
 from emu.errors import UsageError
 from emu.guestio import GuestIO
@@ -249,7 +249,7 @@ def report_markdown(results: Sequence[BenchResult]) -> str:
     lines = ["# uprobe-emu bench report", "",
              "Emulated rates measure the harness, not a CPU; the per-hit counts are exact and are what",
              "explains native tables. Native figures: the Linux 6.18 nop5-optimization commit (spec 7).", ""]
-    designs = sorted({r.design for r in results}, key=list(DESIGNS).index)
+    designs = sorted({r.design for r in results}, key=list(known_designs()).index)
     for design in designs:
         lines += [f"## {design}", "", "| workload | emulated M/s | native 6.18 M/s | " + " | ".join(ACCOUNTING_HEADER) + " |",
                   "|" + "---|" * (3 + len(ACCOUNTING_HEADER))]

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emu.designs import DESIGNS
+from emu.designs import DESIGNS, known_designs
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions, RunResult
@@ -84,12 +84,13 @@ class CheckRequest:
 
 
 def designs_from(text: str) -> tuple[str, ...]:
+    known = known_designs()
     if text == "all":
-        return tuple(DESIGNS)
+        return tuple(known)
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in DESIGNS]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
-        raise UsageError(f"--kernel {text!r}: unknown design {', '.join(unknown)} (known: all, {', '.join(DESIGNS)})")
+        raise UsageError(f"--kernel {text!r}: unknown design {', '.join(unknown)} (known: all, {', '.join(known)})")
     return names
 
 

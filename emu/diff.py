@@ -71,7 +71,7 @@ def native_probe(machine: Machine, spec_text: str) -> NativeProbe:
     resolved = Resolver(machine.exe).resolve(spec)
     address = resolved.address
     if resolved.usdt is not None:  # libbpf's nop-combo rule, as on this kernel
-        address = usdt_combo_site(machine.mem.read(address, 16), address, machine.design.sites)
+        address = usdt_combo_site(machine.mem.read(address, 16), address, machine.design)
     ref = _file_offset(machine.exe, resolved.semaphore) if resolved.semaphore else 0
     return NativeProbe(os.path.realpath(machine.path), _file_offset(machine.exe, address),
                        spec.kind is ProbeKind.URETPROBE, ref)

@@ -74,7 +74,7 @@ class RunOptions:
     timeout_s: float | None = None
     count_insns: bool = False
     strace: Callable[[str], None] | None = None
-    design: str = DEFAULT_DESIGN
+    design: str | Design = DEFAULT_DESIGN  # a name, or a Design object (validated when the machine is built)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +266,7 @@ class Machine:
         return None
 
     def _usdt_site(self, resolved: ResolvedProbe) -> int:
-        return usdt_combo_site(self.mem.read(resolved.address, 16), resolved.address, self.design.sites)
+        return usdt_combo_site(self.mem.read(resolved.address, 16), resolved.address, self.design)
 
     # -------------------------------------------------------------- building
     def _load(self, plan: LoadPlan) -> tuple[LoadedImage, LoadedImage | None]:

@@ -15,10 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emu.designs import SiteMode
+from emu.designs import BRANCH_OPCODE, Patch
 from emu.errors import UsageError
 from emu.guestio import GuestIO
-from emu.kernel.uprobes import tramp_code as tc
 from emu.kernel.uprobes.sites import crosses_page
 from emu.machine import Attachment, Machine, RunOptions
 from emu.memory import Memory
@@ -31,18 +30,23 @@ CONTEXT = 16  # bytes recorded either side of each write: covers any site window
 
 PHASE_TITLES = {ATTACH: "attach: set_swbp, INT3 over byte 0 (spec 1.1, 3.2)"}
 SET_ORIG = "detach: set_orig, the original byte 0 back (spec 1.1, 3.5)"
-OPTIMIZE_TITLES = {
-    SiteMode.CALL_NOP5: "first hit: optimize (spec 3.5): rel32 into bytes 1..4 expecting CC, then E8 at byte 0",
-    SiteMode.JMP_SLOT_NOP5: "first hit: optimize: rel32 to the slot into bytes 1..4 expecting CC, then E9 at byte 0",
-    SiteMode.LEA_CALL_NOP10: "first hit: optimize (spec 3.8): bytes 1..9 (lea tail + call rel32) expecting CC, "
-                             "then 48 at byte 0",
-}
-DETACH_TITLES = {
-    SiteMode.CALL_NOP5: "detach: unoptimize (spec 3.5): CC at byte 0, original bytes 1..4, original byte 0",
-    SiteMode.JMP_SLOT_NOP5: "detach: unoptimize: CC at byte 0, original bytes 1..4, original byte 0",
-    SiteMode.LEA_CALL_NOP10: "detach: unoptimize (spec 3.8, WIP10 form): CC at byte 0, 08 at byte 1, EB at byte 0 "
-                             "-> `eb 08` jumps over the stale tail",
-}
+
+
+def optimize_title(patch: Patch) -> str:
+    size = len(patch.prefix_bytes) + 5
+    if patch.write_order == "front-to-back":
+        return f"first hit: optimize: bytes 0..{size - 1} one at a time, front to back (torn instructions visible)"
+    what = ("prefix tail + " if patch.prefix_bytes else "") + f"{patch.branch} rel32"
+    first = (patch.prefix_bytes or bytes([BRANCH_OPCODE[patch.branch]]))[0]
+    return f"first hit: optimize (spec 3.5, 3.8): bytes 1..{size - 1} ({what}) expecting CC, then {first:02X} at byte 0"
+
+
+def detach_title(patch: Patch) -> str:
+    if patch.detach == "jump-over":
+        rel8 = patch.length - 2
+        return (f"detach: unoptimize (spec 3.8, WIP10 form): CC at byte 0, {rel8:02X} at byte 1, EB at byte 0 "
+                f"-> `eb {rel8:02x}` jumps over the stale tail")
+    return f"detach: unoptimize (spec 3.5): CC at byte 0, original bytes 1..{patch.length - 1}, original byte 0"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +117,7 @@ class SiteHistory:
 class PatchReport:
     binary: str
     design: str
-    mode: SiteMode
+    patch: Patch | None  # the design's patch (None: INT3 only)
     sites: list[SiteHistory]
     ran: bool
     run_message: str | None = None
@@ -157,7 +161,6 @@ def record_patches(binary: str, specs: Sequence[str], design: str, argv: Sequenc
     opts = RunOptions(**{**{n: getattr(base, n) for n in base.__dataclass_fields__}, "design": design})
     machine = Machine(binary, list(argv or [binary]), env or {}, opts, GuestIO.captured())
     recorder = PatchRecorder(machine.mem)
-    mode = machine.design.sites
     histories: list[SiteHistory] = []
     attached: list[tuple[SiteHistory, Attachment]] = []
     for spec in specs:
@@ -189,14 +192,14 @@ def record_patches(binary: str, specs: Sequence[str], design: str, argv: Sequenc
             hist.triggered = True  # never hit (or --no-run): do what the first hit would (spec 3.3)
             machine.uprobes.optimize_now(probe)
         if probe.can_optimize and sites.is_optimized(probe.vaddr):
-            hist.mapped = _mapped(machine, mode, probe.vaddr)
+            hist.mapped = _mapped(machine, probe.vaddr)
     recorder.phase = DETACH
     for _hist, att in attached:
         att.detach()
     for hist, att in attached:
         _collect(hist, recorder.writes)
-        _explain(hist, att, machine, mode)
-    return PatchReport(binary, design, mode, histories, run and bool(attached), run_message)
+        _explain(hist, att, machine)
+    return PatchReport(binary, design, machine.design.patch, histories, run and bool(attached), run_message)
 
 
 def _collect(hist: SiteHistory, writes: list[RawWrite]) -> None:
@@ -207,25 +210,20 @@ def _collect(hist: SiteHistory, writes: list[RawWrite]) -> None:
                                    _window(raw, hist.address, hist.length, True)))
 
 
-def _mapped(machine: Machine, mode: SiteMode, vaddr: int) -> Mapped | None:
-    if mode is SiteMode.LEA_CALL_NOP10:
-        head = machine.mem.read(vaddr, 10)
-        target = vaddr + 10 + struct.unpack("<i", head[6:10])[0]
-        code, what = tc.NOP10_TRAMPOLINE, "the call targets the first byte of the nop10 trampoline page (spec 1.5)"
-    else:
-        head = machine.mem.read(vaddr, 5)
-        target = vaddr + 5 + struct.unpack("<i", head[1:5])[0]
-        if mode is SiteMode.JMP_SLOT_NOP5:
-            code, what = tc.JMP_SLOT, "the jmp targets this probe's 16-byte slot (owned by it forever)"
-        else:
-            code, what = tc.NOP5_TRAMPOLINE, "the call targets the first byte of the trampoline page (spec 1.3)"
+def _mapped(machine: Machine, vaddr: int) -> Mapped | None:
+    patch, tramp = machine.design.patch, machine.design.trampoline
+    assert patch is not None and tramp is not None
+    end = len(patch.prefix_bytes) + 5
+    target = vaddr + end + struct.unpack("<i", machine.mem.read(vaddr + end - 4, 4))[0]
+    what = (f"the {patch.branch} targets this probe's {tramp.slot_size}-byte slot" if tramp.layout == "slots" else
+            f"the {patch.branch} targets the first byte of the trampoline page (spec 1.3, 1.5)")
     vma = machine.mem.find(target)
     if vma is None:
         return None
-    return Mapped(target, vma.maps_line(), machine.mem.read(target, len(code)), what)
+    return Mapped(target, vma.maps_line(), machine.mem.read(target, len(tramp.code_bytes)), what)
 
 
-def _explain(hist: SiteHistory, att: Attachment, machine: Machine, mode: SiteMode) -> None:
+def _explain(hist: SiteHistory, att: Attachment, machine: Machine) -> None:
     design = machine.design
     probe = att.uprobe
     if not design.optimizes:
@@ -245,7 +243,7 @@ def _hex(data: bytes) -> str:
 
 
 def render(report: PatchReport) -> str:
-    lines = [f"{report.binary}: design {report.design} (sites: {report.mode.value})" +
+    lines = [f"{report.binary}: design {report.design} (sites: {_sites(report.patch)})" +
              (f"; {report.run_message}" if report.run_message else "; not run")]
     for hist in report.sites:
         lines.append("")
@@ -261,7 +259,7 @@ def render(report: PatchReport) -> str:
         for step, what in zip(hist.steps, whats, strict=True):
             if step.phase != phase:
                 phase = step.phase
-                lines.append("  " + _title(phase, report.mode, hist.mapped is not None))
+                lines.append("  " + _title(phase, report.patch, hist.mapped is not None))
             lines.append(f"  {step.index:>2}. {what:<{wcol}}{_hex(step.after):<{col}}{disasm_text(step.after, hist.address)}")
         if hist.mapped is not None:
             m = hist.mapped
@@ -278,11 +276,15 @@ def _step_text(step: Step) -> str:
     return f"{span} {step.expect.hex()} -> {step.new.hex()}"
 
 
-def _title(phase: str, mode: SiteMode, optimized: bool) -> str:
+def _sites(patch: Patch | None) -> str:
+    return "int3" if patch is None else f"{patch.site} -> {patch.branch}"
+
+
+def _title(phase: str, patch: Patch | None, optimized: bool) -> str:
     if phase == OPTIMIZE:
-        return OPTIMIZE_TITLES.get(mode, "optimize")
+        return optimize_title(patch) if patch is not None else "optimize"
     if phase == DETACH:
-        return DETACH_TITLES.get(mode, SET_ORIG) if optimized else SET_ORIG
+        return detach_title(patch) if optimized and patch is not None else SET_ORIG
     return PHASE_TITLES[phase]
 
 

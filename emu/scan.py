@@ -23,7 +23,7 @@ from elftools.elf.constants import SH_FLAGS
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from emu.designs import DESIGNS, Design
+from emu.designs import DESIGNS, Design, get_design
 from emu.errors import UsageError
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.insn import ENOTSUPP, MAX_UINSN_BYTES, analyze
@@ -119,12 +119,12 @@ def verdict(code: bytes, address: int, design: Design) -> str:
     except SyscallError as err:
         name = "ENOTSUPP" if err.errno == ENOTSUPP else errno.errorcode.get(err.errno, str(err.errno))
         return f"refused (-{name})"
-    return OPTIMIZE if can_optimize(design.sites, insn.raw, address) else INT3
+    return OPTIMIZE if can_optimize(design, insn.raw, address) else INT3
 
 
 def usdt_verdict(code: bytes, address: int, design: Design) -> str:
     """libbpf's nop combo (spec 3.8): `90` + a long NOP the design optimizes -> the probe goes on +1."""
-    if usdt_combo_site(code, address, design.sites) != address:
+    if usdt_combo_site(code, address, design) != address:
         return OPTIMIZE + " (+1)"
     return verdict(code, address, design)
 
@@ -168,7 +168,7 @@ def scan_file(path: str, designs: Sequence[str] = tuple(DESIGNS), inline: bool =
         elf = ELFFile(io.BytesIO(data))
         if elf["e_machine"] != "EM_X86_64":
             raise UsageError(f"{path}: not an x86-64 ELF file ({elf['e_machine']})")
-        return _scan(path, elf, [DESIGNS[d] for d in designs], inline)
+        return _scan(path, elf, [get_design(d) for d in designs], inline)
     except UsageError:
         raise
     except Exception as exc:  # pyelftools raises many kinds on a corrupt file

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from emu.cpu import Reg
+from emu.designs import forget_user_designs
 from emu.guestio import GuestIO
 from emu.kernel.dispatch import KernelConfig
 from emu.machine import Machine, RunOptions, RunResult
@@ -225,3 +226,10 @@ def link_file_offset(path: str, vaddr: int) -> int:
     offset = load_plan(os.path.realpath(path)).file_offset(vaddr)
     assert offset is not None, f"{vaddr:#x} is not file-backed"
     return offset
+
+
+@pytest.fixture(autouse=True)
+def _no_user_designs_between_tests() -> Any:
+    """Designs a test loads from a file stay in that test (`check --kernel all` includes them)."""
+    yield
+    forget_user_designs()

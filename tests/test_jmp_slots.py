@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from emu.designs import DESIGNS
 from emu.guestio import GuestIO
 from emu.kernel.uprobes import sites
-from emu.kernel.uprobes.tramp_code import JMP_SLOT, SLOTS_PER_PAGE
 from emu.machine import Attachment, Machine, RunOptions
 
+SLOTS = DESIGNS["jmp-slots"].trampoline
+assert SLOTS is not None
+JMP_SLOT, SLOTS_PER_PAGE = SLOTS.code_bytes, SLOTS.slots_per_page
 TARGETS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "probe_targets")
 
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from emu import cli
+from emu.designs import BUILTIN, Design, Trampoline
 from emu.guestio import GuestIO
-from emu.kernel.uprobes import syscalls, tramp_code
+from emu.kernel.uprobes import syscalls
 from emu.machine import Machine, RunOptions
 from emu.verify.session import VerifySession
 from emu.verify.violations import Check
@@ -22,7 +24,7 @@ XOL_AND_EMULATED = ["t_ret", "t_riprel", "t_callrax", "t_jne", "t_pushrsp", "t_p
 RETURNS = ["t_push", "call_t_callrax", "t_nop5", "mc_add"]
 
 
-def session_run(path: str, args: list[str], design: str = "int3", specs: tuple[str, ...] = (),
+def session_run(path: str, args: list[str], design: str | Design = "int3", specs: tuple[str, ...] = (),
                 shstk: bool = False, rsb: int | None = None) -> tuple[VerifySession, Machine, int]:
     m = Machine(path, [path, *args], {}, RunOptions(design=design), GuestIO.captured())
     for spec in specs:
@@ -134,17 +136,19 @@ def test_shstk_catches_the_double_ret_variant_and_passes_jmp() -> None:
     assert c.violations == []
 
 
-def test_negative_control_trampoline_with_a_call_and_no_ret(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_negative_control_trampoline_with_a_call_and_no_ret() -> None:
     # "call 1f; 1: lea 8(%rsp),%rsp" before the pushes: a shadow frame nobody pops
-    broken = bytes.fromhex("e800000000488d642408") + tramp_code.NOP5_TRAMPOLINE
-    monkeypatch.setattr(tramp_code, "NOP5_TRAMPOLINE", broken)
-    session, m, status = session_run(TARGETS, ["3"], "linux-6.18", ("uprobe:t_nop5",), shstk=True)
+    base = next(d for d in BUILTIN if d.name == "linux-6.18")
+    assert base.trampoline is not None
+    code = "call over; over: lea 8(%rsp),%rsp; " + str(base.trampoline.code)
+    broken = replace(base, name="call-no-ret", trampoline=Trampoline(code))
+    session, m, status = session_run(TARGETS, ["3"], broken, ("uprobe:t_nop5",), shstk=True)
     (v,) = session.violations
     assert v.kind is Check.SHSTK and v.summary.startswith("kernel: sys_uprobe: shstk_pop")
     assert v.detail["actual"] == hex(sym(m, "t_nop5") + 5) and v.detail["expected"] != v.detail["actual"]
     assert status == 128 + 4  # the kernel's SIGILL (spec 2.1 step 6)
     # without a shadow stack the same trampoline passes unnoticed
-    session, _, status = session_run(TARGETS, ["3"], "linux-6.18", ("uprobe:t_nop5",))
+    session, _, status = session_run(TARGETS, ["3"], broken, ("uprobe:t_nop5",))
     assert status == 0 and session.violations == []
 
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from emu import cli
 from emu.check import CheckRequest, run_check
-from emu.cpu import Reg
+from emu.designs import DESIGNS, Design, Handler, Trampoline
 from emu.guestio import GuestIO
-from emu.kernel.uprobes import syscalls, tramp_code
+from emu.kernel.uprobes import syscalls
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.machine import Machine, RunOptions
 from emu.verify.session import VerifySession
@@ -23,7 +24,7 @@ TARGETS = str(SAMPLES / "probe_targets")
 XOL_AND_EMULATED = ["t_ret", "t_riprel", "t_callrax", "t_jne", "t_pushrsp", "t_popf_site", "t_push", "t_nop1"]
 
 
-def verified_run(path: str, specs: list[str], design: str, *args: str) -> tuple[VerifySession, Machine]:
+def verified_run(path: str, specs: list[str], design: str | Design, *args: str) -> tuple[VerifySession, Machine]:
     m = Machine(path, [path, *args], {}, RunOptions(design=design), GuestIO.captured())
     for spec in specs:
         m.attach(spec)
@@ -61,24 +62,21 @@ def test_redzone_fixes_are_clean(design: str) -> None:
     assert session.transactions == 3 and session.violations == []
 
 
-def test_negative_control_trampoline_forgetting_pop_r11(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_negative_control_trampoline_forgetting_pop_r11() -> None:
     # pop %rax; lea 8(%rsp),%rsp (skips the saved r11 without touching flags); pop %rcx; ret
-    broken = tramp_code.NOP5_TRAMPOLINE.replace(bytes.fromhex("58415b59c3"), bytes.fromhex("58488d64240859c3"))
-    monkeypatch.setattr(tramp_code, "NOP5_TRAMPOLINE", broken)
-    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "linux-6.18")
+    broken = replace(DESIGNS["linux-6.18"], name="forgets-pop-r11", trampoline=Trampoline(
+        "push %rcx; push %r11; push %rax; movq $336,%rax; syscall; pop %rax; lea 8(%rsp),%rsp; pop %rcx; ret; int3"))
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], broken)
     regs = [v for v in session.violations if v.kind is Check.REGS]
     assert regs and all(set(v.detail["registers"]) == {"r11"} for v in regs)
 
 
-def test_negative_control_handler_not_restoring_rcx(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = syscalls.sys_uprobe_slot
-
-    def forgetful(up: syscalls.Uprobes, nr: int, state: list[int] | None = None) -> None:
-        original(up, nr, state)
-        up.cpu.write(Reg.RCX, 0x5A5A)  # as if regs->cx were left as the syscall's
-
-    monkeypatch.setattr(syscalls, "sys_uprobe_slot", forgetful)
-    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
+def test_negative_control_handler_not_restoring_rcx() -> None:
+    base = DESIGNS["jmp-slots"]
+    assert base.handler is not None
+    # the slot still pushes rcx, but the handler takes that word for a scratch register and leaves rcx as is
+    forgetful = replace(base, name="keeps-syscall-rcx", handler=replace(base.handler, saved=("ax", "r11", "r10")))
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], forgetful)
     regs = [v for v in session.violations if v.kind is Check.REGS]
     assert len(regs) == 2 and all("rcx" in v.detail["registers"] for v in regs)
 
@@ -99,21 +97,14 @@ def test_negative_control_resume_at_plus_4(monkeypatch: pytest.MonkeyPatch) -> N
     assert resume and "inside the probed instruction, +4" in resume[0].summary
 
 
-def test_negative_control_slot_pushing_into_the_red_zone(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the flawed jmp slot: pushes first, moves rsp below the red zone afterwards
-    flawed = bytes.fromhex("514153 50 488d642480 b8500100000f05".replace(" ", ""))
-    monkeypatch.setattr(tramp_code, "JMP_SLOT", flawed)
-    original = syscalls.sys_uprobe_slot
-
-    def adjusted(up: syscalls.Uprobes, nr: int, state: list[int] | None = None) -> None:
-        # its handler reads the words where they now are: 128 bytes higher
-        rsp = up.cpu.read(Reg.RSP)
-        up.cpu.write(Reg.RSP, rsp + 128)
-        original(up, nr, None)
-        up.cpu.write(Reg.RSP, up.cpu.read(Reg.RSP) - 128)
-
-    monkeypatch.setattr(syscalls, "sys_uprobe_slot", adjusted)
-    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
+def test_negative_control_slot_pushing_into_the_red_zone() -> None:
+    # the flawed jmp slot: pushes first, moves rsp below the red zone afterwards; its handler reads the words
+    # where they now are, 128 bytes up
+    base = DESIGNS["jmp-slots"]
+    flawed = replace(base, name="pushes-first",
+                     trampoline=Trampoline(bytes.fromhex("51415350488d642480b8500100000f05"), layout="slots"),
+                     handler=Handler(probe_from="slot", saved_offset=128, exit="iret"))
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], flawed)
     offsets = {v.detail["offset"] for v in session.violations if v.kind is Check.REDZONE}
     assert offsets & {-8, -16, -24}
 
@@ -157,13 +148,13 @@ def test_lockstep_reports_first_divergence() -> None:
 
 
 def test_negative_control_handler_clobbering_xmm0(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = syscalls.sys_uprobe_slot
+    original = syscalls.sys_uprobe
 
     def clobbering(up: syscalls.Uprobes, nr: int, state: list[int] | None = None) -> None:
         original(up, nr, state)
         up.cpu.write_xmm(0, 0xDEADBEEF)  # as if the kernel used SSE without saving the user's state
 
-    monkeypatch.setattr(syscalls, "sys_uprobe_slot", clobbering)
+    monkeypatch.setattr(syscalls, "sys_uprobe", clobbering)
     session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
     regs = [v for v in session.violations if v.kind is Check.REGS]
     assert regs and all("xmm0" in v.detail["registers"] for v in regs)

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import argparse
 
-from emu.commands.common import check_writable, positive_float, positive_int, write_json
+from emu.commands.common import (
+    add_design_options,
+    check_writable,
+    chosen_designs,
+    positive_float,
+    positive_int,
+    write_json,
+)
 
 NAME = "bench"
 HELP = "bench_trigger workloads per design: rates and what each hit costs"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kernel", default="all", metavar="all|D1,D2", help="designs (default all)")
+    add_design_options(p, "all", "designs (default all: built-in and --design-file ones)")
     p.add_argument("--workload", default="all", metavar="W1,W2", help="workloads (default all)")
     p.add_argument("--duration", type=positive_float, default=0.5, metavar="S", help="seconds per run (default 0.5)")
     p.add_argument("--runs", type=positive_int, default=3, metavar="N", help="runs per workload (default 3)")
@@ -24,9 +31,8 @@ def run(args: argparse.Namespace) -> int:
         if path:
             check_writable(path)
     from emu.bench import report_markdown, results_table, run_bench, workloads_from  # heavy: only when run
-    from emu.check import designs_from
 
-    results = run_bench(designs_from(args.kernel), workloads_from(args.workload), args.duration, args.runs)
+    results = run_bench(chosen_designs(args), workloads_from(args.workload), args.duration, args.runs)
     for design in dict.fromkeys(r.design for r in results):
         print(f"{design}:")
         for r in results:

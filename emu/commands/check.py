@@ -6,9 +6,11 @@ import argparse
 
 from emu.commands.common import (
     add_binary,
+    add_design_options,
     add_process_options,
     add_verifier_options,
     check_writable,
+    chosen_designs,
     guest_env,
     run_options,
     write_json,
@@ -20,7 +22,7 @@ HELP = "run unprobed and under each design with verifiers; print one table"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_process_options(p)
-    p.add_argument("--kernel", default="all", metavar="all|D1,D2", help="designs to compare (default all)")
+    add_design_options(p, "all", "designs to compare (default all: built-in and --design-file ones)")
     p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
                    help="probe to attach (default: every scan-able site of the binary)")
     p.add_argument("--json", metavar="FILE", help="write the per-design results as JSON")
@@ -31,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from emu.check import CheckRequest, check_table, designs_from, run_check  # heavy: only when run
+    from emu.check import CheckRequest, check_table, run_check  # heavy: only when run
     from emu.verify.session import DEFAULT_VERIFIERS
 
     if args.verify is None:
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.json)
     request = CheckRequest(
         binary=args.binary, argv=[args.binary, *args.args], env=guest_env(args), specs=tuple(args.probe),
-        designs=designs_from(args.kernel), verifiers=args.verify, options=run_options(args),
+        designs=chosen_designs(args), verifiers=args.verify, options=run_options(args),
         shstk=args.shstk, rsb=args.rsb,
     )
     reports = run_check(request)

@@ -74,6 +74,34 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
                       max_insns=args.max_insns, timeout_s=args.timeout, **extra)
 
 
+def add_design_options(p: argparse.ArgumentParser, kernel_default: str | None, kernel_help: str) -> None:
+    """--kernel and --design-file, as every command choosing designs takes them."""
+    p.add_argument("--kernel", default=kernel_default, metavar="DESIGN" if kernel_default != "all" else "all|D1,D2",
+                   help=kernel_help)
+    p.add_argument("--design-file", action="append", default=[], metavar="FILE.py",
+                   help="load designs from a Python file (emu.designs API); refused before anything runs if "
+                        "inconsistent. Repeatable")
+
+
+def chosen_design(args: argparse.Namespace) -> str:
+    """One design: --kernel, else the first design of --design-file, else the default."""
+    from emu.design_file import load_design_files
+    from emu.designs import DEFAULT_DESIGN, get_design
+
+    loaded = load_design_files(args.design_file)
+    name: str = args.kernel or (loaded[0].name if loaded else DEFAULT_DESIGN)
+    return get_design(name).name
+
+
+def chosen_designs(args: argparse.Namespace) -> tuple[str, ...]:
+    """Several designs: --kernel all|D1,D2 over the built-in designs and those --design-file defines."""
+    from emu.check import designs_from
+    from emu.design_file import load_design_files
+
+    load_design_files(args.design_file)
+    return designs_from(args.kernel)
+
+
 def stderr_line(text: str) -> None:
     sys.stderr.write(text + "\n")
     sys.stderr.flush()

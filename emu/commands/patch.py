@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 
-from emu.commands.common import add_binary, add_process_options, check_writable, guest_env, run_options
+from emu.commands.common import (
+    add_binary,
+    add_design_options,
+    add_process_options,
+    check_writable,
+    chosen_design,
+    guest_env,
+    run_options,
+)
 from emu.designs import DEFAULT_DESIGN, DESIGNS
 from emu.errors import EmuError
 
@@ -17,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_process_options(p)
     p.add_argument("-p", "--probe", action="append", default=[], required=True, metavar="SPEC",
                    help="probe to attach: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME")
-    p.add_argument("--kernel", default=DEFAULT_DESIGN, metavar="DESIGN",
-                   help=f"kernel design: {', '.join(DESIGNS)} (default {DEFAULT_DESIGN})")
+    add_design_options(p, None, f"kernel design: {', '.join(DESIGNS)} or one --design-file defines "
+                                f"(default: the file's first design, else {DEFAULT_DESIGN})")
     p.add_argument("--no-run", action="store_true",
                    help="do not run the program: optimize each site directly, as its first hit would")
     p.add_argument("--json", metavar="FILE", help="write the steps as JSON")
@@ -30,9 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json:
         check_writable(args.json)
-    if args.kernel not in DESIGNS:
-        raise EmuError(f"unknown kernel design {args.kernel!r} (known: {', '.join(DESIGNS)})")
-    report = record_patches(args.binary, args.probe, args.kernel, argv=[args.binary, *args.args],
+    report = record_patches(args.binary, args.probe, chosen_design(args), argv=[args.binary, *args.args],
                             env=guest_env(args), options=run_options(args), run=not args.no_run)
     print(render(report))
     if args.json:

@@ -7,9 +7,11 @@ import argparse
 from emu.commands.common import (
     PROG,
     add_binary,
+    add_design_options,
     add_process_options,
     add_verifier_options,
     check_writable,
+    chosen_design,
     guest_env,
     positive_int,
     run_options,
@@ -31,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_process_options(p)
     p.add_argument("--strace", action="store_true", help="print each syscall on stderr, like strace")
     p.add_argument("--json", metavar="FILE", help="write the run's result as JSON")
-    p.add_argument("--kernel", default=DEFAULT_DESIGN, metavar="DESIGN",
-                   help=f"kernel design: {', '.join(DESIGNS)} (default {DEFAULT_DESIGN})")
+    add_design_options(p, None, f"kernel design: {', '.join(DESIGNS)} or one --design-file defines "
+                                f"(default: the file's first design, else {DEFAULT_DESIGN})")
     p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
                    help="attach a probe: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME, "
                         "uprobe:LIBRARY:SYM")
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         check_writable(args.json)
     options = run_options(args, count_insns=bool(args.json), strace=stderr_line if args.strace else None,
-                          design=args.kernel)
+                          design=chosen_design(args))
     machine = Machine(args.binary, [args.binary, *args.args], guest_env(args), options, GuestIO.terminal())
     for spec in args.probe:
         _attach(machine, spec, args.print_args, args.detach_after)

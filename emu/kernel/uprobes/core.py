@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, Signal
 from emu.cpu import Cpu, Reg, StopReason
-from emu.designs import Design, RetMode
+from emu.designs import XOL_SLOT_BYTES, Design, ReturnTrampoline
 from emu.kernel.exits import GuestKilled
-from emu.kernel.uprobes import tramp_code as tc
 from emu.kernel.uprobes.consumers import (
     UPROBE_HANDLER_IGNORE,
     UPROBE_HANDLER_REMOVE,
@@ -35,7 +34,6 @@ DeferFn = Callable[[Callable[[], None]], None]
 # (probe, regs, path, after_consumers); regs None: the fast path, where no consumer can change them
 ChainObserver = Callable[["Uprobe", PtRegs | None, Path, bool], None]
 MAX_URETPROBE_DEPTH = 64  # [HDR]
-XOL_SLOT_BYTES = 128  # UPROBE_XOL_SLOT_BYTES [ASMH]
 XOL_NAME = "[uprobes]"
 U64 = (1 << 64) - 1
 
@@ -84,14 +82,12 @@ class UprobeStats:
 class XolArea:
     """The per-process [uprobes] page (spec 4.3): --xp, 32 slots of 128 bytes, slot 0 the uretprobe trampoline."""
 
-    def __init__(self, mem: Memory, ret_mode: RetMode) -> None:
+    def __init__(self, mem: Memory, uretprobe: ReturnTrampoline) -> None:
         hint = TASK_SIZE - PAGE_SIZE
         start = hint if mem.is_free(hint, TASK_SIZE) else mem.find_free(PAGE_SIZE)
         if start is None:
             raise GuestKilled(Signal.SIGKILL, None, "no room for the [uprobes] page")
-        code = {RetMode.INT3: tc.URETPROBE_INT3, RetMode.SYSCALL_335: tc.URETPROBE_335,
-                RetMode.RFC_462: tc.URETPROBE_RFC_462}[ret_mode]
-        mem.map(start, PAGE_SIZE, Prot.EXEC, name=XOL_NAME, data=code)
+        mem.map(start, PAGE_SIZE, Prot.EXEC, name=XOL_NAME, data=uretprobe.code_bytes)
         self.mem = mem
         self.vaddr = start
         self.busy = [True] + [False] * (PAGE_SIZE // XOL_SLOT_BYTES - 1)
@@ -115,7 +111,7 @@ class Uprobes:
         self.cpu = cpu
         self.mem = mem
         self.design = design
-        self.sites = SitePatcher(mem, design.sites)
+        self.sites = SitePatcher(mem, design)
         self.probes: dict[int, Uprobe] = {}
         self.xol: XolArea | None = None
         self.return_instances: list[ReturnInstance] = []  # head is the last element
@@ -175,7 +171,7 @@ class Uprobes:
     def handle_int3(self) -> bool:
         """#BP from user mode: True if a uprobe (or the INT3 uretprobe trampoline) owned it."""
         bp = self.cpu.read(Reg.RIP) - 1
-        if self.xol is not None and bp == self.xol.vaddr and self.design.uretprobe is RetMode.INT3:
+        if self.xol is not None and bp == self.xol.vaddr and self.design.uretprobe.nr is None:
             regs = regs_from_cpu(self.cpu)
             self.handle_trampoline(regs)
             regs_to_cpu(self.cpu, regs)

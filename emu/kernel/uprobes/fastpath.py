@@ -1,34 +1,46 @@
-"""The optimized-site syscalls when nothing can change a register.
+"""The optimized-site syscall when nothing can change a register.
 
 When every consumer of the probe only counts (no handler, no ret_handler) and no
 shadow stack is modelled, sys_uprobe's pt_regs round trip (spec 2.1) writes
 back exactly what it read. What remains observable is: the hit, the saved words read
-from the stack, and the exit (SYSRET into the trampoline for call designs: rax = 0,
-rcx = ip, r11 = flags; IRET to probe+5 for jmp slots with rax/rcx/r11/rsp restored).
-These functions do only that, and return False whenever the full path is needed
-(an error, a fault, a consumer that looks at registers).
+from the stack, and the exit: SYSRET into the trampoline (rax = 0, rcx = ip, r11 = flags)
+for the 'trampoline' exit, or straight to the site's next instruction with the saved
+registers and rsp restored (IRET; SYSRET also sets rcx and r11). This does only that, and
+returns False whenever the full path is needed (an error, a fault, a consumer that looks
+at registers).
 """
 
 from __future__ import annotations
 
 import struct
 
-from emu.abi import RED_ZONE
 from emu.cpu import Reg
-from emu.designs import SiteMode
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobes
 from emu.memory import UserFault
 
 U64 = (1 << 64) - 1
-_IRET_REGS = (Reg.RAX, Reg.RCX, Reg.R11, Reg.RSP, Reg.RIP)
+SAVED_REG = {name: Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit() else name.upper()]
+             for name in ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14",
+                          "r15")}
 
 
 class FastPaths:
     def __init__(self, up: Uprobes) -> None:
         self.up = up
-        self.write_iret = up.cpu.batch_writer(_IRET_REGS)
-        self.insn_len = 10 if up.design.sites is SiteMode.LEA_CALL_NOP10 else 5
+        handler, patch = up.design.handler, up.design.patch
+        self.enabled = handler is not None and patch is not None and "flags" not in handler.saved
+        if handler is None or patch is None or not self.enabled:
+            return
+        self.handler, self.patch = handler, patch
+        self.saved_fmt = f"<{len(handler.saved)}Q"
+        self.path = Path.CALL if patch.branch == "call" else Path.JMP
+        self.branch_end = len(patch.prefix_bytes) + 5
+        # SYSCALL itself left rcx = ip and r11 = flags; the saved words then override what the design restores
+        direct = [Reg.RCX, Reg.R11] + [SAVED_REG[n] for n in handler.saved] + [Reg.RSP, Reg.RIP]
+        if handler.exit == "sysret":
+            direct += [Reg.RCX, Reg.R11]  # written last: SYSRET's rcx and r11 win over the restored ones
+        self.write_direct = up.cpu.batch_writer(direct)
 
     def _counting_only(self, vaddr: int, path: Path) -> bool:
         """Count the hit if no consumer can change a register; observers hear of it with regs=None
@@ -52,43 +64,37 @@ class FastPaths:
             observer(probe, None, path, True)
         return True
 
-    def call(self, entry: list[int]) -> bool:
-        """sys_uprobe for the call designs (6.18 nop5, nop10). ``entry``: the dispatcher's register snapshot."""
-        up = self.up
+    def uprobe(self, entry: list[int]) -> bool:
+        """sys_uprobe on the fast path. ``entry``: the dispatcher's register snapshot (rip, flags, sp at 7-9)."""
+        if not self.enabled:
+            return False
+        up, handler = self.up, self.handler
         rip, flags, sp = entry[7], entry[8], entry[9]
         ip = rip + 2
-        if not up.sites.in_trampoline(ip):
+        by_slot = handler.probe_from == "slot"
+        words = len(handler.saved) + (0 if by_slot else 1)
+        if not (up.sites.probe_of_slot(ip) is not None if by_slot else up.sites.in_trampoline(ip)):
             return False
         try:
-            raw = up.mem.read_user(sp, 32)
+            raw = up.mem.read_user(sp + handler.saved_offset, 8 * words)
         except UserFault:
             return False
-        retaddr = struct.unpack_from("<Q", raw, 24)[0]
-        if not self._counting_only((retaddr - self.insn_len) & U64, Path.CALL):
+        vaddr = up.sites.probe_of_slot(ip) if by_slot else \
+            (struct.unpack_from("<Q", raw, 8 * len(handler.saved))[0] - self.branch_end) & U64
+        assert vaddr is not None
+        if not self._counting_only(vaddr, self.path):
             return False
-        up.stats.copied += 64  # the words are read and written back unchanged
-        up.stats.exits["sysret"] += 1
-        up.cpu.write_syscall_return(0, ip, flags)  # SYSRET: rcx <- ip, r11 <- flags; the trampoline pops the rest
+        if handler.exit == "trampoline":
+            up.stats.copied += 16 * words  # the words are read and written back unchanged
+            up.stats.exits["sysret"] += 1
+            up.cpu.write_syscall_return(0, ip, flags)  # SYSRET: rcx <- ip, r11 <- flags; the trampoline pops the rest
+            return True
+        up.stats.copied += 8 * words
+        next_ip = vaddr + self.patch.length
+        values = [ip, flags, *struct.unpack_from(self.saved_fmt, raw), sp + handler.saved_offset + 8 * words + handler.sp_skip,
+                  next_ip - 2]
+        if handler.exit == "sysret":
+            values += [next_ip, flags]
+        up.stats.exits["iret" if handler.exit == "iret" else "sysret"] += 1
+        self.write_direct(values)  # Unicorn adds 2 to rip once the syscall hook returns
         return True
-
-    def slot(self, entry: list[int]) -> bool:
-        """sys_uprobe for jmp slots: IRET to probe+5 with rax/rcx/r11/rsp as they were at the site."""
-        up = self.up
-        rip, sp = entry[7], entry[9]
-        vaddr = up.sites.probe_of_slot(rip + 2)
-        if vaddr is None:
-            return False
-        try:
-            raw = up.mem.read_user(sp, 24)
-        except UserFault:
-            return False
-        if not self._counting_only(vaddr, Path.JMP):
-            return False
-        ax, r11, cx = struct.unpack("<3Q", raw)
-        up.stats.copied += 24
-        up.stats.exits["iret"] += 1
-        # Unicorn adds 2 to rip once the syscall hook returns
-        self.write_iret((ax, cx, r11, sp + 24 + RED_ZONE, vaddr + 5 - 2))
-        return True
-
-

@@ -2,27 +2,24 @@
 
 Every write goes through Memory.patch, which checks the expected bytes first (the
 kernel's verify_insn, spec 3.5). Trampoline pages are mapped on the nearest free
-page within rel32 reach (spec 3.4) and never unmapped.
+page within rel32 reach (spec 3.4) and never unmapped. What is written comes from
+the design (emu/designs.py): its Patch, Trampoline and their parameters.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot
-from emu.designs import SiteMode
+from emu.designs import BRANCH_OPCODE, Design, Patch, Trampoline
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.uprobes import tramp_code as tc
 from emu.kernel.uprobes.insn import analyze, decode
 from emu.memory import Memory
 
 INT3 = b"\xcc"
-CALL = 0xE8
-JMP = 0xE9
-LEA_RSP_M80 = bytes.fromhex("488d642480")
+JMP8 = 0xEB
 NOP10_HEAD = bytes.fromhex("662e0f1f84")
-JMP8_OVER_TAIL = bytes.fromhex("eb08")
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
 TRAMPOLINE_NAME = "[uprobes-trampoline]"
 
@@ -60,42 +57,60 @@ def nearest_page(mem: Memory, call_end: int) -> int | None:
     return high if high - call_end <= call_end - low else low
 
 
-def can_optimize(mode: SiteMode, raw: bytes, vaddr: int) -> bool:
-    """Would ``mode`` optimize a probe on this instruction (file bytes) at ``vaddr``? Pure: no memory."""
-    if mode is SiteMode.INT3_ONLY:
+def can_optimize(design: Design, raw: bytes, vaddr: int) -> bool:
+    """Would ``design`` optimize a probe on this instruction (file bytes) at ``vaddr``? Pure: no memory."""
+    patch = design.patch
+    if patch is None:
         return False
-    if mode is SiteMode.LEA_CALL_NOP10:
+    if patch.site == "nop10":
         return len(raw) == 10 and raw[:5] == NOP10_HEAD and not crosses_page(vaddr, 10)
     return is_nop5(raw) and not crosses_page(vaddr, 5)
 
 
-def usdt_combo_site(code: bytes, pc: int, mode: SiteMode) -> int:
-    """libbpf's nop combo (spec 3.8): a `90` followed by a long NOP that ``mode`` optimizes moves the
+def usdt_combo_site(code: bytes, pc: int, design: Design) -> int:
+    """libbpf's nop combo (spec 3.8): a `90` followed by a long NOP that ``design`` optimizes moves the
     probe to pc+1; anything else stays on pc. ``code``: the bytes at pc."""
     if code[:1] != b"\x90":
         return pc
     try:
-        insn = analyze(code[1:], pc + 1, accept_nop10=mode is SiteMode.LEA_CALL_NOP10)
+        insn = analyze(code[1:], pc + 1, accept_nop10=design.site_length == 10)
     except SyscallError:
         return pc
-    return pc + 1 if can_optimize(mode, insn.raw, pc + 1) else pc
+    return pc + 1 if can_optimize(design, insn.raw, pc + 1) else pc
+
+
+def patched_bytes(patch: Patch, target: int, vaddr: int) -> bytes | None:
+    """The site's optimized bytes: prefix, then call/jmp rel32 to ``target``; None if out of reach."""
+    branch_end = vaddr + len(patch.prefix_bytes) + 5
+    rel = rel32(target, branch_end)
+    return None if rel is None else patch.prefix_bytes + bytes([BRANCH_OPCODE[patch.branch]]) + rel
 
 
 @dataclass
 class SlotPage:
     start: int
-    owners: list[int | None] = field(default_factory=lambda: [None] * tc.SLOTS_PER_PAGE)
+    owners: list[int | None]
 
 
 class SitePatcher:
     """One process's trampolines and slots, and the patch sequences of one design."""
 
-    def __init__(self, mem: Memory, mode: SiteMode) -> None:
+    def __init__(self, mem: Memory, design: Design) -> None:
         self.mem = mem
-        self.mode = mode
+        self.design = design
         self.trampolines: list[int] = []
         self.slot_pages: list[SlotPage] = []
-        self.slot_of: dict[int, int] = {}  # probe vaddr -> slot address, forever
+        self.slot_of: dict[int, int] = {}  # probe vaddr -> slot address (forever, unless the design reuses slots)
+
+    @property
+    def patch(self) -> Patch:
+        assert self.design.patch is not None
+        return self.design.patch
+
+    @property
+    def trampoline(self) -> Trampoline:
+        assert self.design.trampoline is not None
+        return self.design.trampoline
 
     # ---------------------------------------------------------------- INT3
     def set_swbp(self, vaddr: int) -> None:
@@ -103,27 +118,28 @@ class SitePatcher:
         self.mem.patch(vaddr, current, INT3)
 
     def set_orig(self, vaddr: int, orig_byte0: int) -> None:
-        """Restore byte 0 of a non-optimized site (nop10: keep a stale `eb 08` jump intact)."""
-        tail = self.mem.read(vaddr + 1, 1)
-        restore = JMP8_OVER_TAIL[:1] if self.mode is SiteMode.LEA_CALL_NOP10 and tail == JMP8_OVER_TAIL[1:] else bytes(
-            [orig_byte0]
-        )
+        """Restore byte 0 of a non-optimized site (a jump-over design keeps a stale `eb rel8` intact)."""
+        restore = bytes([JMP8]) if self._stale_jump_over(vaddr) else bytes([orig_byte0])
         self.mem.patch(vaddr, INT3, restore)
+
+    def _stale_jump_over(self, vaddr: int) -> bool:
+        patch = self.design.patch
+        return patch is not None and patch.detach == "jump-over" and \
+            self.mem.read(vaddr + 1, 1) == bytes([patch.length - 2])
 
     # ------------------------------------------------------------- queries
     def can_optimize(self, raw: bytes, vaddr: int) -> bool:
-        return can_optimize(self.mode, raw, vaddr)
+        return can_optimize(self.design, raw, vaddr)
 
     def is_optimized(self, vaddr: int) -> bool:
-        head = self.mem.read(vaddr, 10 if self.mode is SiteMode.LEA_CALL_NOP10 else 5)
-        if self.mode is SiteMode.LEA_CALL_NOP10:
-            return head[:5] == LEA_RSP_M80 and head[5] == CALL
-        return head[0] in (CALL, JMP) and self._target(vaddr, head[:5]) is not None
-
-    def _target(self, vaddr: int, insn: bytes) -> int | None:
-        target = vaddr + 5 + struct.unpack("<i", insn[1:5])[0]
-        vma = self.mem.find(target)
-        return target if vma is not None and vma.name == TRAMPOLINE_NAME else None
+        """Do the site's bytes hold this design's prefix and branch into one of its trampoline pages?"""
+        patch = self.patch
+        prefix = patch.prefix_bytes
+        head = self.mem.read(vaddr, len(prefix) + 5)
+        if head[:len(prefix)] != prefix or head[len(prefix)] != BRANCH_OPCODE[patch.branch]:
+            return False
+        target = vaddr + len(head) + struct.unpack("<i", head[-4:])[0]
+        return self.in_trampoline(target)
 
     def in_trampoline(self, ip: int) -> bool:
         vma = self.mem.find(ip)
@@ -131,61 +147,49 @@ class SitePatcher:
 
     # ------------------------------------------------------------- optimize
     def optimize(self, vaddr: int) -> bool:
-        """Replace the INT3 site by the design's jump into the kernel; False if it cannot (OPTIMIZE_FAIL)."""
-        if self.mode is SiteMode.JMP_SLOT_NOP5:
-            return self._optimize_jmp(vaddr)
-        length = 10 if self.mode is SiteMode.LEA_CALL_NOP10 else 5
-        tramp = self._trampoline_for(vaddr + length)
-        if tramp is None:
-            return False
-        rel = rel32(tramp, vaddr + length)
-        assert rel is not None
-        current = self.mem.read(vaddr, length)
-        if self.mode is SiteMode.LEA_CALL_NOP10:
-            # spec 3.8: bytes 1..9 = lea tail + call, expecting CC; then byte 0 = 48.
-            self.mem.patch(vaddr + 1, current[1:], LEA_RSP_M80[1:] + bytes([CALL]) + rel)
-            self.mem.patch(vaddr, INT3, LEA_RSP_M80[:1])
-        else:
-            # spec 3.5: bytes 1..4 = rel32 (expect CC at byte 0), then byte 0 = E8.
-            self.mem.patch(vaddr + 1, current[1:], rel)
-            self.mem.patch(vaddr, INT3, bytes([CALL]))
-        return True
-
-    def _optimize_jmp(self, vaddr: int) -> bool:
-        slot = self._slot_for(vaddr)
-        if slot is None:
-            return False  # no slot reachable: the probe stays on INT3
-        rel = rel32(slot, vaddr + 5)
-        assert rel is not None
-        current = self.mem.read(vaddr, 5)
-        self.mem.patch(vaddr + 1, current[1:], rel)
-        self.mem.patch(vaddr, INT3, bytes([JMP]))
+        """Replace the INT3 site by the design's branch into the kernel; False if it cannot (OPTIMIZE_FAIL)."""
+        branch_end = vaddr + len(self.patch.prefix_bytes) + 5
+        target = self._slot_for(vaddr) if self.trampoline.layout == "slots" else self._trampoline_for(branch_end)
+        if target is None:
+            return False  # nothing reachable: the probe stays on INT3
+        new = patched_bytes(self.patch, target, vaddr)
+        assert new is not None
+        current = self.mem.read(vaddr, len(new))
+        if self.patch.write_order == "front-to-back":  # every byte in place, one at a time (the torn-insn hazard)
+            for i in range(len(new)):
+                self.mem.patch(vaddr + i, current[i:i + 1], new[i:i + 1])
+            return True
+        # spec 3.5 / 3.8: bytes 1.. first while byte 0 still traps, then byte 0
+        self.mem.patch(vaddr + 1, current[1:], new[1:])
+        self.mem.patch(vaddr, INT3, new[:1])
         return True
 
     def unoptimize(self, vaddr: int, orig: bytes) -> None:
-        """Back to the original bytes in the kernel's order (nop10: to `eb 08` over the stale tail)."""
-        if self.mode is SiteMode.LEA_CALL_NOP10:
-            current = self.mem.read(vaddr, 10)
-            self.mem.patch(vaddr, current[:1], INT3)
-            self.mem.patch(vaddr + 1, current[1:2], JMP8_OVER_TAIL[1:])
-            self.mem.patch(vaddr, INT3, JMP8_OVER_TAIL[:1])
-            return
-        current = self.mem.read(vaddr, 5)
+        """Back to the original bytes in the kernel's order, or to `eb rel8` over the stale tail (spec 3.5, 3.8)."""
+        patch = self.patch
+        length = patch.length if patch.detach == "restore" else 2
+        current = self.mem.read(vaddr, length)
+        tail = orig[1:length] if patch.detach == "restore" else bytes([patch.length - 2])
         self.mem.patch(vaddr, current[:1], INT3)
-        self.mem.patch(vaddr + 1, current[1:5], orig[1:5])
-        self.mem.patch(vaddr, INT3, orig[:1])
+        self.mem.patch(vaddr + 1, current[1:length], tail)
+        self.mem.patch(vaddr, INT3, orig[:1] if patch.detach == "restore" else bytes([JMP8]))
+        if self.trampoline.layout == "slots" and self.trampoline.slot_reuse:
+            self._release_slot(vaddr)
 
     # ---------------------------------------------------- trampoline pages
+    def _map_page(self, near: int, code: bytes) -> int | None:
+        page = nearest_page(self.mem, near)
+        if page is not None:
+            self.mem.map(page, PAGE_SIZE, Prot.READ | Prot.EXEC, name=TRAMPOLINE_NAME, data=code)
+        return page
+
     def _trampoline_for(self, call_end: int) -> int | None:
         for tramp in self.trampolines:  # 6.18: the first reachable one is reused
             if rel32(tramp, call_end) is not None:
                 return tramp
-        page = nearest_page(self.mem, call_end)
-        if page is None:
-            return None
-        code = tc.NOP10_TRAMPOLINE if self.mode is SiteMode.LEA_CALL_NOP10 else tc.NOP5_TRAMPOLINE
-        self.mem.map(page, PAGE_SIZE, Prot.READ | Prot.EXEC, name=TRAMPOLINE_NAME, data=code)
-        self.trampolines.append(page)
+        page = self._map_page(call_end, self.trampoline.code_bytes)
+        if page is not None:
+            self.trampolines.append(page)
         return page
 
     def _slot_for(self, vaddr: int) -> int | None:
@@ -198,25 +202,32 @@ class SitePatcher:
             for i, owner in enumerate(page.owners):
                 if owner is None:
                     return self._take(page, i, vaddr)
-        start = nearest_page(self.mem, call_end)
+        tramp = self.trampoline
+        slot_code = tramp.code_bytes.ljust(tramp.slot_size, b"\xcc")
+        start = self._map_page(call_end, slot_code * tramp.slots_per_page)
         if start is None:
             return None
-        self.mem.map(start, PAGE_SIZE, Prot.READ | Prot.EXEC, name=TRAMPOLINE_NAME,
-                     data=tc.JMP_SLOT * tc.SLOTS_PER_PAGE)
-        page = SlotPage(start)
+        page = SlotPage(start, [None] * tramp.slots_per_page)
         self.slot_pages.append(page)
         return self._take(page, 0, vaddr)
 
     def _take(self, page: SlotPage, index: int, vaddr: int) -> int:
         page.owners[index] = vaddr
-        slot = page.start + index * tc.JMP_SLOT_SIZE
+        slot = page.start + index * self.trampoline.slot_size
         self.slot_of[vaddr] = slot
         return slot
 
+    def _release_slot(self, vaddr: int) -> None:
+        slot = self.slot_of.pop(vaddr, None)
+        for page in self.slot_pages:
+            if slot is not None and page.start <= slot < page.start + PAGE_SIZE:
+                page.owners[(slot - page.start) // self.trampoline.slot_size] = None
+
     def probe_of_slot(self, ip_after_syscall: int) -> int | None:
         """The probe address owning the slot whose syscall returned at ``ip_after_syscall``."""
-        slot = ip_after_syscall - tc.JMP_SLOT_SIZE
+        size = self.trampoline.slot_size
+        slot = ip_after_syscall - self.trampoline.syscall_return
         for page in self.slot_pages:
-            if page.start <= slot < page.start + PAGE_SIZE and (slot - page.start) % tc.JMP_SLOT_SIZE == 0:
-                return page.owners[(slot - page.start) // tc.JMP_SLOT_SIZE]
+            if page.start <= slot < page.start + PAGE_SIZE and (slot - page.start) % size == 0:
+                return page.owners[(slot - page.start) // size]
         return None

@@ -1,7 +1,8 @@
-"""The uprobe syscalls of each design: sys_uprobe (336) and sys_uretprobe (335, RFC 462).
+"""The uprobe syscalls, as the design's Handler and ReturnTrampoline describe them.
 
-They are "raw" rows: they build pt_regs at entry, change them as the kernel does,
-and leave through SYSRET or IRET by do_syscall_64's rule (spec 2.0).
+sys_uprobe (336 in every built-in design; spec 2.1) and sys_uretprobe (335, or the RFC's 462;
+spec 2.2) are "raw" rows: they build pt_regs at entry, change them as the kernel does, and
+leave through SYSRET or IRET by do_syscall_64's rule (spec 2.0).
 """
 
 from __future__ import annotations
@@ -9,11 +10,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from emu.abi import NR_UPROBE, NR_URETPROBE, NR_URETPROBE_RFC, RED_ZONE, Signal
-from emu.designs import RetMode, SiteMode
+from emu.abi import Signal
+from emu.designs import Handler, Patch
 from emu.kernel.exits import GuestKilled
 from emu.kernel.table import Row
-from emu.kernel.uprobes import tramp_code as tc
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.fastpath import FastPaths
@@ -54,99 +54,99 @@ def _write_words(up: Uprobes, regs: PtRegs, addr: int, words: list[int]) -> None
         raise _sigill(regs, "cannot write the trampoline's saved registers") from None
 
 
-def sys_uprobe_call(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
-    """sys_uprobe of 6.18 (nop5 -> call) and of nop10 (lea + call): spec 2.1 and 3.8."""
-    if entry is not None and up.fast is not None and up.fast.call(entry):
-        return
-    regs, held = syscall_entry_regs(up.cpu, nr)
-    assert up.design.uprobe_syscall_errno is not None
+def branch_end(patch: Patch) -> int:
+    """Offset of the call's return address from the site start (6.18: 5; nop10: lea 5 + call 5)."""
+    return len(patch.prefix_bytes) + 5
+
+
+def _locate(up: Uprobes, regs: PtRegs, handler: Handler) -> tuple[int, int | None] | None:
+    """Spec 2.1 steps 1-2: (probe address, the call's return address) or None if the call came from elsewhere."""
+    if handler.probe_from == "slot":
+        vaddr = up.sites.probe_of_slot(regs.ip)
+        return None if vaddr is None else (vaddr, None)
     if not up.sites.in_trampoline(regs.ip):
-        return _fail(up, regs, held, up.design.uprobe_syscall_errno)
-    insn_len = 10 if up.design.sites is SiteMode.LEA_CALL_NOP10 else 5
-    extra = RED_ZONE if insn_len == 10 else 0
-    ax, r11, cx, retaddr = _read_words(up, regs, regs.sp, 4)
-    ip = regs.ip
-    regs.ax, regs.r11, regs.cx = ax, r11, cx
-    regs.ip = (retaddr - insn_len) & U64
-    regs.sp = (regs.sp + 32 + extra) & U64
+        return None
+    assert up.design.patch is not None
+    (retaddr,) = _read_words(up, regs, regs.sp + handler.saved_offset + 8 * len(handler.saved), 1)
+    return (retaddr - branch_end(up.design.patch)) & U64, retaddr
+
+
+def sys_uprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
+    """sys_uprobe: restore what the trampoline saved, run the consumers, return as the design says."""
+    if entry is not None and up.fast is not None and up.fast.uprobe(entry):
+        return
+    handler, patch = up.design.handler, up.design.patch
+    assert handler is not None and patch is not None
+    regs, held = syscall_entry_regs(up.cpu, nr)
+    located = _locate(up, regs, handler)
+    if located is None:
+        return _fail(up, regs, held, handler.outside_errno)
+    vaddr, retaddr = located
+    trampoline_ip = regs.ip
+    saved = _read_words(up, regs, regs.sp + handler.saved_offset, len(handler.saved))
+    for name, word in zip(handler.saved, saved, strict=True):
+        setattr(regs, name, word)
+    popped = handler.saved_offset + 8 * len(handler.saved) + (8 if retaddr is not None else 0) + handler.sp_skip
+    regs.sp = (regs.sp + popped) & U64
+    regs.ip = vaddr
     regs.orig_ax = U64
-    sp = regs.sp
-    if up.shadow_stack is not None:  # shstk_pop the trampoline's return address (spec 2.1 step 6, 3.7)
+    if retaddr is not None and up.shadow_stack is not None:  # shstk_pop the call's return address (2.1 step 6, 3.7)
         sret = up.shadow_stack.pop()
         if sret != retaddr:
             up.shadow_stack.kernel_violation("sys_uprobe: shstk_pop does not match args.retaddr", sret, retaddr)
             raise _sigill(regs, "shadow stack does not match the trampoline's return address")
-    up.handle_syscall_uprobe(regs, regs.ip, Path.CALL)
-    if regs.sp != sp:  # a consumer moved sp: the slow IRET path
-        if (retaddr - insn_len) & U64 == regs.ip:
-            regs.ip = (regs.ip + insn_len) & U64
-        return _leave(up, regs, held)
-    regs.sp = (regs.sp - 32 - extra) & U64
-    if (retaddr - insn_len) & U64 != regs.ip:
-        retaddr = regs.ip  # a consumer redirected ip: the trampoline returns there
+    sp = regs.sp
+    up.handle_syscall_uprobe(regs, vaddr, Path.CALL if patch.branch == "call" else Path.JMP)
+    if handler.exit == "trampoline" and regs.sp == sp and retaddr is not None:
+        return _back_into_trampoline(up, regs, held, vaddr, popped, trampoline_ip)
+    if regs.ip == vaddr:  # no consumer redirected: skip the site, which is never emulated (spec 2.1)
+        regs.ip = (vaddr + patch.length) & U64
+    if handler.exit == "sysret":
+        regs.cx, regs.r11 = regs.ip, regs.flags  # make the exit SYSRET-able, losing the guest's rcx and r11
+    _leave(up, regs, held, force_iret=handler.exit == "iret")
+
+
+def _back_into_trampoline(up: Uprobes, regs: PtRegs, held: list[int], vaddr: int, popped: int,
+                          trampoline_ip: int) -> None:
+    """Spec 2.1 steps 10-13: write the words back where they were and SYSRET into the trampoline,
+    whose pops and ret restore them and return to the (possibly redirected) next instruction."""
+    handler, patch = up.design.handler, up.design.patch
+    assert handler is not None and patch is not None
+    retaddr = (vaddr + branch_end(patch)) & U64 if regs.ip == vaddr else regs.ip
+    regs.sp = (regs.sp - popped) & U64
     if up.shadow_stack is not None:
         up.shadow_stack.push(retaddr)  # spec 2.1 step 12: for the trampoline's ret
-    _write_words(up, regs, regs.sp, [regs.ax, regs.r11, regs.cx, retaddr])
-    regs.ip = ip
+    _write_words(up, regs, regs.sp + handler.saved_offset, [getattr(regs, name) for name in handler.saved] + [retaddr])
+    regs.ip = trampoline_ip
     regs.r11 = regs.flags  # "ensure sysret"; the trampoline pops the real values
     regs.cx = regs.ip
     regs.ax = 0
     _leave(up, regs, held)
 
 
-def sys_uprobe_slot(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
-    """jmp-slots: find the probe from the slot, restore everything, IRET to probe+5 (DESIGN.md)."""
-    if entry is not None and up.fast is not None and up.fast.slot(entry):
-        return
-    regs, held = syscall_entry_regs(up.cpu, nr)
-    assert up.design.uprobe_syscall_errno is not None
-    vaddr = up.sites.probe_of_slot(regs.ip)
-    if vaddr is None:
-        return _fail(up, regs, held, up.design.uprobe_syscall_errno)
-    ax, r11, cx = _read_words(up, regs, regs.sp, 3)
-    regs.ax, regs.r11, regs.cx = ax, r11, cx
-    regs.sp = (regs.sp + 24 + RED_ZONE) & U64
-    regs.ip = vaddr
-    regs.orig_ax = U64
-    up.handle_syscall_uprobe(regs, vaddr, Path.JMP)
-    if regs.ip == vaddr:
-        regs.ip = vaddr + 5
-    _leave(up, regs, held, force_iret=True)
-
-
-def _uretprobe_entry(up: Uprobes, nr: int, check_offset: int) -> tuple[PtRegs, list[int]]:
-    """Steps 1-4 of spec 2.2, shared by 335 and the RFC's 462: the call must come from the trampoline
-    (else SIGILL); rax/rcx/r11 come back from the stack and sp moves past them."""
-    regs, held = syscall_entry_regs(up.cpu, nr)
-    if up.xol is None or regs.ip != up.xol.vaddr + check_offset:
-        raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
-    r11, cx, ax = _read_words(up, regs, regs.sp, 3)
-    regs.r11, regs.cx, regs.ax = r11, cx, ax
-    regs.sp = (regs.sp + 24) & U64
-    regs.orig_ax = U64
-    return regs, held
-
-
 def sys_uretprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
-    """sys_uretprobe (335), spec 2.2."""
-    regs, held = _uretprobe_entry(up, nr, tc.URETPROBE_335_CHECK)
+    """sys_uretprobe (335, spec 2.2; the RFC's 462 with exit='iret')."""
+    ret = up.design.uretprobe
+    regs, held = syscall_entry_regs(up.cpu, nr)
+    # steps 1-4: only from the trampoline (else SIGILL); the saved words come back, sp moves past them
+    if up.xol is None or regs.ip != up.xol.vaddr + ret.syscall_return:
+        raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
+    for name, word in zip(ret.saved, _read_words(up, regs, regs.sp, len(ret.saved)), strict=True):
+        setattr(regs, name, word)
+    popped = 8 * len(ret.saved)
+    regs.sp = (regs.sp + popped) & U64
+    regs.orig_ax = U64
     ip, sp = regs.ip, regs.sp
     up.handle_trampoline(regs)
-    if regs.sp != sp or up.shadow_stack is not None:  # shstk on: IRET, the trampoline's ret would #CP (2.2 step 7)
-        return _leave(up, regs, held)
-    regs.sp = (regs.sp - 24) & U64
-    _write_words(up, regs, regs.sp, [regs.r11, regs.cx, regs.ip])
+    # a moved sp, or shstk on (the trampoline's ret would #CP, 2.2 step 7): IRET straight to the caller
+    if ret.exit == "iret" or regs.sp != sp or up.shadow_stack is not None:
+        return _leave(up, regs, held, force_iret=ret.exit == "iret")
+    regs.sp = (regs.sp - popped) & U64
+    _write_words(up, regs, regs.sp, [getattr(regs, name) for name in ret.saved[:-1]] + [regs.ip])
     regs.ip = ip
     regs.r11 = regs.flags
     regs.cx = regs.ip
     _leave(up, regs, held)
-
-
-def sys_uretprobe_rfc(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
-    """The RFC's 462: restore rax/rcx/r11, sp += 24, run the return handlers, IRET to the real return address."""
-    regs, held = _uretprobe_entry(up, nr, tc.URETPROBE_RFC_CHECK)
-    up.handle_trampoline(regs)
-    _leave(up, regs, held, force_iret=True)
 
 
 def _row(nr: int, name: str, fn: Callable[[Uprobes, int, list[int] | None], None], up: Uprobes) -> Row:
@@ -158,14 +158,8 @@ def uprobe_rows(up: Uprobes) -> tuple[Row, ...]:
     design = up.design
     up.fast = FastPaths(up)
     rows: list[Row] = []
-    if design.sites in (SiteMode.CALL_NOP5, SiteMode.LEA_CALL_NOP10):
-        rows.append(_row(NR_UPROBE, "uprobe", sys_uprobe_call, up))
-    elif design.sites is SiteMode.JMP_SLOT_NOP5:
-        rows.append(_row(NR_UPROBE, "uprobe", sys_uprobe_slot, up))
-    if design.uretprobe is RetMode.SYSCALL_335:
-        rows.append(_row(NR_URETPROBE, "uretprobe", sys_uretprobe, up))
-    elif design.uretprobe is RetMode.RFC_462:
-        rows.append(_row(NR_URETPROBE_RFC, "uretprobe", sys_uretprobe_rfc, up))
+    if design.handler is not None:
+        rows.append(_row(design.handler.nr, "uprobe", sys_uprobe, up))
+    if design.uretprobe.nr is not None:
+        rows.append(_row(design.uretprobe.nr, "uretprobe", sys_uretprobe, up))
     return tuple(rows)
-
-

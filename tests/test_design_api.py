@@ -1,0 +1,175 @@
+"""The design API (emu/designs.py): built-in designs assemble to the kernel's bytes, bad designs are
+refused before anything runs, design files load, and the examples behave as their docstrings say."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from emu import cli
+from emu.check import CheckRequest, run_check
+from emu.design_file import load_design_file
+from emu.designs import (
+    DESIGNS,
+    Design,
+    DesignError,
+    Handler,
+    Patch,
+    ReturnTrampoline,
+    Trampoline,
+    get_design,
+    known_designs,
+)
+from emu.patchview import record_patches
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "designs"
+TARGETS = str(ROOT / "elf_samples" / "probe_targets")
+REDZONE = str(ROOT / "elf_samples" / "redzone_probe")
+SIX18 = DESIGNS["linux-6.18"]
+SLOT_17_BYTES = "lea -128(%rsp),%rsp; push %rcx; push %r11; push %rax; push %rdx; mov $336,%eax; syscall"
+
+
+@pytest.mark.parametrize(("design", "trampoline", "uretprobe"), [
+    ("linux-6.18", "5141535048c7c0500100000f0558415b59c3cc", "5051415348c7c04f0100000f05415b59c3cc"),  # spec 1.3, 1.4
+    ("nop10", "5141535048c7c0500100000f0558415b59c28000cc", "5051415348c7c04f0100000f05415b59c3cc"),  # spec 1.5
+    ("jmp-slots", "488d64248051415350b8500100000f05", "5051415348c7c04f0100000f05415b59c3cc"),  # DESIGN.md
+    ("uretprobe-rfc", None, "5051415348c7c0ce0100000f05cc"),
+    ("int3", None, "cc"),
+])
+def test_builtin_designs_assemble_to_the_kernels_bytes(design: str, trampoline: str | None, uretprobe: str) -> None:
+    d = DESIGNS[design]
+    assert d.problems() == []
+    assert (d.trampoline.code_bytes.hex() if d.trampoline else None) == trampoline
+    assert d.uretprobe.code_bytes.hex() == uretprobe
+    if d.patch is not None and d.patch.prefix:
+        assert d.patch.prefix_bytes.hex() == "488d642480"  # lea -0x80(%rsp),%rsp (spec 1.5)
+
+
+@pytest.mark.parametrize(("design", "message"), [
+    (replace(SIX18, patch=Patch("nop5", prefix="lea -128(%rsp),%rsp")),
+     "patch is 10 bytes (5-byte prefix + 5-byte call rel32), longer than its 5-byte nop5 site"),
+    (replace(SIX18, trampoline=Trampoline(bytes(4090) + SIX18.trampoline.code_bytes)),  # type: ignore[union-attr]
+     "trampoline code is 4109 bytes, does not fit a 4096-byte page"),
+    (replace(SIX18, handler=None), "has patch and trampoline but no handler"),
+    (replace(SIX18, trampoline=Trampoline("push %rcx; pop %rcx; ret")), "trampoline has 0 syscall instructions"),
+    (replace(SIX18, trampoline=Trampoline("movq $335,%rax; syscall; ret")),
+     "trampoline does not load syscall number 336 into rax"),
+    (replace(SIX18, handler=Handler(saved=("ax", "rip"))), "handler.saved names 'rip', not a saved register"),
+    (replace(SIX18, handler=Handler(probe_from="slot")), "a 'slots' trampoline and handler.probe_from='slot' go together"),
+    (replace(SIX18, patch=Patch(branch="jmp")), "needs patch.branch='call'"),
+    (replace(SIX18, handler=Handler(exit="sideways")), "handler.exit 'sideways' is not one of"),  # type: ignore[arg-type]
+    (replace(SIX18, trampoline=Trampoline(SLOT_17_BYTES, layout="slots", slot_size=16),
+             handler=Handler(probe_from="slot", exit="iret")),
+     "trampoline code is 17 bytes, does not fit its 16-byte slot"),
+    (replace(SIX18, uretprobe=ReturnTrampoline("push %rax; movq $335,%rax; syscall; ret", nr=335, saved=("cx", "ax", "r11"))),
+     "which must be 'ax'"),
+    (replace(SIX18, uretprobe=ReturnTrampoline("nop; int3")), "must start with int3"),
+    (replace(SIX18, trampoline=Trampoline("push %rcx; bogus %rax")), "cannot assemble"),
+    (replace(SIX18, name="has space"), "design name 'has space' must be"),
+])
+def test_inconsistent_designs_are_refused_with_the_reason(design: Design, message: str) -> None:
+    with pytest.raises(DesignError, match=None) as info:
+        design.validate()
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_design_object_is_validated_when_a_machine_is_built() -> None:
+    broken = replace(SIX18, name="broken", handler=None)
+    with pytest.raises(DesignError, match="no handler"):
+        get_design(broken)
+    assert get_design(SIX18) is SIX18
+
+
+def test_user_design_names_cannot_shadow_builtins(tmp_path: Path) -> None:
+    path = tmp_path / "d.py"
+    path.write_text("from emu.designs import Design\nd = Design('jmp-slots')\n")
+    with pytest.raises(DesignError, match="'jmp-slots' is built in"):
+        load_design_file(str(path))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("from emu.designs import Design\nx = (\n", ":2: syntax error"),
+    ("import os\n\nraise ValueError('no')\n", ":3: ValueError: no"),
+    ("x = 1\n", "defines no Design"),
+    ("from emu.designs import Design\na = Design('twin')\nb = Design('twin', source='other')\n", "two designs are named 'twin'"),
+])
+def test_design_file_errors_are_one_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "design.py"
+    path.write_text(text)
+    with pytest.raises(DesignError) as info:
+        load_design_file(str(path))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_cli_refuses_a_bad_design_file_before_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.py"
+    path.write_text("from emu.designs import Design, Patch, Trampoline, Handler\n"
+                    "d = Design('too-long', patch=Patch(prefix='lea -128(%rsp),%rsp'),\n"
+                    "           trampoline=Trampoline('movq $336,%rax; syscall; ret'), handler=Handler())\n")
+    for command in ("run", "check", "bench", "patch"):
+        extra = ["-p", "uprobe:t_nop5"] if command == "patch" else []
+        argv = [command, "--design-file", str(path), *extra] + ([] if command == "bench" else [TARGETS])
+        assert cli.main(argv) == 2, command
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "design 'too-long': patch is 10 bytes" in err[0], (command, err)
+    assert cli.main(["run", "--design-file", str(tmp_path / "missing.py"), TARGETS]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_example_jmp_slots_is_identical_to_the_builtin_design() -> None:
+    (mine,) = load_design_file(str(EXAMPLES / "jmp_slots.py"))
+    builtin = DESIGNS["jmp-slots"]
+    assert mine.trampoline.code_bytes == builtin.trampoline.code_bytes  # type: ignore[union-attr]
+    assert mine.uretprobe.code_bytes == builtin.uretprobe.code_bytes
+    for path, specs in ((REDZONE, ("uprobe:rz_nop5_site", "usdt:redzone:site")),
+                        (TARGETS, ("uprobe:t_nop5", "uretprobe:t_push", "uprobe:t_ret", "uprobe:t_jne"))):
+        a, b = run_check(CheckRequest(path, [path, "3"], {}, specs=specs, designs=("jmp-slots", mine.name)))
+        assert (a.hits, a.exits, a.same_output, a.violations) == (b.hits, b.exits, b.same_output, b.violations)
+        assert a.result.exit_status == b.result.exit_status and a.hits > 0
+    patches = [record_patches(TARGETS, ["uprobe:t_nop5"], name, argv=[TARGETS, "2"]) for name in ("jmp-slots", mine.name)]
+    assert [s.to_json() for s in patches[0].sites] == [s.to_json() for s in patches[1].sites]
+
+
+def test_example_slot_pushing_first_is_caught_writing_the_red_zone() -> None:
+    (flawed,) = load_design_file(str(EXAMPLES / "slot_pushes_first.py"))
+    (report,) = run_check(CheckRequest(REDZONE, [REDZONE, "3"], {}, designs=(flawed.name,)))
+    redzone = [v for v in report.violations if v.kind.value == "redzone"]
+    assert {v.detail["offset"] for v in redzone} == {-8, -16, -24} and not report.same_output
+    assert {v.detail["writer"].split(": ")[-1] for v in redzone} == {"push rcx", "push r11", "push rax"}
+
+
+def test_example_slot_sysret_is_caught_losing_rcx_and_r11(tmp_path: Path) -> None:
+    (flawed,) = load_design_file(str(EXAMPLES / "slot_sysret.py"))
+    out = tmp_path / "check.json"
+    assert cli.main(["check", "--design-file", str(EXAMPLES / "slot_sysret.py"), "--kernel", "slot-sysret,jmp-slots",
+                     "--json", str(out), REDZONE, "3"]) == 0
+    data = json.loads(out.read_text())["designs"]
+    assert data["slot-sysret"]["violations"]["regs"] > 0 and data["jmp-slots"]["violations"]["regs"] == 0
+    (report,) = run_check(CheckRequest(REDZONE, [REDZONE, "3"], {}, designs=(flawed.name,)))
+    assert all(set(v.detail["registers"]) == {"rcx", "r11"} for v in report.violations)
+    assert report.exits.get("sysret", 0) > 0
+
+
+def test_design_file_designs_join_all_and_run_picks_the_files_first(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(EXAMPLES / "jmp_slots.py")
+    assert cli.main(["run", "--design-file", path, "-p", "uprobe:t_nop5", TARGETS, "2"]) == 0
+    assert "int3:1,jmp:1" in capsys.readouterr().err  # the file's design: optimized to a jmp on the first hit
+    assert "my-jmp-slots" in known_designs()
+    assert cli.main(["scan", TARGETS]) == 0
+    assert "my-jmp-slots" in capsys.readouterr().out  # designs loaded earlier in the process are judged too
+
+
+def test_the_readme_design_is_under_30_lines_and_flags_the_red_zone(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("# mydesign.py")
+    code = readme[start:readme.index("```", start)]
+    assert len(code.splitlines()) < 30
+    path = tmp_path / "mydesign.py"
+    path.write_text(code)
+    (design,) = load_design_file(str(path))
+    (report,) = run_check(CheckRequest(REDZONE, [REDZONE, "3"], {}, designs=(design.name,)))
+    assert {v.detail["offset"] for v in report.violations if v.kind.value == "redzone"} == {-8, -16, -24}
