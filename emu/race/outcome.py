@@ -29,7 +29,8 @@ class Outcome:
 
 def classify(end: ThreadEnd, reference: ThreadEnd, describe: Describe) -> Outcome:
     if end.signal is not None:
-        return Outcome(end.signal.name, f"{end.signal.name} at {describe(end.rip)}: {end.detail}{_last(end, describe)}")
+        return Outcome(end.signal.name, f"{end.signal.name} at {describe(end.rip)}: {end.detail}"
+                                        f"{_changed_suffix(end, reference)}{_last(end, describe)}")
     if end.limit:
         return Outcome(INSN_LIMIT, end.detail)
     if end.rip != reference.rip:

@@ -98,8 +98,8 @@ class RaceReport:
         if self.refused is not None:
             return f"{self.design}: {self.event}: not explored: {self.refused}"
         total = len(self.writes)
-        head = [f"{self.design}: {self.event} of {' then '.join(self.sites)}: {total} write"
-                f"{'' if total == 1 else 's'}, {self.interleavings} interleavings"]
+        head = [f"{self.design}: {self.event} of {' then '.join(self.sites)}: {_count(total, 'write')}, "
+                f"{_count(self.interleavings, 'interleaving')}"]
         head += [f"  write {i}: {w.text()}" for i, w in enumerate(self.writes, 1)]
         rows = [("outcome", "count", "race only", "example interleaving")]
         race_only = set(self.race_outcomes)
@@ -108,6 +108,10 @@ class RaceReport:
             rows.append((key, str(count), "yes" if key in race_only else "no", ex.interleaving.text(total)))
         details = [f"  {key}: {self.examples[key].outcome.detail}" for key, _ in self.outcomes.most_common()]
         return "\n".join(head + ["  " + line for line in table(rows).splitlines()] + details)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def reports_json(reports: Sequence[RaceReport]) -> dict[str, Any]:

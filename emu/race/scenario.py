@@ -126,8 +126,7 @@ def build(binary: str, argv: list[str], specs: tuple[str, ...], design: Design, 
     specs = specs[:2] if event is Event.REATTACH else specs[:1]
     opts = dataclasses.replace(options or RunOptions(), design=design)
     machine = Machine(binary, argv, env or {}, opts, GuestIO.captured())
-    addresses = [machine.resolver.resolve(parse_spec(spec)).address for spec in specs]
-    _run_to(machine, addresses[0], specs[0])
+    _run_to(machine, machine.resolver.resolve(parse_spec(specs[0])).address, specs[0])
     entry = machine.cpu.read_user_state()
     first_attachment = _start_state(machine, specs[0], event)
     first = Bookkeeping.capture(machine.uprobes)
@@ -136,10 +135,9 @@ def build(binary: str, argv: list[str], specs: tuple[str, ...], design: Design, 
         machine.mem.write(write.addr, write.old)
         machine.mem.backend.flush_code(write.addr, write.addr + len(write.old))
     merged = tuple(b.merged(first) for b in (first, *books))
-    probes = merged[-1].probes
-    for probe in probes.values():
+    for probe in merged[-1].probes.values():
         probe.optimize_failed = True  # the patching thread owns the optimization; thread 1 only takes traps
-    sites = tuple(_site(machine.design, spec, probes[vaddr]) for spec, vaddr in zip(specs, addresses, strict=True))
+    sites = tuple(_site(design, spec, a.uprobe) for spec, a in zip(specs, machine.attachments, strict=True))
     return Scenario(machine, design, event, sites, entry, tuple(writes), merged)
 
 
@@ -151,6 +149,8 @@ def _run_to(machine: Machine, address: int, spec: str) -> None:
     try:
         result = machine.run()
     except _AtSite:
+        if machine.counter is not None:
+            machine.counter.limit = None  # --max-insns bounds the way to the site, not the exploration
         return
     finally:
         machine.cpu.remove_hook(hook)
@@ -161,11 +161,16 @@ def _start_state(machine: Machine, spec: str, event: Event) -> Attachment | None
     """Probe A as the event finds it: absent (attach), INT3 (optimize), optimized (detach, reattach)."""
     if event is Event.ATTACH:
         return None
+    attachment = _attach(machine, spec)
+    if event in (Event.DETACH, Event.REATTACH):
+        machine.uprobes.optimize_now(attachment.uprobe)
+    return attachment
+
+
+def _attach(machine: Machine, spec: str) -> Attachment:
     attachment = machine.attach(spec, Consumer())
     if not isinstance(attachment, Attachment):
         raise UsageError(f"{spec}: probes in shared libraries are not supported by the race explorer")
-    if event in (Event.DETACH, Event.REATTACH):
-        machine.uprobes.optimize_now(attachment.uprobe)
     return attachment
 
 
@@ -196,7 +201,7 @@ def _record(machine: Machine, event: Event, first: Attachment | None,
 
 def _perform(machine: Machine, event: Event, first: Attachment | None, specs: tuple[str, ...]) -> None:
     if event is Event.ATTACH:
-        machine.attach(specs[0], Consumer())
+        _attach(machine, specs[0])
     elif event is Event.OPTIMIZE:
         assert first is not None
         machine.uprobes.optimize_now(first.uprobe)
@@ -204,6 +209,4 @@ def _perform(machine: Machine, event: Event, first: Attachment | None, specs: tu
         assert first is not None
         first.detach()
         if event is Event.REATTACH:
-            second = machine.attach(specs[1], Consumer())
-            assert isinstance(second, Attachment)
-            machine.uprobes.optimize_now(second.uprobe)
+            machine.uprobes.optimize_now(_attach(machine, specs[1]).uprobe)

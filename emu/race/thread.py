@@ -106,6 +106,7 @@ class ThreadRunner:
             self._write_code(addr, code)
         self.cpu.write_user_state(self.sc.entry, write_rip=True)
         self.machine.kernel.deferred.clear()
+        self.machine.uprobes.return_instances.clear()  # a uretprobe's hijack of thread 1's return is per run
         self.apply(0, writes_done)
 
     def apply(self, start: int, end: int) -> None:
