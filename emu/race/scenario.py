@@ -68,8 +68,9 @@ class Bookkeeping:
                    tuple((page, tuple(page.owners)) for page in sites.slot_pages), tuple(sites.trampolines))
 
     def merged(self, earlier: Bookkeeping) -> Bookkeeping:
-        """A probe being removed stays findable until its writes are done (the kernel deletes the uprobe
-        after remove_breakpoint, spec 3.5), so probes of the starting state are kept."""
+        """A probe being removed stays findable while its bytes are rewritten: the kernel drops the uprobe
+        only after remove_breakpoint, so a thread trapping on the transient CC is handled, not SIGTRAPped
+        (spec 3.6, 4.4). Probes of the starting state are therefore kept."""
         return Bookkeeping({**earlier.probes, **self.probes}, self.slot_of, self.slot_pages, self.trampolines)
 
     def restore(self, up: Uprobes) -> None:
