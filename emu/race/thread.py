@@ -10,6 +10,7 @@ emulation or out-of-line step are one step each.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from emu.abi import RED_ZONE, Prot, Signal
@@ -92,7 +93,10 @@ class ThreadRunner:
         return ranges + [(s.vaddr, s.length) for s in self.sc.sites]
 
     def _log_write(self, addr: int, size: int, _value: int) -> None:
-        if not self.stack_at <= addr < self.stack_at + len(self.stack):
+        """Before each guest store outside the saved stack window: remember what it overwrites."""
+        if self.stack_at <= addr < self.stack_at + len(self.stack):
+            return
+        with contextlib.suppress(MemoryFault):  # unmapped: the store faults, nothing to undo
             self.undo.append((addr, self.mem.read(addr, size)))
 
     def reset(self, writes_done: int) -> None:
