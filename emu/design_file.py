@@ -12,7 +12,7 @@ import runpy
 import traceback
 from collections.abc import Iterable
 
-from emu.designs import Design, DesignError, register
+from emu.designs import BUILTIN, Design, DesignError, register
 
 
 def _found(namespace: dict[str, object]) -> list[Design]:
@@ -22,7 +22,7 @@ def _found(namespace: dict[str, object]) -> list[Design]:
         candidates += list(listed)
     unique: dict[int, Design] = {}
     for value in candidates:
-        if isinstance(value, Design):
+        if isinstance(value, Design) and not any(value is b for b in BUILTIN):  # `base = DESIGNS[...]` is a reference
             unique.setdefault(id(value), value)
     return list(unique.values())
 

@@ -173,3 +173,12 @@ def test_the_readme_design_is_under_30_lines_and_flags_the_red_zone(tmp_path: Pa
     (design,) = load_design_file(str(path))
     (report,) = run_check(CheckRequest(REDZONE, [REDZONE, "3"], {}, designs=(design.name,)))
     assert {v.detail["offset"] for v in report.violations if v.kind.value == "redzone"} == {-8, -16, -24}
+
+
+def test_a_design_file_may_name_builtin_designs_it_builds_on(tmp_path: Path) -> None:
+    path = tmp_path / "variant.py"
+    path.write_text("from dataclasses import replace\nfrom emu.designs import DESIGNS\n"
+                    "base = DESIGNS['nop10']\n"
+                    "restore = replace(base, name='nop10-restore', patch=replace(base.patch, detach='restore'))\n")
+    (design,) = load_design_file(str(path))
+    assert design.name == "nop10-restore" and design.patch is not None and design.patch.detach == "restore"
