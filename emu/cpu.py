@@ -222,7 +222,7 @@ class Cpu:
         """Inverse of read_extended, in one C call (the binding's xmm writes cost ~15 us a set)."""
         fs, gs, xmm, mxcsr = state
         struct.pack_into("<QQQ", self._ext_buf, 0, fs, gs, mxcsr)
-        self._ext_buf[24:280] = xmm
+        ctypes.memmove(ctypes.addressof(self._ext_buf) + 24, xmm, 256)
         b = self._ext_batch
         _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
