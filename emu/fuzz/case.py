@@ -12,6 +12,7 @@ from typing import Any
 
 from emu.abi import RED_ZONE
 from emu.errors import UsageError
+from emu.fuzz.sites import site_form
 
 # Registers the driver loads before each call (rsp excluded), in the order of the result block.
 CASE_REGS: tuple[str, ...] = ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14",
@@ -97,6 +98,8 @@ class Case:
             raise UsageError(f"a case needs {len(CASE_REGS)} register values, got {len(self.regs)}")
         if len(self.stores) > MAX_STORES:
             raise UsageError(f"at most {MAX_STORES} stores, got {len(self.stores)}")
+        if self.action is not None and self.action.kind is ActionKind.MOVE_SP and site_form(self.site).pushes:
+            raise UsageError(f"a consumer raising sp over a {self.site} site makes it overwrite the return address")
 
     def with_(self, **changes: Any) -> Case:
         return replace(self, **changes)

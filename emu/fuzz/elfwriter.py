@@ -24,11 +24,19 @@ def _phdr(kind: int, flags: int, offset: int, vaddr: int, size: int) -> bytes:
     return struct.pack("<IIQQQQQQ", kind, flags, offset, vaddr, vaddr, size, size, PAGE if kind == PT_LOAD else 16)
 
 
+CODE_FILE_OFFSET = PAGE
+
+
+def file_offset(address: int) -> int:
+    """The file offset of a code address (what perf_event_open's uprobe PMU and bpftrace want)."""
+    return CODE_FILE_OFFSET + address - L.CODE_BASE
+
+
 def elf_image(code: bytes, data: bytes) -> bytes:
     """Code at layout.CODE_BASE (padded to CODE_SIZE), data at layout.DATA_BASE (DATA_SIZE)."""
     if len(code) > L.CODE_SIZE or len(data) > L.DATA_SIZE:
         raise ValueError("program larger than the layout's segments")
-    code_off, data_off = PAGE, PAGE + L.CODE_SIZE
+    code_off, data_off = CODE_FILE_OFFSET, CODE_FILE_OFFSET + L.CODE_SIZE
     headers = _ehdr(L.CODE_BASE, 3) + b"".join((
         _phdr(PT_LOAD, PF_R | PF_X, code_off, L.CODE_BASE, L.CODE_SIZE),
         _phdr(PT_LOAD, PF_R | PF_W, data_off, L.DATA_BASE, L.DATA_SIZE),

@@ -60,10 +60,11 @@ def random_store(rng: random.Random, stores: list[Store]) -> Store:
     return Store(offset, size, StoreKind.MOV, interesting_value(rng, size))
 
 
-def random_action(rng: random.Random) -> Action | None:
+def random_action(rng: random.Random, site: str) -> Action | None:
     if rng.random() >= ACTION_CHANCE:
         return None
-    kind = rng.choice(tuple(ActionKind))
+    kinds = [k for k in ActionKind if not (k is ActionKind.MOVE_SP and SITES[site].pushes)]
+    kind = rng.choice(kinds)
     if kind is ActionKind.SET_REG:
         return Action(kind, rng.choice(CASE_REGS), interesting_value(rng, 8))
     if kind is ActionKind.MOVE_SP:
@@ -89,5 +90,5 @@ def generate(seed: int, index: int) -> Case:
     return Case(
         seed=seed, index=index, site=site, entry=rng.choice(tuple(ENTRIES)), stores=tuple(stores),
         regs=tuple(interesting_value(rng, 8) for _ in CASE_REGS), flags=random_flags(rng),
-        action=random_action(rng), uretprobe=rng.random() < URETPROBE_CHANCE,
+        action=random_action(rng, site), uretprobe=rng.random() < URETPROBE_CHANCE,
     )

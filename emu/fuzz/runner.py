@@ -154,10 +154,12 @@ class CaseRunner:
 
         address = probe_address(case, prog, self.design)
         hook = cpu.add_code_hook(act, address, address)
+        cpu.flush_code(L.FUNC, L.CODE_BASE + L.CODE_SIZE)  # a hook added after translation would not fire
         try:
             return self._run()
         finally:
             cpu.remove_hook(hook)
+            cpu.flush_code(L.FUNC, L.CODE_BASE + L.CODE_SIZE)
 
     def probed(self, case: Case, prog: Program) -> tuple[Outcome, list[str]]:
         """The run with the site probe (and the uretprobe), verifiers on; returns violation lines."""

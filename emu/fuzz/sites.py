@@ -19,6 +19,7 @@ class SiteForm:
     code: bytes
     usdt_combo: bool = False  # the probe address is chosen like libbpf's nop combo
     weight: int = 1  # how often the generator picks it
+    pushes: bool = False  # writes below sp: under a consumer that raised sp it would hit the return address
 
 
 SITES: dict[str, SiteForm] = {
@@ -31,8 +32,8 @@ SITES: dict[str, SiteForm] = {
         SiteForm("nop5-66x4-90", bytes.fromhex("6666666690"), weight=1),  # data16 x4 nop
         SiteForm("usdt-nop10", bytes.fromhex("90662e0f1f840000000000"), usdt_combo=True, weight=3),
         SiteForm("nop1", bytes.fromhex("90"), weight=2),
-        SiteForm("push-rbx", bytes.fromhex("53"), weight=1),  # emulated push: writes rsp-8 itself
-        SiteForm("push-r12", bytes.fromhex("4154"), weight=1),
+        SiteForm("push-rbx", bytes.fromhex("53"), pushes=True),  # emulated push: writes rsp-8 itself
+        SiteForm("push-r12", bytes.fromhex("4154"), pushes=True),
         SiteForm("mov-rax-rbx", bytes.fromhex("4889d8"), weight=1),  # stepped out of line
         SiteForm("lea-rax-rbx16", bytes.fromhex("488d4310"), weight=1),
         SiteForm("lea-rip", bytes.fromhex("488d05f0ffffff"), weight=1),  # rip-relative: XOL with fixup
