@@ -75,7 +75,8 @@ def summary_table(stats: Stats) -> str:
     return table(rows)
 
 
-def write_summary(stats: Stats, out: TextIO = sys.stdout) -> None:
+def write_summary(stats: Stats, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     out.write(summary_table(stats) + "\n")
     out.write(f"{stats.cases} cases in {stats.elapsed:.1f} s ({stats.rate:.0f} cases/s), seed {stats.config.seed}\n")
     for st in stats.designs.values():

@@ -26,8 +26,8 @@ SITES: dict[str, SiteForm] = {
     s.name: s
     for s in (
         SiteForm("nop5", bytes.fromhex("0f1f440000"), weight=4),  # nopl 0(%rax,%rax,1): what compilers emit
-        SiteForm("nop5-sib-rsp", bytes.fromhex("0f1f442400"), weight=2),  # nopl 0(%rsp)
-        SiteForm("nop5-66", bytes.fromhex("660f1f4000"), weight=2),  # nopw 0(%rax)
+        SiteForm("nop5-sib-rsp", bytes.fromhex("0f1f442400"), weight=1),  # nopl 0(%rsp)
+        SiteForm("nop5-66", bytes.fromhex("660f1f4000"), weight=1),  # nopw 0(%rax)
         SiteForm("nop5-rexw", bytes.fromhex("480f1f4000"), weight=1),  # nopq 0(%rax)
         SiteForm("nop5-66x4-90", bytes.fromhex("6666666690"), weight=1),  # data16 x4 nop
         SiteForm("usdt-nop10", bytes.fromhex("90662e0f1f840000000000"), usdt_combo=True, weight=3),
