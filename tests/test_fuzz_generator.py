@@ -37,6 +37,9 @@ def test_generated_cases_cover_every_site_and_store_kind_and_fit_the_layout() ->
     assert {s.kind for c in cases for s in c.stores} == set(StoreKind)
     assert {s.size for c in cases for s in c.stores} == {1, 2, 4, 8, 16}
     assert any(c.action for c in cases) and any(c.uretprobe for c in cases)
+    from emu.fuzz.codegen import driver
+
+    assert len(driver()) <= L.FUNC - L.CODE_BASE
     for case in cases:
         assert len(program(case).code) <= L.CODE_SIZE
         assert Case.from_json(json.loads(json.dumps(case.to_json()))) == case

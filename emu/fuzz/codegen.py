@@ -56,6 +56,20 @@ def assemble(text: str, address: int) -> bytes:
 
 @lru_cache(maxsize=1)
 def driver() -> bytes:
+    return _driver_calls() + assemble(_EXIT, L.CODE_BASE + len(_driver_calls()))
+
+
+def driver_end() -> int:
+    """The address where the driver, done calling, starts writing the results and exiting."""
+    return L.CODE_BASE + len(_driver_calls())
+
+
+_EXIT = "\n".join(["mov eax, 1", "mov edi, 1", f"mov esi, {L.RESULTS:#x}", f"mov edx, {L.RESULTS_SIZE}", "syscall",
+                    "mov eax, 231", "xor edi, edi", "syscall", "hlt"])
+
+
+@lru_cache(maxsize=1)
+def _driver_calls() -> bytes:
     lines = []
     for call in range(L.CALLS):
         lines += [f"mov rax, qword ptr {absm(L.FLAGS_SLOT)}", "push rax", "popfq"]
@@ -64,11 +78,7 @@ def driver() -> bytes:
         for at in range(0, L.BLOCK, 16):  # straight-line copy: each `rep movsq` step is a block of its own
             lines += [f"movdqu xmm0, xmmword ptr {absm(L.SCRATCH + at)}",
                       f"movdqu xmmword ptr {absm(L.RESULTS + call * L.BLOCK + at)}, xmm0"]
-    lines += ["mov eax, 1", "mov edi, 1", f"mov esi, {L.RESULTS:#x}", f"mov edx, {L.RESULTS_SIZE}", "syscall",
-              "mov eax, 231", "xor edi, edi", "syscall", "hlt"]
-    code = assemble("\n".join(lines), L.CODE_BASE)
-    assert len(code) <= L.FUNC - L.CODE_BASE
-    return code
+    return assemble("\n".join(lines), L.CODE_BASE)
 
 
 @cache
