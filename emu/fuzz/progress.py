@@ -42,13 +42,14 @@ class RichProgress:
         self.progress = Progress(TextColumn("fuzz"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("{task.fields[rate]} cases/s  findings {task.fields[found]}"),
                                  console=Console(file=stream), transient=False)
+        self.total = total
         self.task = self.progress.add_task("fuzz", total=total, rate="0", found="")
         self.progress.start()
         self.last = 0.0
 
     def __call__(self, stats: Stats) -> None:
         now = time.perf_counter()
-        if now - self.last < 0.1:
+        if now - self.last < 0.1 and stats.cases != self.total:
             return
         self.last = now
         self.progress.update(self.task, completed=stats.cases, rate=f"{stats.rate:.0f}", found=_findings_text(stats))
