@@ -115,6 +115,7 @@ def test_cli_json_and_exit_status(tmp_path: Path, capsys: pytest.CaptureFixture[
     ["fuzz", "--cases", "0"], ["fuzz", "--cases", "5", "--time", "1"], ["fuzz", "--kernel", "bogus"],
     ["fuzz", "--shard", "2/2"], ["fuzz", "--jobs", "0"], ["fuzz", "--seed", "-1"], ["replay"],
     ["replay", "/nonexistent.json"], ["replay", "--kernel", "bogus", "x.json"],
+    ["fuzz", "--cases", "1", "--out", "/proc/no/such/dir"],
 ])
 def test_bad_arguments_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -150,3 +151,12 @@ def test_a_saved_618_finding_reproduces_on_the_real_kernel(tmp_path: Path) -> No
         assert probed.counts == (2,)
         return
     pytest.fail("no saved finding with an observable difference")
+
+
+def test_a_timed_campaign_stops_on_time_and_saves_a_replay_script(tmp_path: Path) -> None:
+    out = tmp_path / "t.json"
+    assert main(["fuzz", "--time", "1.5", "--json", str(out), "--out", str(tmp_path)]) == 1
+    report = json.loads(out.read_text())
+    assert report["cases"] > 10 and report["findings"] > 0
+    script = sorted(tmp_path.glob("*.replay.sh"))[0]
+    assert script.read_text().splitlines()[1] == f"uprobe-emu replay {script.with_name(script.name[:-10] + '.json')}"

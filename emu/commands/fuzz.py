@@ -4,10 +4,12 @@ that change what they compute; findings are shrunk and saved with a replay comma
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 
 from emu.commands.common import check_writable, int_arg, positive_float, positive_int, stderr_line, write_json
+from emu.errors import UsageError
 
 NAME = "fuzz"
 HELP = "fuzz the red zone around probe sites under one or all designs"
@@ -56,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json:
         check_writable(args.json)
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {args.out}: {exc.strerror}") from None
     cases = None if args.time else (args.cases or DEFAULT_CASES)
     config = CampaignConfig(designs=designs_from(args.kernel), seed=args.seed, start=args.start, cases=cases,
                             time_s=args.time, jobs=args.jobs, shard=parse_shard(args.shard), out=args.out)

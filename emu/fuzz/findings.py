@@ -61,8 +61,12 @@ def save_finding(out_dir: str, case: Case, verdict: Verdict) -> Finding:
         raise UsageError(f"--out {out_dir}: {exc.strerror}") from None
     stem = os.path.join(out_dir, f"{verdict.design}-s{case.seed}-c{case.index}")
     prog = program(small)
-    write_elf(stem + ".elf", prog.code, prog.data)
     finding = Finding(small, case, small_verdict, stem + ".json", stem + ".elf")
+    try:
+        write_elf(finding.elf_path, prog.code, prog.data)
+        _write_script(stem + ".replay.sh", finding.replay_command)
+    except OSError as exc:
+        raise UsageError(f"cannot write {stem}.*: {exc.strerror}") from None
     record = {
         "version": RECORD_VERSION, "seed": case.seed, "index": case.index, "design": verdict.design,
         "site": {"form": small.site, "address": hex(prog.site), "bytes": site_bytes(prog).hex()},
@@ -75,6 +79,12 @@ def save_finding(out_dir: str, case: Case, verdict: Verdict) -> Finding:
     }
     _write_json(finding.json_path, record)
     return finding
+
+
+def _write_script(path: str, command: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(f"#!/bin/sh\n{command}\n")
+    os.chmod(path, 0o755)
 
 
 def _write_json(path: str, payload: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from emu.errors import UsageError
 from emu.fuzz import layout as L
 from emu.fuzz.case import CASE_REGS, Case
 from emu.fuzz.codegen import program
@@ -77,7 +78,7 @@ def check_case(case: Case, design: str, reference: Outcome | None = None) -> Ver
     prog = program(case)
     ref = reference if reference is not None else runner.reference(case, prog)
     if ref.ending != "exited" or ref.status != 0:
-        raise AssertionError(f"case {case.seed}:{case.index} fails unprobed: {ref.message or ref.status}")
+        raise UsageError(f"case {case.seed}:{case.index} fails unprobed: {ref.message or ref.status}")
     got, violations = runner.probed(case, prog)
     if got == ref and not violations:
         return Verdict(runner.design, False, False, {}, {})  # decoded only when someone will read it

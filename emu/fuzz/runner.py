@@ -11,9 +11,10 @@ function, all rewritten explicitly.
 
 from __future__ import annotations
 
-import atexit
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -52,20 +53,17 @@ class Outcome:
     message: str | None = None
 
 
-def _remove(path: str) -> None:
-    if os.path.exists(path):
-        os.unlink(path)
-
-
-@lru_cache(maxsize=1)
-def skeleton_path() -> str:
-    """A fuzz-layout ELF with the driver and an empty function; the runners load it once."""
+@contextmanager
+def skeleton_file() -> Iterator[str]:
+    """A fuzz-layout ELF with the driver and an empty function, for as long as a Machine loads it
+    (the harness's exit skips atexit handlers, so nothing may outlive the with block)."""
     fd, path = tempfile.mkstemp(prefix="uprobe-emu-fuzz-", suffix=".elf")
     os.close(fd)
-    atexit.register(_remove, path)
-    code = driver().ljust(L.FUNC - L.CODE_BASE, b"\xcc") + b"\xc3"
-    write_elf(path, code, bytes(L.DATA_SIZE))
-    return path
+    try:
+        write_elf(path, driver().ljust(L.FUNC - L.CODE_BASE, b"\xcc") + b"\xc3", bytes(L.DATA_SIZE))
+        yield path
+    finally:
+        os.unlink(path)
 
 
 @lru_cache(maxsize=256)
@@ -102,8 +100,8 @@ class CaseRunner:
     def __init__(self, design: str) -> None:
         self.design = get_design(design).name
         self.io = GuestIO.captured()
-        path = skeleton_path()
-        self.machine = Machine(path, [path], {}, RunOptions(design=self.design), self.io)
+        with skeleton_file() as path:  # the loader copies the segments: the file can go afterwards
+            self.machine = Machine(path, [path], {}, RunOptions(design=self.design), self.io)
         self.session = VerifySession(self.machine)
         self.sp = self.machine.entry_sp & ~0xF
         self.blocks = 0
@@ -139,7 +137,10 @@ class CaseRunner:
 
     def _run(self) -> Outcome:
         self.blocks = 0
-        ending, status, _signal, message = self.machine.run_from(L.CODE_BASE)
+        try:
+            ending, status, _signal, message = self.machine.run_from(L.CODE_BASE)
+        except Exception as exc:  # the fake kernel failed under this design: a finding to look at, not a crash
+            return Outcome("harness-error", -1, bytes(L.RESULTS_SIZE), f"{type(exc).__name__}: {exc}")
         results = self.machine.mem.read(L.RESULTS, L.RESULTS_SIZE)
         if self.blocks > MAX_BLOCKS:
             return Outcome("looping", status, results, f"still running after {MAX_BLOCKS} translation blocks")
