@@ -19,6 +19,9 @@ _RUNNERS: dict[str, CaseRunner] = {}
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
+    """One case under one design. ``expected``/``actual`` (the decoded outputs of the unprobed and
+    probed runs) are filled only for findings: decoding costs more than a clean case."""
+
     design: str
     finding: bool
     differs: bool  # the program's own outputs differ (observable natively), not just a verifier
