@@ -14,6 +14,7 @@ from emu.fuzz import campaign as campaign_mod
 from emu.fuzz.campaign import CampaignConfig, CaseDone, CaseWork, Stats, run_campaign
 from emu.fuzz.elfwriter import file_offset
 from emu.fuzz.findings import load_record
+from emu.fuzz.oracle import reference_outcome
 from emu.fuzz.partition import Partition, parse_shard
 from emu.native import NativeProbe, run_native
 from emu.native import available as native_available
@@ -130,6 +131,10 @@ def test_replay_says_whether_a_finding_still_reproduces(tmp_path: Path, capsys: 
     assert "reproduces" in capsys.readouterr().out
     assert main(["replay", "--kernel", "jmp-slots", str(record)]) == 0
     assert main(["replay", str(record.with_suffix(".elf"))]) == 1
+    case, _design = load_record(str(record))
+    native = subprocess.run([str(record.with_suffix(".elf"))], capture_output=True, timeout=10)
+    assert native.returncode == 0
+    assert native.stdout == reference_outcome(case, "int3").results  # the saved ELF, run for real
     (tmp_path / "junk.json").write_text("{}")
     assert main(["replay", str(tmp_path / "junk.json")]) == 2
 
@@ -142,7 +147,6 @@ def test_a_saved_618_finding_reproduces_on_the_real_kernel(tmp_path: Path) -> No
         if not record["differences"]:
             continue
         elf = record["elf"]
-        case, _ = load_record(str(record_path))
         plain = subprocess.run([elf], capture_output=True, timeout=10)
         probe = NativeProbe(elf, file_offset(int(record["site"]["address"], 16)))
         probed = run_native([elf], [probe])
