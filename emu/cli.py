@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from emu import __version__
-from emu.commands import bench, check, diff, patch, race, run, scan
+from emu.commands import bench, check, diff, fuzz, patch, race, replay, run, scan
 from emu.commands.common import PROG, stderr_line
 from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
 
-COMMAND_MODULES: tuple[ModuleType, ...] = (run, check, bench, scan, patch, diff, race)
+COMMAND_MODULES: tuple[ModuleType, ...] = (run, check, bench, scan, patch, diff, race, fuzz, replay)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -371,6 +371,12 @@ class Machine:
             exits=dict(self.uprobes.stats.exits),
         )
 
+    def run_from(self, pc: int, timeout_s: float = 0.0) -> tuple[Ending, int, Signal | None, str | None]:
+        """Run from ``pc`` with the registers and memory as they are until the guest exits or dies, and
+        keep its files open: a caller that resets registers and memory itself can run the same
+        process again (the fuzzer reuses one process for thousands of cases)."""
+        return self._run_until_end(pc, int(timeout_s * 1e6), time.perf_counter())
+
     def _run_until_end(self, entry: int, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
         pc = entry
         while True:

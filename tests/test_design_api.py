@@ -182,3 +182,15 @@ def test_a_design_file_may_name_builtin_designs_it_builds_on(tmp_path: Path) -> 
                     "restore = replace(base, name='nop10-restore', patch=replace(base.patch, detach='restore'))\n")
     (design,) = load_design_file(str(path))
     assert design.name == "nop10-restore" and design.patch is not None and design.patch.detach == "restore"
+
+
+@pytest.mark.parametrize(("example", "kind"), [("slot_pushes_first.py", "redzone"), ("slot_sysret.py", "regs")])
+def test_the_fuzzer_flags_the_flawed_examples_and_not_the_rewritten_jmp_slots(example: str, kind: str) -> None:
+    from emu.fuzz import check_case, generate
+
+    (flawed,) = load_design_file(str(EXAMPLES / example))
+    (clean,) = load_design_file(str(EXAMPLES / "jmp_slots.py"))
+    cases = [generate(0, i) for i in range(40)]
+    found = [v for v in (check_case(c, flawed.name) for c in cases) if v.finding]
+    assert found and any(s.startswith(f"{kind}:") for v in found for s in v.violations)
+    assert not any(check_case(c, clean.name).finding for c in cases)

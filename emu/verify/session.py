@@ -67,6 +67,12 @@ class VerifySession:
             self._hits: dict[int, int] = {}
             machine.uprobes.chain_observers.append(self._on_chain)
 
+    def rebind(self) -> None:
+        """Forget the violations so far and watch the machine's current attachments (for a caller
+        that re-attaches probes between runs of one process, like the fuzzer)."""
+        self.violations.clear()
+        self.tracker.bind(self.machine.attachments)
+
     @property
     def transactions(self) -> int:
         return self.tracker.count

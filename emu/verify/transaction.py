@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
-from emu.cpu import Reg
+from emu.cpu import HookHandle, Reg
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
@@ -75,15 +75,24 @@ class TransactionTracker:
         self.count = 0
         self._by_site: dict[int, tuple[str, Uprobe]] = {}
         self._hits: dict[int, int] = {}
-        for att in attachments:
-            self._by_site.setdefault(att.address, (att.resolved.spec.text, att.uprobe))
-        for site in self._by_site:
-            self.cpu.add_code_hook(self._on_site, site, site)
+        self._site_hooks: list[HookHandle] = []
+        self.bind(attachments)
         self.cpu.add_block_hook(self._on_block)
         stack = next((v for v in self.mem if v.name == "[stack]"), None)
         if stack is not None:
             self.cpu.add_mem_write_hook(self._on_write, stack.start, stack.end - 1)
         machine.uprobes.chain_observers.append(self._on_chain)
+
+    def bind(self, attachments: list[Attachment]) -> None:
+        """Watch these attachments' sites, forgetting earlier ones and their hit counts: one tracker
+        serves a process whose probes are detached and attached again (the fuzzer's reuse)."""
+        for hook in self._site_hooks:
+            self.cpu.remove_hook(hook)
+        self._by_site, self._hits, self._site_hooks, self.active = {}, {}, [], None
+        for att in attachments:
+            self._by_site.setdefault(att.address, (att.resolved.spec.text, att.uprobe))
+        for site in self._by_site:
+            self._site_hooks.append(self.cpu.add_code_hook(self._on_site, site, site))
 
     def _on_site(self, addr: int, _size: int) -> None:
         if self.active is not None:

@@ -122,6 +122,15 @@ class Uprobes:
         self.stepping = False  # inside an out-of-line single step: the kernel, not the guest, is running
         self.shadow_stack: ShadowStackHooks | None = None  # None: shstk off (-ENOTSUPP, ignored; spec 3.7)
 
+    def reset(self) -> None:
+        """Forget every probe, pending return and busy XOL slot without touching memory, as a fresh
+        process would start (trampoline pages, slot owners and statistics stay): for a caller that
+        rewrites the code itself between runs of one process (the fuzzer)."""
+        self.probes.clear()
+        self.return_instances.clear()
+        if self.xol is not None:
+            self.xol.busy[1:] = [False] * (len(self.xol.busy) - 1)
+
     # ------------------------------------------------------------ attaching
     def attach(self, vaddr: int, consumer: Consumer, ref_ctr: int | None = None, original: bytes | None = None) -> Uprobe:
         """uprobe_register + install in this mm (spec 3.2). Raises SyscallError for refused instructions.

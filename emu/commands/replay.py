@@ -1,0 +1,34 @@
+"""`uprobe-emu replay FILE`: re-run a saved fuzz finding and say whether it still reproduces."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "replay"
+HELP = "re-run a saved fuzz finding (exit 1: reproduces, 0: does not)"
+EXIT_REPRODUCES = 1
+EXIT_GONE = 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kernel", metavar="D", help="replay under this design instead of the recorded one")
+    p.add_argument("--design-file", action="append", default=[], metavar="FILE.py",
+                   help="load designs from a Python file (needed to replay a finding of a user design)")
+    p.add_argument("file", metavar="FILE", help="the finding's .json (or its .elf)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from emu.design_file import load_design_files
+    from emu.designs import get_design
+    from emu.fuzz.findings import replay
+
+    load_design_files(args.design_file)
+    design = get_design(args.kernel).name if args.kernel else None
+    verdict, used = replay(args.file, design)
+    if not verdict.finding:
+        print(f"{used}: does not reproduce: the probed run matches the unprobed one, no violations")
+        return EXIT_GONE
+    print(f"{used}: reproduces")
+    for line in verdict.differences + verdict.violations:
+        print(f"  {line}")
+    return EXIT_REPRODUCES

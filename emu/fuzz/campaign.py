@@ -1,0 +1,213 @@
+"""A fuzz campaign: cases by index, each under every chosen design, findings shrunk and saved;
+one process or J worker processes (each with its own reusable runners), stoppable with Ctrl-C."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from emu.errors import EmuError
+from emu.fuzz.generator import generate
+from emu.fuzz.oracle import check_case, reference_outcome
+from emu.fuzz.partition import Partition
+
+POLL_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class CampaignConfig:
+    designs: tuple[str, ...]
+    seed: int = 0
+    start: int = 0
+    cases: int | None = 1000
+    time_s: float | None = None
+    jobs: int = 1
+    shard: tuple[int, int] = (0, 1)
+    out: str = "fuzz-findings"
+
+    def partition(self, worker: int) -> Partition:
+        return Partition(self.start, self.cases, self.shard[0], self.shard[1], worker, self.jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class CaseDone:
+    worker: int
+    index: int
+    findings: tuple[str, ...]  # designs under which this case is a finding
+    saved: tuple[dict[str, Any], ...] = ()  # records of newly saved (shrunk) findings
+
+
+@dataclass
+class DesignStats:
+    findings: int = 0
+    first_case: int | None = None
+    saved: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Stats:
+    """What the campaign knows so far (the main process's view)."""
+
+    config: CampaignConfig
+    started: float = field(default_factory=time.perf_counter)
+    cases: int = 0
+    designs: dict[str, DesignStats] = field(default_factory=dict)
+    next_index: dict[int, int] = field(default_factory=dict)  # worker -> its first index not done
+    interrupted: bool = False
+    elapsed: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.designs = {d: DesignStats() for d in self.config.designs}
+        self.next_index = {w: self.config.partition(w).first() for w in range(self.config.jobs)}
+
+    def record(self, event: CaseDone) -> None:
+        self.cases += 1
+        self.next_index[event.worker] = self.config.partition(event.worker).next_after(event.index)
+        for design in event.findings:
+            st = self.designs[design]
+            st.findings += 1
+            if st.first_case is None or event.index < st.first_case:
+                st.first_case = event.index
+        for record in event.saved:
+            self.designs[record["design"]].saved.append(record)
+        self.elapsed = time.perf_counter() - self.started
+
+    @property
+    def findings(self) -> int:
+        return sum(s.findings for s in self.designs.values())
+
+    @property
+    def first_finding_case(self) -> int | None:
+        firsts = [s.first_case for s in self.designs.values() if s.first_case is not None]
+        return min(firsts) if firsts else None
+
+    @property
+    def rate(self) -> float:
+        return self.cases / self.elapsed if self.elapsed > 0 else 0.0
+
+    def resume_index(self) -> int | None:
+        """The lowest index some worker has not done (None: a bounded campaign finished)."""
+        pending = [i for i in self.next_index.values()
+                   if self.config.cases is None or i < self.config.start + self.config.cases]
+        return min(pending) if pending else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cases": self.cases, "findings": self.findings, "cases_per_s": round(self.rate, 1),
+            "first_finding_case": self.first_finding_case, "seed": self.config.seed,
+            "interrupted": self.interrupted, "resume_index": self.resume_index() if self.interrupted else None,
+            "designs": {d: {"findings": s.findings, "first_finding_case": s.first_case,
+                            "saved": [r["json"] for r in s.saved]} for d, s in self.designs.items()},
+        }
+
+
+class CaseWork:
+    """Runs one case under every design of the campaign; shrinks and saves new kinds of findings."""
+
+    def __init__(self, config: CampaignConfig) -> None:
+        self.config = config
+        self.seen: set[tuple[str, str, bool, tuple[str, ...]]] = set()
+
+    def __call__(self, worker: int, index: int) -> CaseDone:
+        from emu.fuzz.findings import save_finding, signature  # the shrinker only when needed
+
+        case = generate(self.config.seed, index)
+        reference = reference_outcome(case, self.config.designs[0])
+        found, saved = [], []
+        for design in self.config.designs:
+            verdict = check_case(case, design, reference)
+            if not verdict.finding:
+                continue
+            found.append(design)
+            sig = signature(case, verdict)
+            if sig not in self.seen:
+                self.seen.add(sig)
+                finding = save_finding(self.config.out, case, verdict)
+                saved.append({"design": design, "index": index, "json": finding.json_path,
+                              "stores": len(finding.case.stores), "replay": finding.replay_command,
+                              "summary": finding.verdict.summary()})
+        return CaseDone(worker, index, tuple(found), tuple(saved))
+
+
+Emit = Callable[[CaseDone], None]
+
+
+def work(config: CampaignConfig, worker: int, emit: Emit, stop: Callable[[], bool]) -> None:
+    """One worker's share, in order, until it is done, the time is up, or ``stop()`` says so."""
+    deadline = time.perf_counter() + config.time_s if config.time_s else None
+    run_case = CaseWork(config)
+    for index in config.partition(worker).indices():
+        if stop() or (deadline is not None and time.perf_counter() >= deadline):
+            return
+        emit(run_case(worker, index))
+
+
+def _worker_main(config: CampaignConfig, worker: int, events: Any, stop_event: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it tells us through stop_event
+    try:
+        work(config, worker, events.put, stop_event.is_set)
+    except Exception as exc:  # a harness bug: report it instead of hanging the parent
+        events.put(("error", worker, f"{type(exc).__name__}: {exc}"))
+    events.put(("done", worker, None))
+
+
+def run_campaign(config: CampaignConfig, on_progress: Callable[[Stats], None]) -> Stats:
+    """Run the campaign; Ctrl-C (KeyboardInterrupt) stops it and keeps what was found."""
+    stats = Stats(config)
+
+    def emit(event: CaseDone) -> None:
+        stats.record(event)
+        on_progress(stats)
+
+    try:
+        if config.jobs == 1:
+            work(config, 0, emit, lambda: False)
+        else:
+            _run_workers(config, stats, on_progress)
+    except KeyboardInterrupt:
+        stats.interrupted = True
+    stats.elapsed = time.perf_counter() - stats.started
+    return stats
+
+
+def _run_workers(config: CampaignConfig, stats: Stats, on_progress: Callable[[Stats], None]) -> None:
+    ctx = multiprocessing.get_context("fork")
+    events, stop_event = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_worker_main, args=(config, w, events, stop_event), daemon=True)
+             for w in range(config.jobs)]
+    for p in procs:
+        p.start()
+    running: set[int] = set(range(config.jobs))
+    errors: list[str] = []
+    try:
+        while running:
+            _drain(events, stats, running, errors, on_progress)
+    except KeyboardInterrupt:
+        stop_event.set()
+        while running:  # let each worker finish its case and report it
+            _drain(events, stats, running, errors, on_progress)
+        raise
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+    if errors:
+        raise EmuError("; ".join(errors))
+
+
+def _drain(events: Any, stats: Stats, running: set[int], errors: list[str], on_progress: Callable[[Stats], None]) -> None:
+    try:
+        event = events.get(timeout=POLL_S)
+    except queue.Empty:
+        return
+    if isinstance(event, CaseDone):
+        stats.record(event)
+        on_progress(stats)
+    elif event[0] == "error":
+        errors.append(f"worker {event[1]}: {event[2]}")
+    else:
+        running.discard(event[1])

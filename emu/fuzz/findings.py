@@ -1,0 +1,119 @@
+"""Saving a finding (standalone ELF, JSON record, replay command) and replaying one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from emu.errors import UsageError
+from emu.fuzz import layout as L
+from emu.fuzz.case import Case
+from emu.fuzz.codegen import Program, program
+from emu.fuzz.elfwriter import write_elf
+from emu.fuzz.oracle import Verdict, check_case
+from emu.fuzz.shrink import shrink
+
+RECORD_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    case: Case  # shrunk
+    original: Case
+    verdict: Verdict  # of the shrunk case
+    json_path: str
+    elf_path: str
+
+    @property
+    def replay_command(self) -> str:
+        return f"uprobe-emu replay {shlex.quote(self.json_path)}"
+
+
+def signature(case: Case, verdict: Verdict) -> tuple[str, str, bool, tuple[str, ...]]:
+    """Findings with one signature are one bug for saving purposes (all are counted)."""
+    kinds = tuple(sorted({v.split(":", 1)[0] for v in verdict.violations}))
+    return verdict.design, case.site, verdict.differs, kinds
+
+
+def shrink_finding(case: Case, verdict: Verdict) -> tuple[Case, Verdict]:
+    def still_fails(candidate: Case) -> bool:
+        v = check_case(candidate, verdict.design)
+        return v.finding and (v.differs or not verdict.differs)
+
+    small = shrink(case, still_fails)
+    return small, check_case(small, verdict.design)
+
+
+def site_bytes(prog: Program) -> bytes:
+    at = prog.site - L.CODE_BASE
+    return prog.code[at : at + prog.site_len]
+
+
+def save_finding(out_dir: str, case: Case, verdict: Verdict) -> Finding:
+    """Shrink, then write DIR/<design>-s<seed>-c<index>.{elf,json}."""
+    small, small_verdict = shrink_finding(case, verdict)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--out {out_dir}: {exc.strerror}") from None
+    stem = os.path.join(out_dir, f"{verdict.design}-s{case.seed}-c{case.index}")
+    prog = program(small)
+    finding = Finding(small, case, small_verdict, stem + ".json", stem + ".elf")
+    try:
+        write_elf(finding.elf_path, prog.code, prog.data)
+        _write_script(stem + ".replay.sh", finding.replay_command)
+    except OSError as exc:
+        raise UsageError(f"cannot write {stem}.*: {exc.strerror}") from None
+    record = {
+        "version": RECORD_VERSION, "seed": case.seed, "index": case.index, "design": verdict.design,
+        "site": {"form": small.site, "address": hex(prog.site), "bytes": site_bytes(prog).hex()},
+        "stores": len(small.stores), "expected": small_verdict.expected, "actual": small_verdict.actual,
+        "differences": list(small_verdict.differences), "violations": list(small_verdict.violations),
+        "case": small.to_json(), "original_case": case.to_json(), "elf": stem + ".elf",
+        "replay": finding.replay_command,
+        "native": f"{shlex.quote(stem + '.elf')} | xxd  # prints the unprobed result blocks; probe "
+                  f"{hex(prog.site)} to compare",
+    }
+    _write_json(finding.json_path, record)
+    return finding
+
+
+def _write_script(path: str, command: str) -> None:
+    with open(path, "w") as fh:
+        fh.write(f"#!/bin/sh\n{command}\n")
+    os.chmod(path, 0o755)
+
+
+def _write_json(path: str, payload: dict[str, Any]) -> None:
+    try:
+        with open(path, "w") as fh:
+            json.dump(payload, fh, indent=2)
+            fh.write("\n")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def load_record(path: str) -> tuple[Case, str]:
+    """The case and design of a saved finding (its JSON, or the ELF next to it)."""
+    if path.endswith(".elf"):
+        path = path[: -len(".elf")] + ".json"
+    try:
+        with open(path) as fh:
+            record = json.load(fh)
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(record, dict) or "case" not in record or "design" not in record:
+        raise UsageError(f"{path}: not a fuzz finding record (no case/design)")
+    return Case.from_json(record["case"]), str(record["design"])
+
+
+def replay(path: str, design: str | None = None) -> tuple[Verdict, str]:
+    """Re-run a saved finding (under its design, or ``design``): its verdict and the design used."""
+    case, recorded = load_record(path)
+    used = design or recorded
+    return check_case(case, used), used
