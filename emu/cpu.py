@@ -366,3 +366,145 @@ def _reason(errno: int) -> StopReason:
     ):
         return StopReason.BAD_ACCESS
     return StopReason.OTHER
+
+
+# ------------------------------------------------------------------ raw state (the verifiers' hot path)
+# A probe transaction reads the whole user state at its start and end. One C call each way, raw
+# bytes out, compared as bytes: decoding into registers happens only when something differs.
+
+STATE_REGS: tuple[int, ...] = (
+    (Reg.RIP, Reg.RSP) + tuple(r for r in GPRS if r != Reg.RSP)
+    + (Reg.RFLAGS, Reg.FS_BASE, Reg.GS_BASE, Reg.MXCSR) + tuple(x86.UC_X86_REG_XMM0 + i for i in range(16))
+)
+"""rip and rsp first: everything a probe hit must leave as it was is then one slice of the snapshot."""
+STATE_FLAGS_OFFSET = 8 * 17  # rip, rsp, the 15 other GPRs in GPRS order, then rflags
+STATE_XMM_OFFSET = 8 * 21  # after rflags, fs base, gs base, mxcsr (8 bytes each); then xmm0-15
+STATE_BYTES = STATE_XMM_OFFSET + 16 * 16
+
+_mem_read_raw = _raw.uc_mem_read  # no argtypes (their conversion costs more than the read): the address goes as c_uint64
+_mem_read_raw.restype = ctypes.c_int
+
+
+class RawState:
+    """Reads and writes :data:`STATE_REGS` of one CPU as :data:`STATE_BYTES` raw little-endian bytes
+    (xmm registers 16 bytes each), and small memory ranges, each in one C call without argument
+    conversion (the binding's reads cost 2-4 times more)."""
+
+    def __init__(self, cpu: Cpu) -> None:
+        self._uch = cpu._uch
+        self._buf = ctypes.create_string_buffer(STATE_BYTES)
+        base = ctypes.addressof(self._buf)
+        offsets = [8 * i for i in range(21)] + [STATE_XMM_OFFSET + 16 * i for i in range(16)]
+        n = len(STATE_REGS)
+        self._all = ((ctypes.c_int * n)(*STATE_REGS), (ctypes.c_void_p * n)(*[base + o for o in offsets]), n)
+        keep = [i for i in range(n) if STATE_REGS[i] != Reg.RIP]
+        self._no_rip = (
+            (ctypes.c_int * (n - 1))(*[STATE_REGS[i] for i in keep]),
+            (ctypes.c_void_p * (n - 1))(*[base + offsets[i] for i in keep]),
+            n - 1,
+        )
+        self._mem_bufs: dict[int, ctypes.Array[ctypes.c_char]] = {}
+
+    def read(self) -> bytes:
+        ids, ptrs, n = self._all
+        _reg_read_batch(self._uch, ids, ptrs, n)
+        return self._buf.raw
+
+    def write(self, raw: bytes, write_rip: bool) -> None:
+        """Inverse of :meth:`read`. As for :meth:`Cpu.write_user_state`, rip only when asked."""
+        ctypes.memmove(self._buf, raw, STATE_BYTES)
+        ids, ptrs, n = self._all if write_rip else self._no_rip
+        _reg_write_batch(self._uch, ids, ptrs, n)
+
+    def mem(self, addr: int, size: int) -> bytes | None:
+        """``size`` bytes at ``addr`` (one reused buffer per size: for the few fixed sizes the verifiers
+        read); None if any byte is unmapped."""
+        buf = self._mem_bufs.get(size)
+        if buf is None:
+            buf = self._mem_bufs[size] = ctypes.create_string_buffer(size)
+        if _mem_read_raw(self._uch, ctypes.c_uint64(addr), buf, size) != unicorn.UC_ERR_OK:
+            return None
+        return buf.raw
+
+
+def hook_failed(cpu: Cpu) -> bool:
+    """True while an exception a hook raised waits for :meth:`Cpu.run` to re-raise it (the run is stopping)."""
+    return cpu._hook_error is not None
+
+
+def flush_all_code(cpu: Cpu) -> None:
+    """Drop every translated block, so that a hook added now sees code translated before it."""
+    cpu._uc.ctl_flush_tb()  # type: ignore[attr-defined]
+
+
+def add_lean_code_hook(cpu: Cpu, callback: Callable[[int, int], None], begin: int, end: int) -> HookHandle:
+    """:meth:`Cpu.add_code_hook` with one Python frame per call instead of three, for hooks that
+    fire on every probe hit; an exception stops the run and is re-raised by :meth:`Cpu.run`."""
+
+    def on_code(_uc: object, addr: int, size: int, _ud: object) -> None:
+        try:
+            callback(addr, size)
+        except BaseException as exc:  # re-raised by run()
+            _hook_raised(cpu, exc)
+
+    return cpu._add_hook(unicorn.UC_HOOK_CODE, _CODE_CB(on_code), begin, end)
+
+
+def add_lean_mem_write_hook(cpu: Cpu, callback: Callable[[int, int, int], None], begin: int, end: int) -> HookHandle:
+    """:meth:`Cpu.add_mem_write_hook`, lean in the same way as :func:`add_lean_code_hook`."""
+
+    def on_write(_uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
+        try:
+            callback(addr, size, value)
+        except BaseException as exc:  # re-raised by run()
+            _hook_raised(cpu, exc)
+        return True
+
+    return cpu._add_hook(unicorn.UC_HOOK_MEM_WRITE, _MEM_CB(on_write), begin, end)
+
+
+def _hook_raised(cpu: Cpu, exc: BaseException) -> None:
+    if cpu._hook_error is None:
+        cpu._hook_error = exc
+    uclib.uc_emu_stop(cpu._uch)
+
+
+class HookRange:
+    """Moves the address range of a memory hook while the CPU runs, so that a hook needed only now
+    and then costs nothing the rest of the time (adding and removing one per use costs ~39 us).
+
+    Unicorn checks a memory hook's range on every access, so a new range takes effect at once.
+    It has no API for this: the handle is the address of its ``struct hook``, whose ``begin`` and
+    ``end`` (uint64) follow five ints and a bool (uc_priv.h, Unicorn 2.1.4). The layout is checked
+    against the range the hook was added with; if it does not match, :attr:`movable` is False,
+    :meth:`set` does nothing and the hook keeps its whole range (callers filter in Python anyway).
+    """
+
+    _BEGIN_OFFSET = 24
+
+    def __init__(self, hook: HookHandle, begin: int, end: int) -> None:
+        self._begin = ctypes.c_uint64.from_address(hook.value + self._BEGIN_OFFSET)
+        self._end = ctypes.c_uint64.from_address(hook.value + self._BEGIN_OFFSET + 8)
+        self.movable = (self._begin.value, self._end.value) == (begin, end)
+
+    def set(self, begin: int, end: int) -> None:
+        """Fire for accesses starting in [begin, end] (inclusive; begin <= end)."""
+        if self.movable:
+            self._begin.value = begin
+            self._end.value = end
+
+    def close(self) -> None:
+        """Fire for (almost) nothing: only an access at address 0, a null-pointer store that faults."""
+        self.set(0, 0)
+
+
+def add_lean_interrupt_hook(cpu: Cpu, callback: Callable[[int], None]) -> HookHandle:
+    """:meth:`Cpu.add_interrupt_hook`, lean in the same way as :func:`add_lean_code_hook`."""
+
+    def on_interrupt(_uc: object, intno: int, _ud: object) -> None:
+        try:
+            callback(intno)
+        except BaseException as exc:  # re-raised by run()
+            _hook_raised(cpu, exc)
+
+    return cpu._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(on_interrupt), 1, 0)

@@ -1,32 +1,54 @@
 """Probe transactions: from the moment execution reaches a patched site until the guest resumes.
 
-Hooks, all installed before the run (Unicorn ignores code hooks added later):
-an exact-address code hook per probe site (free elsewhere), one block hook that
-notices where execution resumes, one memory-write hook over the stack gated by
-``active`` (adding and removing a hook per hit costs ~39 us), and an observer of
-the handler chain that records what the consumers changed.
+Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
+after the code was translated): an exact-address code hook per probe site (free elsewhere), one
+memory-write hook over the stack gated by ``active`` (adding and removing a hook per hit costs
+~39 us), an observer of the handler chain that records what the consumers changed, and
+emu/verify/resume.py, which says where and when the guest resumes.
+
+The state is read in one C call at each end, as raw bytes (emu.cpu.RawState), and the red zone
+in one read: the session compares bytes and decodes registers only when something differs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
-from emu.cpu import Reg
+from emu.cpu import STATE_FLAGS_OFFSET, STATE_XMM_OFFSET, HookRange, RawState, Reg, add_lean_code_hook, add_lean_mem_write_hook
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
+from emu.verify.resume import ResumeWatch
 from emu.verify.scratch import ExtendedState
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine
 
-KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
-RSP_INDEX = 7  # in Cpu.read_user_state()
+RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
 RIP_INDEX = 16
+FLAGS_INDEX = 17
+RAW_RSP = 8  # offset of rsp in a RawState snapshot (rip is at 0)
+RAW_KEPT = 16  # from here on, a snapshot holds what a probe hit must leave as it was (rflags exactly)
+MAX_STORE = 64  # bytes one instruction can store (an AVX-512 register)
+_U64 = struct.Struct("<Q")
+
+
+def decode_state(raw: bytes) -> list[int]:
+    """The 16 GPRs, rip and rflags of a RawState snapshot, in read_user_state order."""
+    v = struct.unpack_from("<18Q", raw)  # rip, rsp, rax rbx rcx rdx rsi rdi rbp, r8-r15, rflags
+    return [*v[2:9], v[1], *v[9:17], v[0], v[17]]
+
+
+def decode_extended(raw: bytes) -> ExtendedState:
+    fs, gs, mxcsr = struct.unpack_from("<3Q", raw, STATE_FLAGS_OFFSET + 8)
+    return fs, gs, raw[STATE_XMM_OFFSET:], mxcsr
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,29 +59,62 @@ class GuestWrite:
     value: int
 
 
-@dataclass
 class Transaction:
-    probe: str
-    site: int
-    original: bytes
-    hit: int
-    start_state: list[int]
-    start_ext: ExtendedState
-    redzone_before: bytes
-    guest_writes: list[GuestWrite] = field(default_factory=list)
-    chain: tuple[PtRegs, PtRegs] | None = None
-    path: Path | None = None
-    exits_before: dict[str, int] = field(default_factory=dict)
-    end_addr: int = 0
-    end_state: list[int] = field(default_factory=list)
-    end_ext: ExtendedState | None = None
-    redzone_after: bytes = b""
-    exits: dict[str, int] = field(default_factory=dict)
-    nop: bool = False
+    """One probe hit. ``start_raw``/``end_raw`` are RawState snapshots; the decoded views are
+    computed on first use (only a transaction that is not obviously clean needs them). A plain
+    class whose constructor sets only what every hit needs: it is built inside a hook, on every
+    hit; the rest are class-level defaults until set."""
 
-    @property
-    def redzone_base(self) -> int:
-        return self.start_state[RSP_INDEX] - RED_ZONE
+    guest_writes: Sequence[GuestWrite] = ()  # guest stores into the red zone (few: a new tuple each)
+    chain: tuple[PtRegs, PtRegs] | None = None  # pt_regs before and after the consumers
+    path: Path | None = None
+    end_addr = 0
+    end_rsp = 0
+    end_raw = b""
+    redzone_after = b""
+    exits_after: Mapping[str, int] = MappingProxyType({})
+
+    def __init__(self, probe: str, site: int, original: bytes, hit: int, nop: bool, start_raw: bytes,
+                 start_rsp: int, redzone_before: bytes, exits_before: Mapping[str, int]) -> None:
+        self.probe = probe
+        self.site = site
+        self.original = original
+        self.hit = hit
+        self.nop = nop
+        self.start_raw = start_raw
+        self.start_rsp = start_rsp
+        self.redzone_base = start_rsp - RED_ZONE
+        self.redzone_before = redzone_before
+        self.exits_before = exits_before
+
+    def add_write(self, write: GuestWrite) -> None:
+        self.guest_writes = (*self.guest_writes, write)
+
+    @cached_property
+    def start_state(self) -> list[int]:
+        return decode_state(self.start_raw)
+
+    @cached_property
+    def start_ext(self) -> ExtendedState:
+        return decode_extended(self.start_raw)
+
+    @cached_property
+    def end_state(self) -> list[int]:
+        """Where the guest resumed, with the state it resumed with."""
+        state = decode_state(self.end_raw)
+        state[RIP_INDEX] = self.end_addr
+        state[RSP_INDEX] = self.end_rsp
+        return state
+
+    @cached_property
+    def end_ext(self) -> ExtendedState:
+        return decode_extended(self.end_raw)
+
+    @cached_property
+    def exits(self) -> dict[str, int]:
+        """SYSRET/IRET exits the kernel took during the transaction."""
+        before, now = self.exits_before, self.exits_after
+        return {k: now[k] - before.get(k, 0) for k in now if now[k] != before.get(k, 0)}
 
 
 Finished = Callable[[Transaction], None]
@@ -70,61 +125,83 @@ class TransactionTracker:
         self.machine = machine
         self.cpu = machine.cpu
         self.mem = machine.mem
+        self.raw = RawState(machine.cpu)
+        self._up = machine.uprobes
+        self._exits = machine.uprobes.stats.exits
         self.on_finished = on_finished
         self.active: Transaction | None = None
         self.count = 0
-        self._by_site: dict[int, tuple[str, Uprobe]] = {}
+        self._by_site: dict[int, tuple[str, Uprobe, bool]] = {}  # site -> probe name, uprobe, NOP-class
         self._hits: dict[int, int] = {}
         for att in attachments:
-            self._by_site.setdefault(att.address, (att.resolved.spec.text, att.uprobe))
+            uprobe = att.uprobe
+            self._by_site.setdefault(att.address, (att.resolved.spec.text, uprobe, uprobe.insn.kind is Kind.NOP))
         for site in self._by_site:
-            self.cpu.add_code_hook(self._on_site, site, site)
-        self.cpu.add_block_hook(self._on_block)
+            add_lean_code_hook(self.cpu, self._on_site, site, site)
+        self._writes: HookRange | None = None
         stack = next((v for v in self.mem if v.name == "[stack]"), None)
         if stack is not None:
-            self.cpu.add_mem_write_hook(self._on_write, stack.start, stack.end - 1)
+            hook = add_lean_mem_write_hook(self.cpu, self._on_write, stack.start, stack.end - 1)
+            self._writes = HookRange(hook, stack.start, stack.end - 1)
+            self._writes.close()  # opened on the red zone during each transaction
         machine.uprobes.chain_observers.append(self._on_chain)
+        self.resume = ResumeWatch(machine, self)
 
     def _on_site(self, addr: int, _size: int) -> None:
         if self.active is not None:
             return
-        name, probe = self._by_site[addr]
-        if self.machine.uprobes.probes.get(addr) is not probe:
+        name, probe, nop = self._by_site[addr]
+        up = self._up
+        if up.probes.get(addr) is not probe:
             return  # detached: the original instruction runs, nothing to verify
-        state = self.cpu.read_user_state()
-        self._hits[addr] = self._hits.get(addr, 0) + 1
-        base = state[RSP_INDEX] - RED_ZONE
-        self.active = Transaction(
-            probe=name, site=addr, original=probe.insn.raw, hit=self._hits[addr], start_state=state,
-            start_ext=self.cpu.read_extended(), redzone_before=self.mem.read(base, RED_ZONE),
-            exits_before=dict(self.machine.uprobes.stats.exits), nop=probe.insn.kind is Kind.NOP,
-        )
+        raw = self.raw.read()
+        rsp = _U64.unpack_from(raw, RAW_RSP)[0]
+        base = rsp - RED_ZONE
+        hit = self._hits[addr] = self._hits.get(addr, 0) + 1
+        redzone = self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
+        self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, redzone, dict(self._exits))
+        if self._writes is not None:  # stores starting up to MAX_STORE - 1 bytes below may reach it
+            self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
 
-    def _on_block(self, addr: int, _size: int) -> None:
+    def finish(self, resume: int, raw: bytes, rsp: int | None = None, redzone: bytes | None = None) -> None:
+        """The guest resumes at ``resume`` with the state ``raw`` (just read), except ``rsp`` when
+        given (a ``ret`` about to run moves rsp and rip, nothing else); ``redzone``: its bytes now,
+        if the caller has just read them."""
         tx = self.active
-        if tx is None or addr == tx.site and tx.chain is None or self.machine.uprobes.stepping:
+        if tx is None:
             return
-        vma = self.mem.find(addr)
-        if vma is not None and vma.name in KERNEL_SIDE:
-            return
-        self.active = None
-        tx.end_addr = addr
-        tx.end_state = self.cpu.read_user_state()
-        tx.end_state[RIP_INDEX] = addr
-        tx.end_ext = self.cpu.read_extended()
-        tx.redzone_after = self.mem.read(tx.redzone_base, RED_ZONE)
-        now = self.machine.uprobes.stats.exits
-        tx.exits = {k: now[k] - tx.exits_before.get(k, 0) for k in now if now[k] != tx.exits_before.get(k, 0)}
+        self.abandon()
+        base = tx.redzone_base
+        tx.end_raw = raw
+        tx.end_addr = resume
+        tx.end_rsp = _U64.unpack_from(raw, RAW_RSP)[0] if rsp is None else rsp
+        tx.redzone_after = redzone or self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)
+        tx.exits_after = dict(self._exits)
         self.count += 1
         self.on_finished(tx)
+
+    def abandon(self) -> None:
+        """No verdict on this hit: it ended (or the kernel is delivering a signal: it will not resume)."""
+        self.active = None
+        if self._writes is not None:
+            self._writes.close()
 
     def _on_write(self, addr: int, size: int, value: int) -> None:
         tx = self.active
         if tx is None:
             return
-        base = tx.redzone_base
-        if addr + size > base and addr < base + RED_ZONE:
-            tx.guest_writes.append(GuestWrite(self.cpu.read(Reg.RIP), addr, size, value))
+        offset = addr - tx.redzone_base
+        if offset + size <= 0 or offset >= RED_ZONE:
+            return
+        if tx.nop and 0 <= offset <= RED_ZONE - size:
+            stored = (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")
+            if stored == tx.redzone_before[offset : offset + size]:
+                # Stores what the snapshot holds (the 6.18 trampoline's saves, from the second
+                # optimized hit on). A NOP's reference red zone is the snapshot, so this store leaves
+                # no difference of its own: a byte found changed later was changed by a later store
+                # (recorded) or by the kernel.
+                return
+        tx.add_write(GuestWrite(self.cpu.read(Reg.RIP), addr, size, value))
 
     def _on_chain(self, probe: Uprobe, regs: PtRegs | None, path: Path, after: bool) -> None:
         tx = self.active
@@ -133,9 +210,13 @@ class TransactionTracker:
         tx.path = path
         if regs is None:
             return  # the counting-only fast path: the consumers changed nothing
+        for consumer in probe.consumers:
+            if consumer.handler is not None:
+                break
+        else:
+            return  # counting consumers only: nothing can change a register
         if not after:
             tx.chain = (regs.copy(), regs)
-            tx.path = path
         else:
             assert tx.chain is not None
             tx.chain = (tx.chain[0], regs.copy())

@@ -1,0 +1,149 @@
+"""Where and when the guest resumes after a probe hit, without a hook on every block.
+
+Control leaves the kernel's side (the kernel itself, and the pages it maps: [uprobes-trampoline]
+with its jmp slots, [uprobes]) in one of three ways, each seen at the moment it happens:
+
+* the kernel returns to user mode (INT3 handled, a syscall left by SYSRET or IRET): this
+  module's interrupt and syscall hooks are added after the kernel's, so they run once the kernel
+  has set the registers, and rip is where it returns (for a syscall, rip + 2: Unicorn adds 2);
+* a ``ret`` at the end of straight-line trampoline code: an exact-address hook on that ``ret``,
+  added the first time the kernel returns into that code (before it is translated again), reads
+  the return address; a ``ret`` changes rip and rsp and nothing else, so the state the guest
+  resumes with is the state at the hook with rsp moved;
+* anything else (an out-of-line step, which the kernel runs between two CPU runs, or trampoline
+  code that branches): a block hook, added on first need, ends the transaction at the first
+  block outside the kernel's pages.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from emu.abi import RED_ZONE
+from emu.cpu import add_lean_code_hook, add_lean_interrupt_hook, flush_all_code, hook_failed
+from emu.disasm import cs64
+
+if TYPE_CHECKING:
+    from emu.machine import Machine
+    from emu.verify.transaction import TransactionTracker
+
+RAW_RIP, RAW_RSP = 0, 8  # offsets in a RawState snapshot
+KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
+U64 = (1 << 64) - 1
+TAIL_SCAN_BYTES = 256
+# Instructions after which execution need not continue with the next one.
+_BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "into", "iret", "iretd", "iretq",
+                       "sysret", "sysretq", "retf", "retfq", "hlt", "ud0", "ud1", "ud2"})
+_KERNEL_ENTRIES = frozenset({"syscall", "int3"})  # the kernel's own exit is seen by the hooks here
+
+
+class ResumeWatch:
+    def __init__(self, machine: Machine, tracker: TransactionTracker) -> None:
+        self.machine = machine
+        self.cpu = machine.cpu
+        self.mem = machine.mem
+        self.up = machine.uprobes
+        self.tracker = tracker
+        self._followed: set[int] = set()  # kernel-side addresses whose straight-line run is watched
+        self._rets: dict[int, int] = {}  # hooked ret -> its immediate (bytes popped after the address)
+        self._watching_blocks = False
+        add_lean_interrupt_hook(self.cpu, self._after_interrupt)
+        self.cpu.add_syscall_hook(self._after_syscall)
+
+    # ----------------------------------------------------------- the kernel's exits
+    def _after_interrupt(self, _intno: int) -> None:
+        if self.tracker.active is not None:
+            self._kernel_returns(0)
+
+    def _after_syscall(self) -> None:
+        if self.tracker.active is not None:
+            self._kernel_returns(2)  # rip is still at the syscall: Unicorn adds 2
+
+    def _kernel_returns(self, rip_advance: int) -> None:
+        if hook_failed(self.cpu):
+            self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
+            return
+        raw = self.tracker.raw.read()
+        addr = (struct.unpack_from("<Q", raw, RAW_RIP)[0] + rip_advance) & U64
+        vma = self.mem.find(addr)
+        if vma is None or vma.name not in KERNEL_SIDE:
+            self.tracker.finish(addr, raw)
+        elif self.machine.kernel.deferred:
+            self._watch_blocks()  # an out-of-line step: the kernel runs it between two CPU runs
+        else:
+            self._follow(addr)
+
+    def _kernel_side(self, addr: int) -> bool:
+        vma = self.mem.find(addr)
+        return vma is not None and vma.name in KERNEL_SIDE
+
+    # ------------------------------------------------------ straight-line trampoline code
+    def _follow(self, addr: int) -> None:
+        """Watch where the kernel-side code at ``addr`` leaves: hook its ``ret`` (once per address)."""
+        if addr in self._followed:
+            return
+        self._followed.add(addr)
+        end = self._straight_line_end(addr)
+        if end is None:
+            self._watch_blocks()
+            return
+        pc, size, mnemonic, op_str = end
+        if mnemonic in _KERNEL_ENTRIES:
+            return
+        if mnemonic != "ret":
+            self._watch_blocks()
+            return
+        self._rets[pc] = int(op_str, 0) if op_str else 0
+        add_lean_code_hook(self.cpu, self._on_ret, pc, pc)
+        self.cpu.flush_code(addr, pc + size)
+
+    def _straight_line_end(self, addr: int) -> tuple[int, int, str, str] | None:
+        vma = self.mem.find(addr)
+        assert vma is not None
+        code = self.mem.read(addr, min(TAIL_SCAN_BYTES, vma.end - addr))
+        for pc, size, mnemonic, op_str in cs64().disasm_lite(code, addr):
+            word = mnemonic.split()[-1]  # "repz ret", "bnd jmp"
+            if word in _BRANCHES or word == "ret" or word.startswith(("j", "loop")):
+                return pc, size, word, op_str
+        return None
+
+    def _on_ret(self, addr: int, _size: int) -> None:
+        tracker = self.tracker
+        tx = tracker.active
+        if tx is None or self.up.stepping:
+            return
+        raw = tracker.raw.read()
+        (rsp,) = struct.unpack_from("<Q", raw, RAW_RSP)
+        redzone = None
+        offset = rsp - tx.redzone_base
+        if 0 <= offset <= RED_ZONE - 8:  # the 6.18 trampoline returns from the red zone: one read
+            redzone = tracker.raw.mem(tx.redzone_base, RED_ZONE)
+            word = None if redzone is None else redzone[offset : offset + 8]
+        else:
+            word = tracker.raw.mem(rsp, 8)
+        if word is None:
+            tracker.abandon()  # the ret faults: SIGSEGV, no resume
+            return
+        (target,) = struct.unpack("<Q", word)
+        if self._kernel_side(target):
+            self._follow(target)
+        else:
+            tracker.finish(target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
+
+    # ------------------------------------------------------------------ the fallback
+    def _watch_blocks(self) -> None:
+        if not self._watching_blocks:
+            self._watching_blocks = True
+            self.machine.kernel.defer(self._add_block_hook)  # outside the run: the hook, then a flush
+
+    def _add_block_hook(self) -> None:
+        self.cpu.add_block_hook(self._on_block)
+        flush_all_code(self.cpu)
+
+    def _on_block(self, addr: int, _size: int) -> None:
+        tx = self.tracker.active
+        if tx is None or addr == tx.site and tx.chain is None or self.up.stepping:
+            return
+        if not self._kernel_side(addr):
+            self.tracker.finish(addr, self.tracker.raw.read())
