@@ -437,33 +437,33 @@ def flush_all_code(cpu: Cpu) -> None:
     cpu._uc.ctl_flush_tb()  # type: ignore[attr-defined]
 
 
-def add_lean_code_hook(cpu: Cpu, callback: Callable[[int, int], None], begin: int, end: int) -> HookHandle:
-    """:meth:`Cpu.add_code_hook` with one Python frame per call instead of three, for hooks that
-    fire on every probe hit; an exception stops the run and is re-raised by :meth:`Cpu.run`."""
-
-    def on_code(_uc: object, addr: int, size: int, _ud: object) -> None:
-        try:
-            callback(addr, size)
-        except BaseException as exc:  # re-raised by run()
-            _hook_raised(cpu, exc)
-
-    return cpu._add_hook(unicorn.UC_HOOK_CODE, _CODE_CB(on_code), begin, end)
+# Raw hooks: the callback is called by Unicorn with Unicorn's own arguments, with no Python frame in
+# between (the verifiers' hooks fire on every probe hit, where each frame costs). It must catch its
+# own exceptions and hand them to hook_raised, which stops the run; Cpu.run re-raises them.
+RawCodeHook = Callable[[object, int, int, object], None]  # (uc, address, size, user data)
+RawWriteHook = Callable[[object, int, int, int, int, object], bool]  # (uc, access, address, size, value, user data)
+RawInterruptHook = Callable[[object, int, object], None]  # (uc, interrupt number, user data)
+RawSyscallHook = Callable[[object, object], None]  # (uc, user data)
 
 
-def add_lean_mem_write_hook(cpu: Cpu, callback: Callable[[int, int, int], None], begin: int, end: int) -> HookHandle:
-    """:meth:`Cpu.add_mem_write_hook`, lean in the same way as :func:`add_lean_code_hook`."""
-
-    def on_write(_uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
-        try:
-            callback(addr, size, value)
-        except BaseException as exc:  # re-raised by run()
-            _hook_raised(cpu, exc)
-        return True
-
-    return cpu._add_hook(unicorn.UC_HOOK_MEM_WRITE, _MEM_CB(on_write), begin, end)
+def add_raw_code_hook(cpu: Cpu, callback: RawCodeHook, begin: int, end: int) -> HookHandle:
+    return cpu._add_hook(unicorn.UC_HOOK_CODE, _CODE_CB(callback), begin, end)
 
 
-def _hook_raised(cpu: Cpu, exc: BaseException) -> None:
+def add_raw_mem_write_hook(cpu: Cpu, callback: RawWriteHook, begin: int, end: int) -> HookHandle:
+    return cpu._add_hook(unicorn.UC_HOOK_MEM_WRITE, _MEM_CB(callback), begin, end)
+
+
+def add_raw_interrupt_hook(cpu: Cpu, callback: RawInterruptHook) -> HookHandle:
+    return cpu._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(callback), 1, 0)
+
+
+def add_raw_syscall_hook(cpu: Cpu, callback: RawSyscallHook) -> HookHandle:
+    return cpu._add_hook(unicorn.UC_HOOK_INSN, _SYSCALL_CB(callback), 1, 0, x86.UC_X86_INS_SYSCALL)
+
+
+def hook_raised(cpu: Cpu, exc: BaseException) -> None:
+    """For raw hooks: stop the run; :meth:`Cpu.run` re-raises ``exc`` (the first one, if several)."""
     if cpu._hook_error is None:
         cpu._hook_error = exc
     uclib.uc_emu_stop(cpu._uch)
@@ -497,14 +497,3 @@ class HookRange:
         """Fire for (almost) nothing: only an access at address 0, a null-pointer store that faults."""
         self.set(0, 0)
 
-
-def add_lean_interrupt_hook(cpu: Cpu, callback: Callable[[int], None]) -> HookHandle:
-    """:meth:`Cpu.add_interrupt_hook`, lean in the same way as :func:`add_lean_code_hook`."""
-
-    def on_interrupt(_uc: object, intno: int, _ud: object) -> None:
-        try:
-            callback(intno)
-        except BaseException as exc:  # re-raised by run()
-            _hook_raised(cpu, exc)
-
-    return cpu._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(on_interrupt), 1, 0)

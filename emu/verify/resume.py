@@ -13,6 +13,10 @@ with its jmp slots, [uprobes]) in one of three ways, each seen at the moment it 
 * anything else (an out-of-line step, which the kernel runs between two CPU runs, or trampoline
   code that branches): a block hook, added on first need, ends the transaction at the first
   block outside the kernel's pages.
+
+A SYSRET goes back to the instruction after the ``syscall``: for a probe site whose trampoline
+code after its syscall is already watched, the syscall hook then only checks the kernel's exit
+record (no IRET counted) instead of reading rip.
 """
 
 from __future__ import annotations
@@ -21,21 +25,22 @@ import struct
 from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
-from emu.cpu import add_lean_code_hook, add_lean_interrupt_hook, flush_all_code, hook_failed
+from emu.cpu import add_raw_code_hook, add_raw_interrupt_hook, add_raw_syscall_hook, flush_all_code, hook_failed, hook_raised
 from emu.disasm import cs64
 
 if TYPE_CHECKING:
     from emu.machine import Machine
     from emu.verify.transaction import TransactionTracker
 
-RAW_RIP, RAW_RSP = 0, 8  # offsets in a RawState snapshot
 KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
 U64 = (1 << 64) - 1
+RAW_RIP, RAW_RSP = 0, 8  # offsets in a RawState snapshot
 TAIL_SCAN_BYTES = 256
 # Instructions after which execution need not continue with the next one.
 _BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "into", "iret", "iretd", "iretq",
                        "sysret", "sysretq", "retf", "retfq", "hlt", "ud0", "ud1", "ud2"})
 _KERNEL_ENTRIES = frozenset({"syscall", "int3"})  # the kernel's own exit is seen by the hooks here
+_IRET = "iret"  # ExitPath.IRET.value: the kernel's exit record (UprobeStats.exits)
 
 
 class ResumeWatch:
@@ -45,58 +50,77 @@ class ResumeWatch:
         self.mem = machine.mem
         self.up = machine.uprobes
         self.tracker = tracker
+        self._exits = machine.uprobes.stats.exits
         self._followed: set[int] = set()  # kernel-side addresses whose straight-line run is watched
         self._rets: dict[int, int] = {}  # hooked ret -> its immediate (bytes popped after the address)
+        self._tail_ret: dict[int, int] = {}  # followed kernel-side address -> the hooked ret ending it
+        self._sysret_watched: set[int] = set()  # probe sites whose code after SYSRET is watched
         self._watching_blocks = False
-        add_lean_interrupt_hook(self.cpu, self._after_interrupt)
-        self.cpu.add_syscall_hook(self._after_syscall)
+        add_raw_interrupt_hook(self.cpu, self._after_interrupt)
+        add_raw_syscall_hook(self.cpu, self._after_syscall)
+
+    def lost_track(self) -> None:
+        """The guest resumed without any of the hooks here seeing it: watch blocks from now on."""
+        self._sysret_watched.clear()
+        self._watch_blocks()
 
     # ----------------------------------------------------------- the kernel's exits
-    def _after_interrupt(self, _intno: int) -> None:
-        if self.tracker.active is not None:
-            self._kernel_returns(0)
+    def _after_interrupt(self, _uc: object, _intno: int, _ud: object) -> None:
+        try:
+            if self.tracker.active is not None:
+                self._kernel_returns(0)
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
 
-    def _after_syscall(self) -> None:
-        if self.tracker.active is not None:
-            self._kernel_returns(2)  # rip is still at the syscall: Unicorn adds 2
+    def _after_syscall(self, _uc: object, _ud: object) -> None:
+        try:
+            tx = self.tracker.active
+            if tx is None:
+                return
+            if tx.site in self._sysret_watched and self._exits[_IRET] == tx.exits_before.get(_IRET, 0) \
+                    and not hook_failed(self.cpu):
+                return  # SYSRET into the trampoline code watched for this site
+            if self._kernel_returns(2) and not self._exits[_IRET] - tx.exits_before.get(_IRET, 0):
+                self._sysret_watched.add(tx.site)
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
 
-    def _kernel_returns(self, rip_advance: int) -> None:
+    def _kernel_returns(self, rip_advance: int) -> bool:
+        """The kernel returns to rip + ``rip_advance``. True: into straight-line code now watched."""
         if hook_failed(self.cpu):
             self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
-            return
+            return False
         raw = self.tracker.raw.read()
         addr = (struct.unpack_from("<Q", raw, RAW_RIP)[0] + rip_advance) & U64
         vma = self.mem.find(addr)
         if vma is None or vma.name not in KERNEL_SIDE:
             self.tracker.finish(addr, raw)
-        elif self.machine.kernel.deferred:
+            return False
+        if self.machine.kernel.deferred:
             self._watch_blocks()  # an out-of-line step: the kernel runs it between two CPU runs
-        else:
-            self._follow(addr)
+            return False
+        return self._follow(addr)
 
     def _kernel_side(self, addr: int) -> bool:
         vma = self.mem.find(addr)
         return vma is not None and vma.name in KERNEL_SIDE
 
     # ------------------------------------------------------ straight-line trampoline code
-    def _follow(self, addr: int) -> None:
-        """Watch where the kernel-side code at ``addr`` leaves: hook its ``ret`` (once per address)."""
-        if addr in self._followed:
-            return
-        self._followed.add(addr)
-        end = self._straight_line_end(addr)
-        if end is None:
-            self._watch_blocks()
-            return
-        pc, size, mnemonic, op_str = end
-        if mnemonic in _KERNEL_ENTRIES:
-            return
-        if mnemonic != "ret":
-            self._watch_blocks()
-            return
-        self._rets[pc] = int(op_str, 0) if op_str else 0
-        add_lean_code_hook(self.cpu, self._on_ret, pc, pc)
-        self.cpu.flush_code(addr, pc + size)
+    def _follow(self, addr: int) -> bool:
+        """Watch where the kernel-side code at ``addr`` leaves: hook the ``ret`` ending its straight
+        line (once per address). True if a hooked ``ret`` ends it (and no block hook is needed)."""
+        if addr not in self._followed:
+            self._followed.add(addr)
+            end = self._straight_line_end(addr)
+            if end is not None and end[2] == "ret":
+                pc, size, _word, op_str = end
+                self._rets[pc] = int(op_str, 0) if op_str else 0
+                add_raw_code_hook(self.cpu, self._on_ret, pc, pc)
+                self.cpu.flush_code(addr, pc + size)
+                self._tail_ret[addr] = pc
+            elif end is None or end[2] not in _KERNEL_ENTRIES:
+                self._watch_blocks()  # else the kernel is entered again: the hooks here see its exit
+        return addr in self._tail_ret and not self._watching_blocks
 
     def _straight_line_end(self, addr: int) -> tuple[int, int, str, str] | None:
         vma = self.mem.find(addr)
@@ -108,28 +132,31 @@ class ResumeWatch:
                 return pc, size, word, op_str
         return None
 
-    def _on_ret(self, addr: int, _size: int) -> None:
-        tracker = self.tracker
-        tx = tracker.active
-        if tx is None or self.up.stepping:
-            return
-        raw = tracker.raw.read()
-        (rsp,) = struct.unpack_from("<Q", raw, RAW_RSP)
-        redzone = None
-        offset = rsp - tx.redzone_base
-        if 0 <= offset <= RED_ZONE - 8:  # the 6.18 trampoline returns from the red zone: one read
-            redzone = tracker.raw.mem(tx.redzone_base, RED_ZONE)
-            word = None if redzone is None else redzone[offset : offset + 8]
-        else:
-            word = tracker.raw.mem(rsp, 8)
-        if word is None:
-            tracker.abandon()  # the ret faults: SIGSEGV, no resume
-            return
-        (target,) = struct.unpack("<Q", word)
-        if self._kernel_side(target):
-            self._follow(target)
-        else:
-            tracker.finish(target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
+    def _on_ret(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
+        try:
+            tracker = self.tracker
+            tx = tracker.active
+            if tx is None or self.up.stepping:
+                return
+            raw = tracker.raw.read()
+            (rsp,) = struct.unpack_from("<Q", raw, RAW_RSP)
+            redzone = None
+            offset = rsp - tx.redzone_base
+            if 0 <= offset <= RED_ZONE - 8:  # the 6.18 trampoline returns from the red zone: one read
+                redzone = tracker.raw.mem(tx.redzone_base, RED_ZONE)
+                word = None if redzone is None else redzone[offset : offset + 8]
+            else:
+                word = tracker.raw.mem(rsp, 8)
+            if word is None:
+                tracker.abandon()  # the ret faults: SIGSEGV, no resume
+                return
+            (target,) = struct.unpack("<Q", word)
+            if self._kernel_side(target):
+                self._follow(target)
+            else:
+                tracker.finish(target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
 
     # ------------------------------------------------------------------ the fallback
     def _watch_blocks(self) -> None:

@@ -20,7 +20,16 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
-from emu.cpu import STATE_FLAGS_OFFSET, STATE_XMM_OFFSET, HookRange, RawState, Reg, add_lean_code_hook, add_lean_mem_write_hook
+from emu.cpu import (
+    STATE_FLAGS_OFFSET,
+    STATE_XMM_OFFSET,
+    HookRange,
+    RawState,
+    Reg,
+    add_raw_code_hook,
+    add_raw_mem_write_hook,
+    hook_raised,
+)
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
@@ -137,31 +146,35 @@ class TransactionTracker:
             uprobe = att.uprobe
             self._by_site.setdefault(att.address, (att.resolved.spec.text, uprobe, uprobe.insn.kind is Kind.NOP))
         for site in self._by_site:
-            add_lean_code_hook(self.cpu, self._on_site, site, site)
+            add_raw_code_hook(self.cpu, self._on_site, site, site)
         self._writes: HookRange | None = None
         stack = next((v for v in self.mem if v.name == "[stack]"), None)
         if stack is not None:
-            hook = add_lean_mem_write_hook(self.cpu, self._on_write, stack.start, stack.end - 1)
+            hook = add_raw_mem_write_hook(self.cpu, self._on_write, stack.start, stack.end - 1)
             self._writes = HookRange(hook, stack.start, stack.end - 1)
             self._writes.close()  # opened on the red zone during each transaction
         machine.uprobes.chain_observers.append(self._on_chain)
         self.resume = ResumeWatch(machine, self)
 
-    def _on_site(self, addr: int, _size: int) -> None:
-        if self.active is not None:
-            return
-        name, probe, nop = self._by_site[addr]
-        up = self._up
-        if up.probes.get(addr) is not probe:
-            return  # detached: the original instruction runs, nothing to verify
-        raw = self.raw.read()
-        rsp = _U64.unpack_from(raw, RAW_RSP)[0]
-        base = rsp - RED_ZONE
-        hit = self._hits[addr] = self._hits.get(addr, 0) + 1
-        redzone = self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
-        self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, redzone, dict(self._exits))
-        if self._writes is not None:  # stores starting up to MAX_STORE - 1 bytes below may reach it
-            self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
+    def _on_site(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
+        """Raw code hook at each probe site (its body is inline: a frame costs on every hit)."""
+        try:
+            if self.active is not None:
+                self.resume.lost_track()  # the guest resumed unseen; never expected
+                self.abandon()
+            name, probe, nop = self._by_site[addr]
+            if self._up.probes.get(addr) is not probe:
+                return  # detached: the original instruction runs, nothing to verify
+            raw = self.raw.read()
+            rsp = _U64.unpack_from(raw, RAW_RSP)[0]
+            base = rsp - RED_ZONE
+            hit = self._hits[addr] = self._hits.get(addr, 0) + 1
+            redzone = self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
+            self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, redzone, dict(self._exits))
+            if self._writes is not None:  # stores starting up to MAX_STORE - 1 bytes below may reach it
+                self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
 
     def finish(self, resume: int, raw: bytes, rsp: int | None = None, redzone: bytes | None = None) -> None:
         """The guest resumes at ``resume`` with the state ``raw`` (just read), except ``rsp`` when
@@ -186,22 +199,27 @@ class TransactionTracker:
         if self._writes is not None:
             self._writes.close()
 
-    def _on_write(self, addr: int, size: int, value: int) -> None:
-        tx = self.active
-        if tx is None:
-            return
-        offset = addr - tx.redzone_base
-        if offset + size <= 0 or offset >= RED_ZONE:
-            return
-        if tx.nop and 0 <= offset <= RED_ZONE - size:
-            stored = (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")
-            if stored == tx.redzone_before[offset : offset + size]:
-                # Stores what the snapshot holds (the 6.18 trampoline's saves, from the second
-                # optimized hit on). A NOP's reference red zone is the snapshot, so this store leaves
-                # no difference of its own: a byte found changed later was changed by a later store
-                # (recorded) or by the kernel.
-                return
-        tx.add_write(GuestWrite(self.cpu.read(Reg.RIP), addr, size, value))
+    def _on_write(self, _uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
+        """Raw write hook, open on the active transaction's red zone only (HookRange)."""
+        try:
+            tx = self.active
+            if tx is None:
+                return True
+            offset = addr - tx.redzone_base
+            if offset + size <= 0 or offset >= RED_ZONE:
+                return True
+            if tx.nop and 0 <= offset <= RED_ZONE - size:
+                stored = (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")
+                if stored == tx.redzone_before[offset : offset + size]:
+                    # Stores what the snapshot holds (the 6.18 trampoline's saves, from the second
+                    # optimized hit on). A NOP's reference red zone is the snapshot, so this store
+                    # leaves no difference of its own: a byte found changed later was changed by a
+                    # later store (recorded) or by the kernel.
+                    return True
+            tx.add_write(GuestWrite(self.cpu.read(Reg.RIP), addr, size, value))
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
+        return True
 
     def _on_chain(self, probe: Uprobe, regs: PtRegs | None, path: Path, after: bool) -> None:
         tx = self.active
