@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 from emu.abi import RED_ZONE
 from emu.verify.expected import STATE_INDEX, Expected, consumer_changes
-from emu.verify.transaction import RAW_KEPT, RIP_INDEX, Transaction
+from emu.verify.state import RAW_KEPT
+from emu.verify.transaction import RIP_INDEX, Transaction
 from emu.verify.violations import Check, Violation
 
 # rflags bits a probe must preserve: CF PF AF ZF SF DF OF

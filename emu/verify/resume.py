@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from emu.abi import RED_ZONE
 from emu.cpu import add_raw_code_hook, add_raw_interrupt_hook, add_raw_syscall_hook, flush_all_code, hook_failed, hook_raised
 from emu.disasm import cs64
+from emu.verify.state import RAW_RIP, RAW_RSP
 
 if TYPE_CHECKING:
     from emu.machine import Machine
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 
 KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
 U64 = (1 << 64) - 1
-RAW_RIP, RAW_RSP = 0, 8  # offsets in a RawState snapshot
 TAIL_SCAN_BYTES = 256
 # Instructions after which execution need not continue with the next one.
 _BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "into", "iret", "iretd", "iretq",
@@ -77,10 +77,10 @@ class ResumeWatch:
             tx = self.tracker.active
             if tx is None:
                 return
-            if tx.site in self._sysret_watched and self._exits[_IRET] == tx.exits_before.get(_IRET, 0) \
-                    and not hook_failed(self.cpu):
+            irets = self._exits.get(_IRET, 0) - tx.exits_before.get(_IRET, 0)
+            if not irets and tx.site in self._sysret_watched and not hook_failed(self.cpu):
                 return  # SYSRET into the trampoline code watched for this site
-            if self._kernel_returns(2) and not self._exits[_IRET] - tx.exits_before.get(_IRET, 0):
+            if self._kernel_returns(2) and not irets:
                 self._sysret_watched.add(tx.site)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
@@ -151,7 +151,8 @@ class ResumeWatch:
                 tracker.abandon()  # the ret faults: SIGSEGV, no resume
                 return
             (target,) = struct.unpack("<Q", word)
-            if self._kernel_side(target):
+            vma = self.mem.find(target)
+            if vma is not None and vma.name in KERNEL_SIDE:
                 self._follow(target)
             else:
                 tracker.finish(target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)

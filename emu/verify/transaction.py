@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
 from emu.cpu import (
-    STATE_FLAGS_OFFSET,
-    STATE_XMM_OFFSET,
     HookRange,
     RawState,
     Reg,
@@ -35,7 +33,7 @@ from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.resume import ResumeWatch
-from emu.verify.scratch import ExtendedState
+from emu.verify.state import RAW_RSP, ExtendedState, decode_extended, decode_state
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine
@@ -43,21 +41,8 @@ if TYPE_CHECKING:
 RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
 RIP_INDEX = 16
 FLAGS_INDEX = 17
-RAW_RSP = 8  # offset of rsp in a RawState snapshot (rip is at 0)
-RAW_KEPT = 16  # from here on, a snapshot holds what a probe hit must leave as it was (rflags exactly)
 MAX_STORE = 64  # bytes one instruction can store (an AVX-512 register)
 _U64 = struct.Struct("<Q")
-
-
-def decode_state(raw: bytes) -> list[int]:
-    """The 16 GPRs, rip and rflags of a RawState snapshot, in read_user_state order."""
-    v = struct.unpack_from("<18Q", raw)  # rip, rsp, rax rbx rcx rdx rsi rdi rbp, r8-r15, rflags
-    return [*v[2:9], v[1], *v[9:17], v[0], v[17]]
-
-
-def decode_extended(raw: bytes) -> ExtendedState:
-    fs, gs, mxcsr = struct.unpack_from("<3Q", raw, STATE_FLAGS_OFFSET + 8)
-    return fs, gs, raw[STATE_XMM_OFFSET:], mxcsr
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +168,9 @@ class TransactionTracker:
         tx = self.active
         if tx is None:
             return
-        self.abandon()
+        self.active = None
+        if self._writes is not None:
+            self._writes.close()
         base = tx.redzone_base
         tx.end_raw = raw
         tx.end_addr = resume
