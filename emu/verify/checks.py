@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from emu.abi import RED_ZONE
-from emu.verify.expected import STATE_INDEX, Expected, consumer_changes
-from emu.verify.state import RAW_KEPT
+from emu.verify.expected import STATE_INDEX, Expected
 from emu.verify.transaction import RIP_INDEX, Transaction
 from emu.verify.violations import Check, Violation
 
@@ -14,19 +13,6 @@ from emu.verify.violations import Check, Violation
 FLAGS_MASK = 0x1 | 0x4 | 0x10 | 0x40 | 0x80 | 0x400 | 0x800
 REG_NAMES = {i: ("r" + n if len(n) == 2 and not n[1].isdigit() else n) for n, i in STATE_INDEX.items()}
 REG_NAMES[17] = "rflags"
-
-
-def nop_left_as_found(tx: Transaction) -> bool:
-    """The common case, decided on the raw snapshots without a reference: a NOP-class site whose
-    consumers changed nothing, resumed right after the site with rsp, every other register (rflags
-    exactly), the extended state and the red zone as they were. Then the reference is the start
-    state with rip moved and none of the checks below can find anything; anything else (rflags
-    differing only outside FLAGS_MASK, say) goes to them."""
-    return (
-        tx.nop and tx.end_addr == tx.site + len(tx.original) and tx.end_rsp == tx.start_rsp
-        and tx.redzone_after == tx.redzone_before and tx.end_raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:]
-        and (tx.chain is None or not consumer_changes(tx))
-    )
 
 
 def _violation(kind: Check, tx: Transaction, summary: str, **detail: object) -> Violation:

@@ -33,7 +33,7 @@ from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.resume import ResumeWatch
-from emu.verify.state import RAW_RSP, ExtendedState, decode_extended, decode_state
+from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
 RIP_INDEX = 16
 FLAGS_INDEX = 17
-MAX_STORE = 64  # bytes one instruction can store (an AVX-512 register)
+MAX_STORE = 8  # the widest store a write hook reports: Unicorn's x86 splits SSE/fxsave stores into 8-byte ones
 _U64 = struct.Struct("<Q")
 
 
@@ -156,7 +156,7 @@ class TransactionTracker:
             hit = self._hits[addr] = self._hits.get(addr, 0) + 1
             redzone = self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
             self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, redzone, dict(self._exits))
-            if self._writes is not None:  # stores starting up to MAX_STORE - 1 bytes below may reach it
+            if self._writes is not None:  # a store starting up to MAX_STORE - 1 bytes below reaches it
                 self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
@@ -164,20 +164,28 @@ class TransactionTracker:
     def finish(self, resume: int, raw: bytes, rsp: int | None = None, redzone: bytes | None = None) -> None:
         """The guest resumes at ``resume`` with the state ``raw`` (just read), except ``rsp`` when
         given (a ``ret`` about to run moves rsp and rip, nothing else); ``redzone``: its bytes now,
-        if the caller has just read them."""
+        if the caller has just read them. A hit that provably left everything as it found it is
+        counted here; the others go to ``on_finished``, for the checks."""
         tx = self.active
         if tx is None:
             return
         self.active = None
         if self._writes is not None:
             self._writes.close()
-        base = tx.redzone_base
-        tx.end_raw = raw
-        tx.end_addr = resume
-        tx.end_rsp = _U64.unpack_from(raw, RAW_RSP)[0] if rsp is None else rsp
-        tx.redzone_after = redzone or self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)
-        tx.exits_after = dict(self._exits)
         self.count += 1
+        base = tx.redzone_base
+        if rsp is None:
+            rsp = _U64.unpack_from(raw, RAW_RSP)[0]
+        if redzone is None:
+            redzone = self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)
+        if (tx.nop and resume == tx.site + len(tx.original) and rsp == tx.start_rsp and tx.chain is None
+                and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and redzone == tx.redzone_before):
+            # A NOP-class site, no consumer could change anything, the guest resumed right after
+            # it with every register (rflags exactly), the extended state and the red zone as they
+            # were: the reference is the start state with rip moved, no check can find anything.
+            return
+        tx.end_raw, tx.end_addr, tx.end_rsp, tx.redzone_after = raw, resume, rsp, redzone
+        tx.exits_after = dict(self._exits)
         self.on_finished(tx)
 
     def abandon(self) -> None:
