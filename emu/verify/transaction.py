@@ -32,6 +32,7 @@ from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
+from emu.verify.kernel_writes import WatchedBackend
 from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
 
@@ -65,11 +66,12 @@ class Transaction:
     end_addr = 0
     end_rsp = 0
     end_raw = b""
+    redzone_before: bytes | None = None  # read before the first write that reaches it; None: untouched
     redzone_after = b""
     exits_after: Mapping[str, int] = MappingProxyType({})
 
     def __init__(self, probe: str, site: int, original: bytes, hit: int, nop: bool, start_raw: bytes,
-                 start_rsp: int, redzone_before: bytes, exits_before: Mapping[str, int]) -> None:
+                 start_rsp: int, exits_before: Mapping[str, int]) -> None:
         self.probe = probe
         self.site = site
         self.original = original
@@ -78,7 +80,6 @@ class Transaction:
         self.start_raw = start_raw
         self.start_rsp = start_rsp
         self.redzone_base = start_rsp - RED_ZONE
-        self.redzone_before = redzone_before
         self.exits_before = exits_before
 
     def add_write(self, write: GuestWrite) -> None:
@@ -139,6 +140,7 @@ class TransactionTracker:
             self._writes = HookRange(hook, stack.start, stack.end - 1)
             self._writes.close()  # opened on the red zone during each transaction
         machine.uprobes.chain_observers.append(self._on_chain)
+        self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
         self.resume = ResumeWatch(machine, self)
 
     def _on_site(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
@@ -154,8 +156,7 @@ class TransactionTracker:
             rsp = _U64.unpack_from(raw, RAW_RSP)[0]
             base = rsp - RED_ZONE
             hit = self._hits[addr] = self._hits.get(addr, 0) + 1
-            redzone = self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
-            self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, redzone, dict(self._exits))
+            self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, dict(self._exits))
             if self._writes is not None:  # a store starting up to MAX_STORE - 1 bytes below reaches it
                 self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
         except BaseException as exc:
@@ -173,20 +174,33 @@ class TransactionTracker:
         if self._writes is not None:
             self._writes.close()
         self.count += 1
-        base = tx.redzone_base
         if rsp is None:
             rsp = _U64.unpack_from(raw, RAW_RSP)[0]
-        if redzone is None:
-            redzone = self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)
+        before = tx.redzone_before
+        if before is not None and redzone is None:
+            redzone = self._redzone(tx.redzone_base)
         if (tx.nop and resume == tx.site + len(tx.original) and rsp == tx.start_rsp and tx.chain is None
-                and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and redzone == tx.redzone_before):
+                and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and redzone == before):
             # A NOP-class site, no consumer could change anything, the guest resumed right after
             # it with every register (rflags exactly), the extended state and the red zone as they
             # were: the reference is the start state with rip moved, no check can find anything.
             return
+        if redzone is None:
+            redzone = self._redzone(tx.redzone_base)
+        tx.redzone_before = redzone if before is None else before  # None: nothing wrote into it
         tx.end_raw, tx.end_addr, tx.end_rsp, tx.redzone_after = raw, resume, rsp, redzone
         tx.exits_after = dict(self._exits)
         self.on_finished(tx)
+
+    def _redzone(self, base: int) -> bytes:
+        return self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
+
+    def _on_kernel_write(self, addr: int, size: int) -> None:
+        """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it."""
+        tx = self.active
+        if tx is not None and tx.redzone_before is None and addr < tx.redzone_base + RED_ZONE \
+                and addr + size > tx.redzone_base:
+            tx.redzone_before = self._redzone(tx.redzone_base)
 
     def abandon(self) -> None:
         """No verdict on this hit: it ended (or the kernel is delivering a signal: it will not resume)."""
@@ -203,6 +217,8 @@ class TransactionTracker:
             offset = addr - tx.redzone_base
             if offset + size <= 0 or offset >= RED_ZONE:
                 return True
+            if tx.redzone_before is None:  # the first store into it, not landed yet: the red zone as it was
+                tx.redzone_before = self._redzone(tx.redzone_base)
             if tx.nop and 0 <= offset <= RED_ZONE - size:
                 stored = (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")
                 if stored == tx.redzone_before[offset : offset + size]:
