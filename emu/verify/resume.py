@@ -92,8 +92,7 @@ class ResumeWatch:
             return False
         raw = self.tracker.raw.read()
         addr = (struct.unpack_from("<Q", raw, RAW_RIP)[0] + rip_advance) & U64
-        vma = self.mem.find(addr)
-        if vma is None or vma.name not in KERNEL_SIDE:
+        if self._guest_side(addr):
             self.tracker.finish(addr, raw)
             return False
         if self.machine.kernel.deferred:
@@ -101,9 +100,13 @@ class ResumeWatch:
             return False
         return self._follow(addr)
 
-    def _kernel_side(self, addr: int) -> bool:
+    def _guest_side(self, addr: int) -> bool:
+        """Not in the kernel's pages (right after the probed instruction, the common case, is not)."""
+        tx = self.tracker.active
+        if tx is not None and addr == tx.site + len(tx.original):
+            return True
         vma = self.mem.find(addr)
-        return vma is not None and vma.name in KERNEL_SIDE
+        return vma is None or vma.name not in KERNEL_SIDE
 
     # ------------------------------------------------------ straight-line trampoline code
     def _follow(self, addr: int) -> bool:
@@ -151,11 +154,10 @@ class ResumeWatch:
                 tracker.abandon()  # the ret faults: SIGSEGV, no resume
                 return
             (target,) = struct.unpack("<Q", word)
-            vma = self.mem.find(target)
-            if vma is not None and vma.name in KERNEL_SIDE:
-                self._follow(target)
-            else:
+            if self._guest_side(target):
                 tracker.finish(target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
+            else:
+                self._follow(target)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
 
@@ -173,5 +175,5 @@ class ResumeWatch:
         tx = self.tracker.active
         if tx is None or addr == tx.site and tx.chain is None or self.up.stepping:
             return
-        if not self._kernel_side(addr):
+        if self._guest_side(addr):
             self.tracker.finish(addr, self.tracker.raw.read())
