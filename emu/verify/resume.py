@@ -55,7 +55,7 @@ class ResumeWatch:
         self._rets: dict[int, int] = {}  # hooked ret -> its immediate (bytes popped after the address)
         self._tail_ret: dict[int, int] = {}  # followed kernel-side address -> the hooked ret ending it
         self._sysret_watched: set[int] = set()  # probe sites whose code after SYSRET is watched
-        self._watching_blocks = False
+        self.watching_blocks = False  # the fallback is on (it stays on)
         add_raw_interrupt_hook(self.cpu, self._after_interrupt)
         add_raw_syscall_hook(self.cpu, self._after_syscall)
 
@@ -123,7 +123,7 @@ class ResumeWatch:
                 self._tail_ret[addr] = pc
             elif end is None or end[2] not in _KERNEL_ENTRIES:
                 self._watch_blocks()  # else the kernel is entered again: the hooks here see its exit
-        return addr in self._tail_ret and not self._watching_blocks
+        return addr in self._tail_ret and not self.watching_blocks
 
     def _straight_line_end(self, addr: int) -> tuple[int, int, str, str] | None:
         vma = self.mem.find(addr)
@@ -163,8 +163,8 @@ class ResumeWatch:
 
     # ------------------------------------------------------------------ the fallback
     def _watch_blocks(self) -> None:
-        if not self._watching_blocks:
-            self._watching_blocks = True
+        if not self.watching_blocks:
+            self.watching_blocks = True
             self.machine.kernel.defer(self._add_block_hook)  # outside the run: the hook, then a flush
 
     def _add_block_hook(self) -> None:
