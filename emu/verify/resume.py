@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from emu.abi import RED_ZONE
 from emu.cpu import add_raw_code_hook, add_raw_interrupt_hook, add_raw_syscall_hook, flush_all_code, hook_failed, hook_raised
 from emu.disasm import cs64
+from emu.kernel.uprobes.regs import ExitPath
 from emu.verify.state import RAW_RIP, RAW_RSP
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ TAIL_SCAN_BYTES = 256
 _BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "into", "iret", "iretd", "iretq",
                        "sysret", "sysretq", "retf", "retfq", "hlt", "ud0", "ud1", "ud2"})
 _KERNEL_ENTRIES = frozenset({"syscall", "int3"})  # the kernel's own exit is seen by the hooks here
-_IRET = "iret"  # ExitPath.IRET.value: the kernel's exit record (UprobeStats.exits)
+_IRET = ExitPath.IRET.value  # its count in the kernel's exit record (UprobeStats.exits)
 
 
 class ResumeWatch:

@@ -1,13 +1,17 @@
 """Probe transactions: from the moment execution reaches a patched site until the guest resumes.
 
 Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
-after the code was translated): an exact-address code hook per probe site (free elsewhere), one
-memory-write hook over the stack gated by ``active`` (adding and removing a hook per hit costs
-~39 us), an observer of the handler chain that records what the consumers changed, and
-emu/verify/resume.py, which says where and when the guest resumes.
+after the code was translated): an exact-address code hook per probe site (free elsewhere); one
+memory-write hook whose range is moved onto the red zone for the length of a transaction and
+onto nothing otherwise (adding and removing a hook per hit costs ~39 us; HookRange); a memory
+backend that sees the fake kernel's writes before they land; an observer of the handler chain
+that records what the consumers changed; and emu/verify/resume.py, which says where and when the
+guest resumes.
 
-The state is read in one C call at each end, as raw bytes (emu.cpu.RawState), and the red zone
-in one read: the session compares bytes and decodes registers only when something differs.
+Every hook here fires on every hit, so the work per hit is counted in C calls and Python frames:
+the state is read in one C call at each end as raw bytes (emu.cpu.RawState) and compared as
+bytes; the red zone is read only if something writes into it, before the write lands; a hit
+that provably left everything as it found it is settled here without building a reference.
 """
 
 from __future__ import annotations
@@ -147,7 +151,7 @@ class TransactionTracker:
         """Raw code hook at each probe site (its body is inline: a frame costs on every hit)."""
         try:
             if self.active is not None:
-                self.resume.lost_track()  # the guest resumed unseen; never expected
+                self.resume.lost_track()  # the guest resumed unseen (not expected): watch blocks
                 self.abandon()
             name, probe, nop = self._by_site[addr]
             if self._up.probes.get(addr) is not probe:
@@ -170,9 +174,7 @@ class TransactionTracker:
         tx = self.active
         if tx is None:
             return
-        self.active = None
-        if self._writes is not None:
-            self._writes.close()
+        self.abandon()
         self.count += 1
         if rsp is None:
             rsp = _U64.unpack_from(raw, RAW_RSP)[0]
@@ -239,13 +241,12 @@ class TransactionTracker:
         tx.path = path
         if regs is None:
             return  # the counting-only fast path: the consumers changed nothing
+        if after:
+            if tx.chain is not None:
+                tx.chain = (tx.chain[0], regs.copy())
+            return
         for consumer in probe.consumers:
             if consumer.handler is not None:
-                break
-        else:
-            return  # counting consumers only: nothing can change a register
-        if not after:
-            tx.chain = (regs.copy(), regs)
-        else:
-            assert tx.chain is not None
-            tx.chain = (tx.chain[0], regs.copy())
+                tx.chain = (regs.copy(), regs)
+                return
+        # counting consumers only: nothing can change a register
