@@ -15,6 +15,7 @@ from emu.guestio import GuestIO
 from emu.kernel.uprobes import syscalls, tramp_code
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.machine import Machine, RunOptions
+from emu.verify import resume
 from emu.verify.scratch import ScratchCpu
 from emu.verify.session import VerifySession
 from emu.verify.violations import Check
@@ -235,3 +236,19 @@ def test_write_hook_window_moves() -> None:
     window.close()
     cpu.run(0x10000)
     assert seen == [0x80100]
+
+
+def test_a_resume_the_hooks_miss_switches_to_watching_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = resume.ResumeWatch._kernel_returns
+    missed: list[bool] = []
+
+    def miss_first(self: resume.ResumeWatch, rip_advance: int) -> bool:
+        if not missed:
+            missed.append(True)  # as if the kernel's exit went unseen
+            return False
+        return original(self, rip_advance)
+
+    monkeypatch.setattr(resume.ResumeWatch, "_kernel_returns", miss_first)
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
+    assert missed and session.tracker.resume.watching_blocks
+    assert session.transactions == 2 and session.violations == []  # the lost hit has no verdict; the others do
