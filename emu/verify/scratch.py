@@ -37,12 +37,16 @@ class ScratchCpu:
         self.cpu.add_code_hook(self._count, 1, (1 << 64) - 1)
         self._executed = 0
         self._pages: list[int] = []  # mapped here, least recently used first
+        self._copied: dict[int, bytes] = {}  # page -> the guest's bytes last copied, while it holds them
         self._used: set[int] = set()
         self._writes: dict[int, int] = {}
         self._site = 0
         self._original = b""
 
     def execute(self, site: int, original: bytes, state: list[int], extended: ExtendedState) -> Reference:
+        if (site, original) != (self._site, self._original):
+            for page in {page_down(self._site), page_down(self._site + len(self._original) - 1)}:
+                self._copied.pop(page, None)  # it holds the last site's original bytes: copy it again
         self._site, self._original, self._writes = site, original, {}
         self._refresh()
         self.raw.write(encode_state(state, extended), write_rip=True)
@@ -72,9 +76,17 @@ class ScratchCpu:
     def _drop(self, page: int) -> None:
         self.cpu.mem_unmap(page, PAGE_SIZE)
         self._pages.remove(page)
+        self._copied.pop(page, None)
 
     def _copy(self, page: int) -> None:
-        self.cpu.mem_write(page, self.mem.read(page, PAGE_SIZE))
+        """Copy the guest's page, with the site's original bytes put back, unless this one holds
+        that already (rewriting a page of code, even with the same bytes, makes Unicorn translate
+        it again)."""
+        data = self.mem.read(page, PAGE_SIZE)
+        if self._copied.get(page) == data:
+            return
+        self.cpu.mem_write(page, data)
+        self._copied[page] = data
         for i, byte in enumerate(self._original):
             if page <= self._site + i < page + PAGE_SIZE:
                 self.cpu.mem_write(self._site + i, bytes([byte]))
@@ -95,6 +107,9 @@ class ScratchCpu:
             self.cpu.stop()
 
     def _record(self, addr: int, size: int, value: int) -> None:
-        self._used.add(addr & ~(PAGE_SIZE - 1))
+        page = addr & ~(PAGE_SIZE - 1)
+        self._used.add(page)
+        self._copied.pop(page, None)  # no longer the guest's bytes (a store across pages: both, below)
+        self._copied.pop((addr + size - 1) & ~(PAGE_SIZE - 1), None)
         for i in range(size):
             self._writes[addr + i] = (value >> (8 * i)) & 0xFF
