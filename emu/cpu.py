@@ -381,8 +381,11 @@ STATE_FLAGS_OFFSET = 8 * 17  # rip, rsp, the 15 other GPRs in GPRS order, then r
 STATE_XMM_OFFSET = 8 * 21  # after rflags, fs base, gs base, mxcsr (8 bytes each); then xmm0-15
 STATE_BYTES = STATE_XMM_OFFSET + 16 * 16
 
-_mem_read_raw = _raw.uc_mem_read  # no argtypes (their conversion costs more than the read): the address goes as c_uint64
-_mem_read_raw.restype = ctypes.c_int
+# Bound through PyDLL: these calls keep the GIL (releasing and taking it back costs more than they
+# do; they never call back into Python). No argtypes: their conversion costs more than the call.
+_gil_held = ctypes.PyDLL(uclib._name, handle=uclib._handle)
+_state_read_batch, _mem_read_raw = _gil_held.uc_reg_read_batch, _gil_held.uc_mem_read
+_state_read_batch.restype = _mem_read_raw.restype = ctypes.c_int
 
 
 class RawState:
@@ -407,7 +410,7 @@ class RawState:
 
     def read(self) -> bytes:
         ids, ptrs, n = self._all
-        _reg_read_batch(self._uch, ids, ptrs, n)
+        _state_read_batch(self._uch, ids, ptrs, n)
         return self._buf.raw
 
     def write(self, raw: bytes, write_rip: bool) -> None:
