@@ -479,24 +479,27 @@ class HookRange:
     Unicorn checks a memory hook's range on every access, so a new range takes effect at once.
     It has no API for this: the handle is the address of its ``struct hook``, whose ``begin`` and
     ``end`` (uint64) follow five ints and a bool (uc_priv.h, Unicorn 2.1.4). The layout is checked
-    against the range the hook was added with; if it does not match, :attr:`movable` is False,
-    :meth:`set` does nothing and the hook keeps its whole range (callers filter in Python anyway).
+    against the range the hook was added with: :func:`hook_range` returns None if it does not
+    match, and the hook keeps its whole range (its callback must filter in Python then).
     """
 
     _BEGIN_OFFSET = 24
 
-    def __init__(self, hook: HookHandle, begin: int, end: int) -> None:
+    def __init__(self, hook: HookHandle) -> None:
         self._begin = ctypes.c_uint64.from_address(hook.value + self._BEGIN_OFFSET)
         self._end = ctypes.c_uint64.from_address(hook.value + self._BEGIN_OFFSET + 8)
-        self.movable = (self._begin.value, self._end.value) == (begin, end)
 
     def set(self, begin: int, end: int) -> None:
         """Fire for accesses starting in [begin, end] (inclusive; begin <= end)."""
-        if self.movable:
-            self._begin.value = begin
-            self._end.value = end
+        self._begin.value = begin
+        self._end.value = end
 
     def close(self) -> None:
         """Fire for (almost) nothing: only an access at address 0, a null-pointer store that faults."""
-        self.set(0, 0)
+        self._begin.value = self._end.value = 0
 
+
+def hook_range(hook: HookHandle, begin: int, end: int) -> HookRange | None:
+    """A HookRange for ``hook``, added with [begin, end]; None where the layout is not the expected one."""
+    window = HookRange(hook)
+    return window if (window._begin.value, window._end.value) == (begin, end) else None

@@ -10,7 +10,7 @@ import pytest
 from emu import cli
 from emu.abi import Prot
 from emu.check import CheckRequest, run_check
-from emu.cpu import Cpu, HookRange, Reg, add_raw_mem_write_hook
+from emu.cpu import Cpu, Reg, add_raw_mem_write_hook, hook_range
 from emu.guestio import GuestIO
 from emu.kernel.uprobes import syscalls, tramp_code
 from emu.kernel.uprobes.consumers import Consumer, Hit
@@ -228,8 +228,8 @@ def test_write_hook_window_moves() -> None:
         seen.append(addr)
         return True
 
-    window = HookRange(add_raw_mem_write_hook(cpu, on_write, 0x80000, 0x80FFF), 0x80000, 0x80FFF)
-    assert window.movable
+    window = hook_range(add_raw_mem_write_hook(cpu, on_write, 0x80000, 0x80FFF), 0x80000, 0x80FFF)
+    assert window is not None  # the layout this Unicorn has
     window.set(0x80100, 0x80107)
     cpu.run(0x10000)
     assert seen == [0x80100]

@@ -31,6 +31,7 @@ from emu.cpu import (
     add_raw_code_hook,
     add_raw_mem_write_hook,
     hook_raised,
+    hook_range,
 )
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobe
@@ -141,8 +142,9 @@ class TransactionTracker:
         stack = next((v for v in self.mem if v.name == "[stack]"), None)
         if stack is not None:
             hook = add_raw_mem_write_hook(self.cpu, self._on_write, stack.start, stack.end - 1)
-            self._writes = HookRange(hook, stack.start, stack.end - 1)
-            self._writes.close()  # opened on the red zone during each transaction
+            self._writes = hook_range(hook, stack.start, stack.end - 1)  # None: the whole stack, filtered here
+            if self._writes is not None:
+                self._writes.close()  # opened on the red zone during each transaction
         machine.uprobes.chain_observers.append(self._on_chain)
         self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
         self.resume = ResumeWatch(machine, self)
