@@ -146,8 +146,10 @@ class ResumeWatch:
             (rsp,) = struct.unpack_from("<Q", raw, RAW_RSP)
             redzone = None
             offset = rsp - tx.redzone_base
-            if 0 <= offset <= RED_ZONE - 8:  # the 6.18 trampoline returns from the red zone: one read
-                redzone = tracker.raw.mem(tx.redzone_base, RED_ZONE)
+            if 0 <= offset <= RED_ZONE - 8:  # the 6.18 trampoline returns from the red zone
+                redzone = tx.redzone_before  # as it is now, if every write into it stored what it held
+                if redzone is None or tx.redzone_changed:
+                    redzone = tracker.raw.mem(tx.redzone_base, RED_ZONE)
                 word = None if redzone is None else redzone[offset : offset + 8]
             else:
                 word = tracker.raw.mem(rsp, 8)

@@ -72,6 +72,7 @@ class Transaction:
     end_rsp = 0
     end_raw = b""
     redzone_before: bytes | None = None  # read before the first write that reaches it; None: untouched
+    redzone_changed = False  # a write reached it that may have changed it (not one storing what it held)
     redzone_after = b""
     exits_after: Mapping[str, int] = MappingProxyType({})
 
@@ -181,8 +182,8 @@ class TransactionTracker:
         if rsp is None:
             rsp = _U64.unpack_from(raw, RAW_RSP)[0]
         before = tx.redzone_before
-        if before is not None and redzone is None:
-            redzone = self._redzone(tx.redzone_base)
+        if redzone is None and before is not None:
+            redzone = self._redzone(tx.redzone_base) if tx.redzone_changed else before
         if (tx.nop and resume == tx.site + len(tx.original) and rsp == tx.start_rsp and tx.chain is None
                 and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and redzone == before):
             # A NOP-class site, no consumer could change anything, the guest resumed right after
@@ -202,9 +203,10 @@ class TransactionTracker:
     def _on_kernel_write(self, addr: int, size: int) -> None:
         """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it."""
         tx = self.active
-        if tx is not None and tx.redzone_before is None and addr < tx.redzone_base + RED_ZONE \
-                and addr + size > tx.redzone_base:
-            tx.redzone_before = self._redzone(tx.redzone_base)
+        if tx is not None and addr < tx.redzone_base + RED_ZONE and addr + size > tx.redzone_base:
+            if tx.redzone_before is None:
+                tx.redzone_before = self._redzone(tx.redzone_base)
+            tx.redzone_changed = True
 
     def abandon(self) -> None:
         """No verdict on this hit: it ended (or the kernel is delivering a signal: it will not resume)."""
@@ -231,6 +233,7 @@ class TransactionTracker:
                     # leaves no difference of its own: a byte found changed later was changed by a
                     # later store (recorded) or by the kernel.
                     return True
+            tx.redzone_changed = True
             tx.add_write(GuestWrite(self.cpu.read(Reg.RIP), addr, size, value))
         except BaseException as exc:
             hook_raised(self.cpu, exc)
