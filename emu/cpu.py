@@ -374,3 +374,140 @@ def _reason(errno: int) -> StopReason:
     ):
         return StopReason.BAD_ACCESS
     return StopReason.OTHER
+
+
+# ------------------------------------------------------------------ raw state (the verifiers' hot path)
+# A probe transaction reads the whole user state at its start and end. One C call each way, raw
+# bytes out, compared as bytes: decoding into registers happens only when something differs.
+
+STATE_REGS: tuple[int, ...] = (
+    (Reg.RIP, Reg.RSP) + tuple(r for r in GPRS if r != Reg.RSP)
+    + (Reg.RFLAGS, Reg.FS_BASE, Reg.GS_BASE, Reg.MXCSR) + tuple(x86.UC_X86_REG_XMM0 + i for i in range(16))
+)
+"""rip and rsp first: everything a probe hit must leave as it was is then one slice of the snapshot."""
+STATE_FLAGS_OFFSET = 8 * 17  # rip, rsp, the 15 other GPRs in GPRS order, then rflags
+STATE_XMM_OFFSET = 8 * 21  # after rflags, fs base, gs base, mxcsr (8 bytes each); then xmm0-15
+STATE_BYTES = STATE_XMM_OFFSET + 16 * 16
+
+# Bound through PyDLL: these calls keep the GIL (releasing and taking it back costs more than they
+# do; they never call back into Python). No argtypes: their conversion costs more than the call.
+_gil_held = ctypes.PyDLL(uclib._name, handle=uclib._handle)
+_state_read_batch, _mem_read_raw = _gil_held.uc_reg_read_batch, _gil_held.uc_mem_read
+_state_read_batch.restype = _mem_read_raw.restype = ctypes.c_int
+
+
+class RawState:
+    """Reads and writes :data:`STATE_REGS` of one CPU as :data:`STATE_BYTES` raw little-endian bytes
+    (xmm registers 16 bytes each), and small memory ranges, each in one C call without argument
+    conversion (the binding's reads cost 2-4 times more)."""
+
+    def __init__(self, cpu: Cpu) -> None:
+        self._uch = cpu._uch
+        self._buf = ctypes.create_string_buffer(STATE_BYTES)
+        base = ctypes.addressof(self._buf)
+        offsets = [8 * i for i in range(21)] + [STATE_XMM_OFFSET + 16 * i for i in range(16)]
+        n = len(STATE_REGS)
+        self._all = ((ctypes.c_int * n)(*STATE_REGS), (ctypes.c_void_p * n)(*[base + o for o in offsets]), n)
+        keep = [i for i in range(n) if STATE_REGS[i] != Reg.RIP]
+        self._no_rip = (
+            (ctypes.c_int * (n - 1))(*[STATE_REGS[i] for i in keep]),
+            (ctypes.c_void_p * (n - 1))(*[base + offsets[i] for i in keep]),
+            n - 1,
+        )
+        self._mem_bufs: dict[int, ctypes.Array[ctypes.c_char]] = {}
+
+    def read(self) -> bytes:
+        ids, ptrs, n = self._all
+        _state_read_batch(self._uch, ids, ptrs, n)
+        return self._buf.raw
+
+    def write(self, raw: bytes, write_rip: bool) -> None:
+        """Inverse of :meth:`read`. As for :meth:`Cpu.write_user_state`, rip only when asked."""
+        ctypes.memmove(self._buf, raw, STATE_BYTES)
+        ids, ptrs, n = self._all if write_rip else self._no_rip
+        _reg_write_batch(self._uch, ids, ptrs, n)
+
+    def mem(self, addr: int, size: int) -> bytes | None:
+        """``size`` bytes at ``addr`` (one reused buffer per size: for the few fixed sizes the verifiers
+        read); None if any byte is unmapped."""
+        buf = self._mem_bufs.get(size)
+        if buf is None:
+            buf = self._mem_bufs[size] = ctypes.create_string_buffer(size)
+        if _mem_read_raw(self._uch, ctypes.c_uint64(addr), buf, size) != unicorn.UC_ERR_OK:
+            return None
+        return buf.raw
+
+
+def hook_failed(cpu: Cpu) -> bool:
+    """True while an exception a hook raised waits for :meth:`Cpu.run` to re-raise it (the run is stopping)."""
+    return cpu._hook_error is not None
+
+
+def flush_all_code(cpu: Cpu) -> None:
+    """Drop every translated block, so that a hook added now sees code translated before it."""
+    cpu._uc.ctl_flush_tb()  # type: ignore[attr-defined]
+
+
+# Raw hooks: the callback is called by Unicorn with Unicorn's own arguments, with no Python frame in
+# between (the verifiers' hooks fire on every probe hit, where each frame costs). It must catch its
+# own exceptions and hand them to hook_raised, which stops the run; Cpu.run re-raises them.
+RawCodeHook = Callable[[object, int, int, object], None]  # (uc, address, size, user data)
+RawWriteHook = Callable[[object, int, int, int, int, object], bool]  # (uc, access, address, size, value, user data)
+RawInterruptHook = Callable[[object, int, object], None]  # (uc, interrupt number, user data)
+RawSyscallHook = Callable[[object, object], None]  # (uc, user data)
+
+
+def add_raw_code_hook(cpu: Cpu, callback: RawCodeHook, begin: int, end: int) -> HookHandle:
+    return cpu._add_hook(unicorn.UC_HOOK_CODE, _CODE_CB(callback), begin, end)
+
+
+def add_raw_mem_write_hook(cpu: Cpu, callback: RawWriteHook, begin: int, end: int) -> HookHandle:
+    return cpu._add_hook(unicorn.UC_HOOK_MEM_WRITE, _MEM_CB(callback), begin, end)
+
+
+def add_raw_interrupt_hook(cpu: Cpu, callback: RawInterruptHook) -> HookHandle:
+    return cpu._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(callback), 1, 0)
+
+
+def add_raw_syscall_hook(cpu: Cpu, callback: RawSyscallHook) -> HookHandle:
+    return cpu._add_hook(unicorn.UC_HOOK_INSN, _SYSCALL_CB(callback), 1, 0, x86.UC_X86_INS_SYSCALL)
+
+
+def hook_raised(cpu: Cpu, exc: BaseException) -> None:
+    """For raw hooks: stop the run; :meth:`Cpu.run` re-raises ``exc`` (the first one, if several)."""
+    if cpu._hook_error is None:
+        cpu._hook_error = exc
+    uclib.uc_emu_stop(cpu._uch)
+
+
+class HookRange:
+    """Moves the address range of a memory hook while the CPU runs, so that a hook needed only now
+    and then costs nothing the rest of the time (adding and removing one per use costs ~39 us).
+
+    Unicorn checks a memory hook's range on every access, so a new range takes effect at once.
+    It has no API for this: the handle is the address of its ``struct hook``, whose ``begin`` and
+    ``end`` (uint64) follow five ints and a bool (uc_priv.h, Unicorn 2.1.4). The layout is checked
+    against the range the hook was added with: :func:`hook_range` returns None if it does not
+    match, and the hook keeps its whole range (its callback must filter in Python then).
+    """
+
+    _BEGIN_OFFSET = 24
+
+    def __init__(self, hook: HookHandle) -> None:
+        self._begin = ctypes.c_uint64.from_address(hook.value + self._BEGIN_OFFSET)
+        self._end = ctypes.c_uint64.from_address(hook.value + self._BEGIN_OFFSET + 8)
+
+    def set(self, begin: int, end: int) -> None:
+        """Fire for accesses starting in [begin, end] (inclusive; begin <= end)."""
+        self._begin.value = begin
+        self._end.value = end
+
+    def close(self) -> None:
+        """Fire for (almost) nothing: only an access at address 0, a null-pointer store that faults."""
+        self._begin.value = self._end.value = 0
+
+
+def hook_range(hook: HookHandle, begin: int, end: int) -> HookRange | None:
+    """A HookRange for ``hook``, added with [begin, end]; None where the layout is not the expected one."""
+    window = HookRange(hook)
+    return window if (window._begin.value, window._end.value) == (begin, end) else None

@@ -9,12 +9,16 @@ from pathlib import Path
 import pytest
 
 from emu import cli
+from emu.abi import Prot
 from emu.check import CheckRequest, run_check
+from emu.cpu import Cpu, add_raw_mem_write_hook, hook_range
 from emu.designs import DESIGNS, Design, Handler, Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.uprobes import syscalls
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.machine import Machine, RunOptions
+from emu.verify import resume
+from emu.verify.scratch import ScratchCpu
 from emu.verify.session import VerifySession
 from emu.verify.violations import Check
 
@@ -159,3 +163,84 @@ def test_negative_control_handler_clobbering_xmm0(monkeypatch: pytest.MonkeyPatc
     regs = [v for v in session.violations if v.kind is Check.REGS]
     assert regs and all("xmm0" in v.detail["registers"] for v in regs)
     assert "found 0xdeadbeef" in regs[0].detail["registers"]["xmm0"]
+
+
+def test_resume_watch_falls_back_to_blocks_for_branching_trampoline_code() -> None:
+    # after the syscall: pop rax; pop r11; pop rcx; jmp +0; ret -- not straight-line to the ret
+    branching = replace(DESIGNS["linux-6.18"], name="branching", trampoline=Trampoline(
+        "push %rcx; push %r11; push %rax; movq $336,%rax; syscall; pop %rax; pop %r11; pop %rcx; jmp next; next: ret"))
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], branching)
+    assert session.tracker.resume.watching_blocks
+    assert session.transactions == 3
+    hit2 = {v.detail["offset"]: v.detail["writer"] for v in session.violations if v.hit == 2}
+    assert set(hit2) == {-32, -24, -16, -8} and "push rcx" in hit2[-16]  # as with the straight-line trampoline
+
+
+def test_straight_line_trampolines_need_no_block_hook() -> None:
+    for design, site in (("linux-6.18", "uprobe:t_nop5"), ("nop10", "uprobe:t_nop10"), ("jmp-slots", "uprobe:t_nop5")):
+        session, _ = verified_run(TARGETS, [site], design)
+        assert session.transactions == 3 and not session.tracker.resume.watching_blocks, design
+
+
+def test_redzone_catches_a_kernel_write_on_a_clean_design() -> None:
+    def scribble(hit: Hit) -> None:
+        hit.write(hit.regs.sp - 64, b"\xee" * 8)  # copy_to_user below the probed frame's rsp
+
+    m = Machine(TARGETS, [TARGETS], {}, RunOptions(design="jmp-slots"), GuestIO.captured())
+    m.attach("uprobe:t_nop5", Consumer(handler=scribble))
+    session = VerifySession(m)
+    m.run()
+    found = [v for v in session.violations if v.kind is Check.REDZONE]
+    assert found and all(v.detail["offset"] == -64 and v.detail["new"] == "ee" * 8 for v in found)
+    assert all(v.detail["writer"] == "the fake kernel (copy_to_user)" for v in found)
+
+
+def test_scratch_cpu_sees_guest_memory_as_it_is_now() -> None:
+    m = Machine(TARGETS, [TARGETS], {}, RunOptions(design="int3"), GuestIO.captured())
+    scratch = ScratchCpu(m.mem)
+    sp = m.entry_sp
+    state = [0] * 18
+    state[7], state[16] = sp, m.exe.entry  # rsp; rip at any executable address
+    load = bytes.fromhex("488b0424")  # mov rax, [rsp]
+    ext = (0, 0, bytes(256), 0x1F80)
+    for value in (0x1111, 0x2222):  # the page stays mapped on the scratch CPU: it must be copied again
+        m.mem.write(sp, value.to_bytes(8, "little"))
+        ref = scratch.execute(m.exe.entry, load, state, ext)
+        assert ref.state[0] == value and ref.state[16] == m.exe.entry + len(load) and not ref.faulted
+
+
+def test_write_hook_window_moves() -> None:
+    cpu = Cpu()
+    cpu.mem_map(0x10000, 0x1000, Prot.READ | Prot.WRITE | Prot.EXEC)
+    cpu.mem_map(0x80000, 0x1000, Prot.READ | Prot.WRITE)
+    cpu.mem_write(0x10000, bytes.fromhex("48890425" "00000800" "48890425" "00010800" "f4"))  # two stores, hlt
+    seen: list[int] = []
+
+    def on_write(_uc: object, _access: int, addr: int, _size: int, _value: int, _ud: object) -> bool:
+        seen.append(addr)
+        return True
+
+    window = hook_range(add_raw_mem_write_hook(cpu, on_write, 0x80000, 0x80FFF), 0x80000, 0x80FFF)
+    assert window is not None  # the layout this Unicorn has
+    window.set(0x80100, 0x80107)
+    cpu.run(0x10000)
+    assert seen == [0x80100]
+    window.close()
+    cpu.run(0x10000)
+    assert seen == [0x80100]
+
+
+def test_a_resume_the_hooks_miss_switches_to_watching_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = resume.ResumeWatch._kernel_returns
+    missed: list[bool] = []
+
+    def miss_first(self: resume.ResumeWatch, rip_advance: int) -> bool:
+        if not missed:
+            missed.append(True)  # as if the kernel's exit went unseen
+            return False
+        return original(self, rip_advance)
+
+    monkeypatch.setattr(resume.ResumeWatch, "_kernel_returns", miss_first)
+    session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
+    assert missed and session.tracker.resume.watching_blocks
+    assert session.transactions == 2 and session.violations == []  # the lost hit has no verdict; the others do

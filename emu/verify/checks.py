@@ -68,6 +68,7 @@ def check_redzone(tx: Transaction, exp: Expected, describe: Callable[[int], str]
     """Every red-zone byte that differs from the reference, attributed to the guest store that
     wrote it (pc and disassembly) or, failing that, to the fake kernel's copy_to_user."""
     base = tx.redzone_base
+    assert tx.redzone_before is not None  # the tracker fills it in before reporting
     expected = bytearray(tx.redzone_before)
     for addr, byte in exp.writes.items():
         if base <= addr < base + RED_ZONE:

@@ -1,32 +1,55 @@
 """Probe transactions: from the moment execution reaches a patched site until the guest resumes.
 
-Hooks, all installed before the run (Unicorn ignores code hooks added later):
-an exact-address code hook per probe site (free elsewhere), one block hook that
-notices where execution resumes, one memory-write hook over the stack gated by
-``active`` (adding and removing a hook per hit costs ~39 us), and an observer of
-the handler chain that records what the consumers changed.
+Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
+after the code was translated): an exact-address code hook per probe site (free elsewhere); one
+memory-write hook whose range is moved onto the red zone for the length of a transaction and
+onto nothing otherwise (adding and removing a hook per hit costs ~39 us; HookRange); a memory
+backend that sees the fake kernel's writes before they land; an observer of the handler chain
+that records what the consumers changed; and emu/verify/resume.py, which says where and when the
+guest resumes.
+
+Every hook here fires on every hit, so the work per hit is counted in C calls and Python frames:
+the state is read in one C call at each end as raw bytes (emu.cpu.RawState) and compared as
+bytes; the red zone is read only if something writes into it, before the write lands; a hit
+that provably left everything as it found it is settled here without building a reference.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
-from emu.cpu import HookHandle, Reg
+from emu.cpu import (
+    HookHandle,
+    HookRange,
+    RawState,
+    Reg,
+    add_raw_code_hook,
+    add_raw_mem_write_hook,
+    hook_raised,
+    hook_range,
+)
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
-from emu.verify.scratch import ExtendedState
+from emu.verify.kernel_writes import WatchedBackend
+from emu.verify.resume import ResumeWatch
+from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine
 
-KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
-RSP_INDEX = 7  # in Cpu.read_user_state()
+RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
 RIP_INDEX = 16
+FLAGS_INDEX = 17
+MAX_STORE = 8  # the widest store a write hook reports: Unicorn's x86 splits SSE/fxsave stores into 8-byte ones
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,29 +60,63 @@ class GuestWrite:
     value: int
 
 
-@dataclass
 class Transaction:
-    probe: str
-    site: int
-    original: bytes
-    hit: int
-    start_state: list[int]
-    start_ext: ExtendedState
-    redzone_before: bytes
-    guest_writes: list[GuestWrite] = field(default_factory=list)
-    chain: tuple[PtRegs, PtRegs] | None = None
-    path: Path | None = None
-    exits_before: dict[str, int] = field(default_factory=dict)
-    end_addr: int = 0
-    end_state: list[int] = field(default_factory=list)
-    end_ext: ExtendedState | None = None
-    redzone_after: bytes = b""
-    exits: dict[str, int] = field(default_factory=dict)
-    nop: bool = False
+    """One probe hit. ``start_raw``/``end_raw`` are RawState snapshots; the decoded views are
+    computed on first use (only a transaction that is not obviously clean needs them). A plain
+    class whose constructor sets only what every hit needs: it is built inside a hook, on every
+    hit; the rest are class-level defaults until set."""
 
-    @property
-    def redzone_base(self) -> int:
-        return self.start_state[RSP_INDEX] - RED_ZONE
+    guest_writes: Sequence[GuestWrite] = ()  # guest stores into the red zone (few: a new tuple each)
+    chain: tuple[PtRegs, PtRegs] | None = None  # pt_regs before and after the consumers
+    path: Path | None = None
+    end_addr = 0
+    end_rsp = 0
+    end_raw = b""
+    redzone_before: bytes | None = None  # read before the first write that reaches it; None: untouched
+    redzone_changed = False  # a write reached it that may have changed it (not one storing what it held)
+    redzone_after = b""
+    exits_after: Mapping[str, int] = MappingProxyType({})
+
+    def __init__(self, probe: str, site: int, original: bytes, hit: int, nop: bool, start_raw: bytes,
+                 start_rsp: int, exits_before: Mapping[str, int]) -> None:
+        self.probe = probe
+        self.site = site
+        self.original = original
+        self.hit = hit
+        self.nop = nop
+        self.start_raw = start_raw
+        self.start_rsp = start_rsp
+        self.redzone_base = start_rsp - RED_ZONE
+        self.exits_before = exits_before
+
+    def add_write(self, write: GuestWrite) -> None:
+        self.guest_writes = (*self.guest_writes, write)
+
+    @cached_property
+    def start_state(self) -> list[int]:
+        return decode_state(self.start_raw)
+
+    @cached_property
+    def start_ext(self) -> ExtendedState:
+        return decode_extended(self.start_raw)
+
+    @cached_property
+    def end_state(self) -> list[int]:
+        """Where the guest resumed, with the state it resumed with."""
+        state = decode_state(self.end_raw)
+        state[RIP_INDEX] = self.end_addr
+        state[RSP_INDEX] = self.end_rsp
+        return state
+
+    @cached_property
+    def end_ext(self) -> ExtendedState:
+        return decode_extended(self.end_raw)
+
+    @cached_property
+    def exits(self) -> dict[str, int]:
+        """SYSRET/IRET exits the kernel took during the transaction."""
+        before, now = self.exits_before, self.exits_after
+        return {k: now[k] - before.get(k, 0) for k in now if now[k] != before.get(k, 0)}
 
 
 Finished = Callable[[Transaction], None]
@@ -70,18 +127,26 @@ class TransactionTracker:
         self.machine = machine
         self.cpu = machine.cpu
         self.mem = machine.mem
+        self.raw = RawState(machine.cpu)
+        self._up = machine.uprobes
+        self._exits = machine.uprobes.stats.exits
         self.on_finished = on_finished
         self.active: Transaction | None = None
         self.count = 0
-        self._by_site: dict[int, tuple[str, Uprobe]] = {}
+        self._by_site: dict[int, tuple[str, Uprobe, bool]] = {}  # site -> probe name, uprobe, NOP-class
         self._hits: dict[int, int] = {}
         self._site_hooks: list[HookHandle] = []
         self.bind(attachments)
-        self.cpu.add_block_hook(self._on_block)
+        self._writes: HookRange | None = None
         stack = next((v for v in self.mem if v.name == "[stack]"), None)
         if stack is not None:
-            self.cpu.add_mem_write_hook(self._on_write, stack.start, stack.end - 1)
+            hook = add_raw_mem_write_hook(self.cpu, self._on_write, stack.start, stack.end - 1)
+            self._writes = hook_range(hook, stack.start, stack.end - 1)  # None: the whole stack, filtered here
+            if self._writes is not None:
+                self._writes.close()  # opened on the red zone during each transaction
         machine.uprobes.chain_observers.append(self._on_chain)
+        self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
+        self.resume = ResumeWatch(machine, self)
 
     def bind(self, attachments: list[Attachment]) -> None:
         """Watch these attachments' sites, forgetting earlier ones and their hit counts: one tracker
@@ -90,50 +155,99 @@ class TransactionTracker:
             self.cpu.remove_hook(hook)
         self._by_site, self._hits, self._site_hooks, self.active = {}, {}, [], None
         for att in attachments:
-            self._by_site.setdefault(att.address, (att.resolved.spec.text, att.uprobe))
+            uprobe = att.uprobe
+            self._by_site.setdefault(att.address, (att.resolved.spec.text, uprobe, uprobe.insn.kind is Kind.NOP))
         for site in self._by_site:
-            self._site_hooks.append(self.cpu.add_code_hook(self._on_site, site, site))
+            self._site_hooks.append(add_raw_code_hook(self.cpu, self._on_site, site, site))
 
-    def _on_site(self, addr: int, _size: int) -> None:
-        if self.active is not None:
-            return
-        name, probe = self._by_site[addr]
-        if self.machine.uprobes.probes.get(addr) is not probe:
-            return  # detached: the original instruction runs, nothing to verify
-        state = self.cpu.read_user_state()
-        self._hits[addr] = self._hits.get(addr, 0) + 1
-        base = state[RSP_INDEX] - RED_ZONE
-        self.active = Transaction(
-            probe=name, site=addr, original=probe.insn.raw, hit=self._hits[addr], start_state=state,
-            start_ext=self.cpu.read_extended(), redzone_before=self.mem.read(base, RED_ZONE),
-            exits_before=dict(self.machine.uprobes.stats.exits), nop=probe.insn.kind is Kind.NOP,
-        )
+    def _on_site(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
+        """Raw code hook at each probe site (its body is inline: a frame costs on every hit)."""
+        try:
+            if self.active is not None:
+                self.resume.lost_track()  # the guest resumed unseen (not expected): watch blocks
+                self.abandon()
+            name, probe, nop = self._by_site[addr]
+            if self._up.probes.get(addr) is not probe:
+                return  # detached: the original instruction runs, nothing to verify
+            raw = self.raw.read()
+            rsp = _U64.unpack_from(raw, RAW_RSP)[0]
+            base = rsp - RED_ZONE
+            hit = self._hits[addr] = self._hits.get(addr, 0) + 1
+            self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, dict(self._exits))
+            if self._writes is not None:  # a store starting up to MAX_STORE - 1 bytes below reaches it
+                self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
 
-    def _on_block(self, addr: int, _size: int) -> None:
-        tx = self.active
-        if tx is None or addr == tx.site and tx.chain is None or self.machine.uprobes.stepping:
-            return
-        vma = self.mem.find(addr)
-        if vma is not None and vma.name in KERNEL_SIDE:
-            return
-        self.active = None
-        tx.end_addr = addr
-        tx.end_state = self.cpu.read_user_state()
-        tx.end_state[RIP_INDEX] = addr
-        tx.end_ext = self.cpu.read_extended()
-        tx.redzone_after = self.mem.read(tx.redzone_base, RED_ZONE)
-        now = self.machine.uprobes.stats.exits
-        tx.exits = {k: now[k] - tx.exits_before.get(k, 0) for k in now if now[k] != tx.exits_before.get(k, 0)}
-        self.count += 1
-        self.on_finished(tx)
-
-    def _on_write(self, addr: int, size: int, value: int) -> None:
+    def finish(self, resume: int, raw: bytes, rsp: int | None = None, redzone: bytes | None = None) -> None:
+        """The guest resumes at ``resume`` with the state ``raw`` (just read), except ``rsp`` when
+        given (a ``ret`` about to run moves rsp and rip, nothing else); ``redzone``: its bytes now,
+        if the caller has just read them. A hit that provably left everything as it found it is
+        counted here; the others go to ``on_finished``, for the checks."""
         tx = self.active
         if tx is None:
             return
-        base = tx.redzone_base
-        if addr + size > base and addr < base + RED_ZONE:
-            tx.guest_writes.append(GuestWrite(self.cpu.read(Reg.RIP), addr, size, value))
+        self.abandon()
+        self.count += 1
+        if rsp is None:
+            rsp = _U64.unpack_from(raw, RAW_RSP)[0]
+        before = tx.redzone_before
+        if redzone is None and before is not None:
+            redzone = self._redzone(tx.redzone_base) if tx.redzone_changed else before
+        if (tx.nop and resume == tx.site + len(tx.original) and rsp == tx.start_rsp and tx.chain is None
+                and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and redzone == before):
+            # A NOP-class site, no consumer could change anything, the guest resumed right after
+            # it with every register (rflags exactly), the extended state and the red zone as they
+            # were: the reference is the start state with rip moved, no check can find anything.
+            return
+        if redzone is None:
+            redzone = self._redzone(tx.redzone_base)
+        tx.redzone_before = redzone if before is None else before  # None: nothing wrote into it
+        tx.end_raw, tx.end_addr, tx.end_rsp, tx.redzone_after = raw, resume, rsp, redzone
+        tx.exits_after = dict(self._exits)
+        self.on_finished(tx)
+
+    def _redzone(self, base: int) -> bytes:
+        return self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
+
+    def _on_kernel_write(self, addr: int, size: int) -> None:
+        """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it."""
+        tx = self.active
+        if tx is not None and addr < tx.redzone_base + RED_ZONE and addr + size > tx.redzone_base:
+            if tx.redzone_before is None:
+                tx.redzone_before = self._redzone(tx.redzone_base)
+            tx.redzone_changed = True
+
+    def abandon(self) -> None:
+        """No verdict on this hit: it ended (or the kernel is delivering a signal: it will not resume)."""
+        self.active = None
+        if self._writes is not None:
+            self._writes.close()
+
+    def _on_write(self, _uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
+        """Raw write hook, open on the active transaction's red zone only (HookRange)."""
+        try:
+            tx = self.active
+            if tx is None:
+                return True
+            offset = addr - tx.redzone_base
+            if offset + size <= 0 or offset >= RED_ZONE:
+                return True
+            if tx.redzone_before is None:  # the first store into it, not landed yet: the red zone as it was
+                tx.redzone_before = self._redzone(tx.redzone_base)
+            if tx.nop and 0 <= offset <= RED_ZONE - size:
+                stored = (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")
+                if stored == tx.redzone_before[offset : offset + size]:
+                    # Stores what the snapshot holds (the 6.18 trampoline's saves, from the second
+                    # optimized hit on). A NOP's reference red zone is the snapshot, so this store
+                    # leaves no difference of its own: a byte found changed later was changed by a
+                    # later store (recorded) or by the kernel.
+                    return True
+            tx.redzone_changed = True
+            tx.add_write(GuestWrite(self.cpu.read(Reg.RIP), addr, size, value))
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
+        return True
 
     def _on_chain(self, probe: Uprobe, regs: PtRegs | None, path: Path, after: bool) -> None:
         tx = self.active
@@ -142,9 +256,12 @@ class TransactionTracker:
         tx.path = path
         if regs is None:
             return  # the counting-only fast path: the consumers changed nothing
-        if not after:
-            tx.chain = (regs.copy(), regs)
-            tx.path = path
-        else:
-            assert tx.chain is not None
-            tx.chain = (tx.chain[0], regs.copy())
+        if after:
+            if tx.chain is not None:
+                tx.chain = (tx.chain[0], regs.copy())
+            return
+        for consumer in probe.consumers:
+            if consumer.handler is not None:
+                tx.chain = (regs.copy(), regs)
+                return
+        # counting consumers only: nothing can change a register

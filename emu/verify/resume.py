@@ -1,0 +1,182 @@
+"""Where and when the guest resumes after a probe hit, without a hook on every block.
+
+Control leaves the kernel's side (the kernel itself, and the pages it maps: [uprobes-trampoline]
+with its jmp slots, [uprobes]) in one of three ways, each seen at the moment it happens:
+
+* the kernel returns to user mode (INT3 handled, a syscall left by SYSRET or IRET): this
+  module's interrupt and syscall hooks are added after the kernel's, so they run once the kernel
+  has set the registers, and rip is where it returns (for a syscall, rip + 2: Unicorn adds 2);
+* a ``ret`` at the end of straight-line trampoline code: an exact-address hook on that ``ret``,
+  added the first time the kernel returns into that code (before it is translated again), reads
+  the return address; a ``ret`` changes rip and rsp and nothing else, so the state the guest
+  resumes with is the state at the hook with rsp moved;
+* anything else (an out-of-line step, which the kernel runs between two CPU runs, or trampoline
+  code that branches): a block hook, added on first need, ends the transaction at the first
+  block outside the kernel's pages.
+
+A SYSRET goes back to the instruction after the ``syscall``: for a probe site whose trampoline
+code after its syscall is already watched, the syscall hook then only checks the kernel's exit
+record (no IRET counted) instead of reading rip.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from emu.abi import RED_ZONE
+from emu.cpu import add_raw_code_hook, add_raw_interrupt_hook, add_raw_syscall_hook, flush_all_code, hook_failed, hook_raised
+from emu.disasm import cs64
+from emu.kernel.uprobes.regs import ExitPath
+from emu.verify.state import RAW_RIP, RAW_RSP
+
+if TYPE_CHECKING:
+    from emu.machine import Machine
+    from emu.verify.transaction import TransactionTracker
+
+KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
+U64 = (1 << 64) - 1
+TAIL_SCAN_BYTES = 256
+# Instructions after which execution need not continue with the next one.
+_BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "into", "iret", "iretd", "iretq",
+                       "sysret", "sysretq", "retf", "retfq", "hlt", "ud0", "ud1", "ud2"})
+_KERNEL_ENTRIES = frozenset({"syscall", "int3"})  # the kernel's own exit is seen by the hooks here
+_IRET = ExitPath.IRET.value  # its count in the kernel's exit record (UprobeStats.exits)
+
+
+class ResumeWatch:
+    def __init__(self, machine: Machine, tracker: TransactionTracker) -> None:
+        self.machine = machine
+        self.cpu = machine.cpu
+        self.mem = machine.mem
+        self.up = machine.uprobes
+        self.tracker = tracker
+        self._exits = machine.uprobes.stats.exits
+        self._followed: set[int] = set()  # kernel-side addresses whose straight-line run is watched
+        self._rets: dict[int, int] = {}  # hooked ret -> its immediate (bytes popped after the address)
+        self._tail_ret: dict[int, int] = {}  # followed kernel-side address -> the hooked ret ending it
+        self._sysret_watched: set[int] = set()  # probe sites whose code after SYSRET is watched
+        self.watching_blocks = False  # the fallback is on (it stays on)
+        add_raw_interrupt_hook(self.cpu, self._after_interrupt)
+        add_raw_syscall_hook(self.cpu, self._after_syscall)
+
+    def lost_track(self) -> None:
+        """The guest resumed without any of the hooks here seeing it: watch blocks from now on."""
+        self._sysret_watched.clear()
+        self._watch_blocks()
+
+    # ----------------------------------------------------------- the kernel's exits
+    def _after_interrupt(self, _uc: object, _intno: int, _ud: object) -> None:
+        try:
+            if self.tracker.active is not None:
+                self._kernel_returns(0)
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
+
+    def _after_syscall(self, _uc: object, _ud: object) -> None:
+        try:
+            tx = self.tracker.active
+            if tx is None:
+                return
+            irets = self._exits.get(_IRET, 0) - tx.exits_before.get(_IRET, 0)
+            if not irets and tx.site in self._sysret_watched and not hook_failed(self.cpu):
+                return  # SYSRET into the trampoline code watched for this site
+            if self._kernel_returns(2) and not irets:
+                self._sysret_watched.add(tx.site)
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
+
+    def _kernel_returns(self, rip_advance: int) -> bool:
+        """The kernel returns to rip + ``rip_advance``. True: into straight-line code now watched."""
+        if hook_failed(self.cpu):
+            self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
+            return False
+        raw = self.tracker.raw.read()
+        addr = (struct.unpack_from("<Q", raw, RAW_RIP)[0] + rip_advance) & U64
+        if self._guest_side(addr):
+            self.tracker.finish(addr, raw)
+            return False
+        if self.machine.kernel.deferred:
+            self._watch_blocks()  # an out-of-line step: the kernel runs it between two CPU runs
+            return False
+        return self._follow(addr)
+
+    def _guest_side(self, addr: int) -> bool:
+        """Not in the kernel's pages (right after the probed instruction, the common case, is not)."""
+        tx = self.tracker.active
+        if tx is not None and addr == tx.site + len(tx.original):
+            return True
+        vma = self.mem.find(addr)
+        return vma is None or vma.name not in KERNEL_SIDE
+
+    # ------------------------------------------------------ straight-line trampoline code
+    def _follow(self, addr: int) -> bool:
+        """Watch where the kernel-side code at ``addr`` leaves: hook the ``ret`` ending its straight
+        line (once per address). True if a hooked ``ret`` ends it (and no block hook is needed)."""
+        if addr not in self._followed:
+            self._followed.add(addr)
+            end = self._straight_line_end(addr)
+            if end is not None and end[2] == "ret":
+                pc, size, _word, op_str = end
+                self._rets[pc] = int(op_str, 0) if op_str else 0
+                add_raw_code_hook(self.cpu, self._on_ret, pc, pc)
+                self.cpu.flush_code(addr, pc + size)
+                self._tail_ret[addr] = pc
+            elif end is None or end[2] not in _KERNEL_ENTRIES:
+                self._watch_blocks()  # else the kernel is entered again: the hooks here see its exit
+        return addr in self._tail_ret and not self.watching_blocks
+
+    def _straight_line_end(self, addr: int) -> tuple[int, int, str, str] | None:
+        vma = self.mem.find(addr)
+        assert vma is not None
+        code = self.mem.read(addr, min(TAIL_SCAN_BYTES, vma.end - addr))
+        for pc, size, mnemonic, op_str in cs64().disasm_lite(code, addr):
+            word = mnemonic.split()[-1]  # "repz ret", "bnd jmp"
+            if word in _BRANCHES or word == "ret" or word.startswith(("j", "loop")):
+                return pc, size, word, op_str
+        return None
+
+    def _on_ret(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
+        try:
+            tracker = self.tracker
+            tx = tracker.active
+            if tx is None or self.up.stepping:
+                return
+            raw = tracker.raw.read()
+            (rsp,) = struct.unpack_from("<Q", raw, RAW_RSP)
+            redzone = None
+            offset = rsp - tx.redzone_base
+            if 0 <= offset <= RED_ZONE - 8:  # the 6.18 trampoline returns from the red zone
+                redzone = tx.redzone_before  # as it is now, if every write into it stored what it held
+                if redzone is None or tx.redzone_changed:
+                    redzone = tracker.raw.mem(tx.redzone_base, RED_ZONE)
+                word = None if redzone is None else redzone[offset : offset + 8]
+            else:
+                word = tracker.raw.mem(rsp, 8)
+            if word is None:
+                tracker.abandon()  # the ret faults: SIGSEGV, no resume
+                return
+            (target,) = struct.unpack("<Q", word)
+            if self._guest_side(target):
+                tracker.finish(target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
+            else:
+                self._follow(target)
+        except BaseException as exc:
+            hook_raised(self.cpu, exc)
+
+    # ------------------------------------------------------------------ the fallback
+    def _watch_blocks(self) -> None:
+        if not self.watching_blocks:
+            self.watching_blocks = True
+            self.machine.kernel.defer(self._add_block_hook)  # outside the run: the hook, then a flush
+
+    def _add_block_hook(self) -> None:
+        self.cpu.add_block_hook(self._on_block)
+        flush_all_code(self.cpu)
+
+    def _on_block(self, addr: int, _size: int) -> None:
+        tx = self.tracker.active
+        if tx is None or addr == tx.site and tx.chain is None or self.up.stepping:
+            return
+        if self._guest_side(addr):
+            self.tracker.finish(addr, self.tracker.raw.read())

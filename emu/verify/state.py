@@ -1,0 +1,36 @@
+"""A RawState snapshot (emu.cpu) as the checks see it: registers in read_user_state order, and the
+extended state (fs base, gs base, xmm0-15 raw, mxcsr)."""
+
+from __future__ import annotations
+
+import struct
+
+from emu.cpu import STATE_BYTES, STATE_FLAGS_OFFSET, STATE_XMM_OFFSET
+
+ExtendedState = tuple[int, int, bytes, int]  # fs base, gs base, xmm0-15 raw, mxcsr
+
+RAW_RIP = 0  # offsets in a snapshot
+RAW_RSP = 8
+RAW_KEPT = 16  # from here on, a snapshot holds what a probe hit must leave as it was (rflags exactly)
+_GPRS = struct.Struct("<18Q")  # rip, rsp, rax rbx rcx rdx rsi rdi rbp, r8-r15, rflags
+_EXT = struct.Struct("<3Q")  # fs base, gs base, mxcsr
+
+
+def decode_state(raw: bytes) -> list[int]:
+    """The 16 GPRs, rip and rflags of a snapshot, in read_user_state order."""
+    v = _GPRS.unpack_from(raw)
+    return [*v[2:9], v[1], *v[9:17], v[0], v[17]]
+
+
+def decode_extended(raw: bytes) -> ExtendedState:
+    fs, gs, mxcsr = _EXT.unpack_from(raw, STATE_FLAGS_OFFSET + 8)
+    return fs, gs, raw[STATE_XMM_OFFSET:], mxcsr
+
+
+def encode_state(state: list[int], extended: ExtendedState) -> bytes:
+    """Inverse of decode_state and decode_extended."""
+    fs, gs, xmm, mxcsr = extended
+    gprs = _GPRS.pack(state[16], state[7], *state[0:7], *state[8:16], state[17])
+    raw = gprs + _EXT.pack(fs, gs, mxcsr) + xmm
+    assert len(raw) == STATE_BYTES
+    return raw
