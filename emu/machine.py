@@ -24,8 +24,9 @@ from emu.kernel.dispatch import Identity, Kernel, KernelConfig
 from emu.kernel.errno_ import SyscallError, errno_name
 from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled
 from emu.kernel.fs import FdEntry
+from emu.kernel.sched import DEFAULT_QUANTUM
 from emu.kernel.sigframe import SigInfo
-from emu.kernel.signal import deliver, handles
+from emu.kernel.signal import deliver, deliver_pending, handles
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
@@ -75,6 +76,8 @@ class RunOptions:
     count_insns: bool = False
     strace: Callable[[str], None] | None = None
     design: str = DEFAULT_DESIGN
+    sched_quantum: int = DEFAULT_QUANTUM  # instructions a thread runs before the next one gets the CPU
+    sched_seed: int | None = None  # random preemption: slice lengths and the next thread drawn from this seed
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +92,8 @@ class RunResult:
     wall_s: float
     probes: tuple[dict[str, Any], ...] = ()
     exits: dict[str, int] = field(default_factory=dict)
+    threads: int = 1  # threads the process had over the run (the main one included)
+    switches: int = 0  # context switches between them
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +107,8 @@ class RunResult:
             "wall_s": round(self.wall_s, 6),
             "probes": list(self.probes),
             "exits": self.exits,
+            "threads": self.threads,
+            "switches": self.switches,
         }
 
 
@@ -170,6 +177,7 @@ class Machine:
         self.mem = Memory(self.cpu)
         self.kernel = Kernel(self.cpu, self.mem, self.options.kernel)
         self.kernel.tracer = self.options.strace
+        self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         self.path = path
         plan = load_plan(path)
         # The stack first, so an image that collides with it is refused rather than overwritten.
@@ -185,6 +193,8 @@ class Machine:
         )
         self.design: Design = get_design(self.options.design)
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
+        self.uprobes.task = self.kernel.task.uprobe
+        self._counted = False  # the last slice ran with an instruction count (several threads)
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.resolver = Resolver(self.exe)
         self.attachments: list[Attachment] = []
@@ -369,14 +379,20 @@ class Machine:
             wall_s=time.perf_counter() - start,
             probes=probes,
             exits=dict(self.uprobes.stats.exits),
+            threads=len(self.kernel.sched.tasks),
+            switches=self.kernel.sched.switches,
         )
 
     def _run_until_end(self, entry: int, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
-        pc = entry
+        sched = self.kernel.sched
+        sched.current.pc = entry
         while True:
             try:
-                reason = self._run_slices(pc, timeout_us, start)
+                reason = self._run_slices(sched.current.pc, timeout_us, start)
                 signal = self._fault_signal(reason)
+                if signal is None and self._slice_ended(timeout_us, start):
+                    self._switch()
+                    continue
             except GuestExit as ex:
                 self.kernel.trace_exit("exit_group", ex.status)
                 return Ending.EXITED, ex.status, None, None
@@ -388,7 +404,42 @@ class Machine:
                 return self._stopped(timeout_us, start)
             if not self._to_handler(signal):
                 return self._killed(signal.signal, signal.address, signal.detail)
-            pc = self.cpu.read(Reg.RIP)
+            sched.current.pc = self.cpu.read(Reg.RIP)
+
+    def _slice_ended(self, timeout_us: int, start: float) -> bool:
+        """Did the CPU stop at a scheduling point: a syscall asked for a switch, or a counted slice ran out?
+
+        Unicorn reports a hlt and the end of a counted slice alike (rip after the hlt, or at the next
+        instruction), so while several threads run a hlt is taken for the end of a slice: only an
+        uncounted (single-thread) run reports hlt as Linux does (#GP, SIGSEGV)."""
+        if self.kernel.sched.switch_requested:
+            return True
+        if not self._counted or self.counter is not None and self.counter.hit_limit:
+            return False
+        return not (timeout_us and time.perf_counter() - start >= timeout_us / 1e6 * 0.99)
+
+    def _switch(self) -> None:
+        """Save the running thread, load the next one (sched.py decides which), deliver its pending signals."""
+        sched = self.kernel.sched
+        sched.switch_requested = False
+        current = sched.current
+        nxt = sched.pick_next()
+        if nxt is not current:
+            if current.alive:
+                current.context = self.cpu.save_context(current.context)
+            assert nxt.context is not None
+            self.cpu.restore_context(nxt.context)
+            sched.current = nxt
+            self.uprobes.task = nxt.uprobe
+            sched.switches += 1
+        for reg, value in nxt.resume_regs.items():
+            self.cpu.write(reg, value)
+        nxt.resume_regs.clear()
+        if nxt.signals.pending & ~nxt.signals.mask:
+            self.cpu.write(Reg.RIP, nxt.pc)
+            deliver_pending(self.kernel)
+            self._run_deferred()
+            nxt.pc = self.cpu.read(Reg.RIP)
 
     def _to_handler(self, sig: GuestKilled) -> bool:
         """force_sig: a caught, unblocked signal runs the guest's handler; anything else kills."""
@@ -426,17 +477,27 @@ class Machine:
         return self._killed(Signal.SIGSEGV, self.cpu.read(Reg.RIP), "general protection")
 
     def _run_slices(self, pc: int, timeout_us: int, start: float) -> StopReason:
-        """Run until something other than a deferred kernel action (an XOL step) stops the CPU."""
+        """Run the current thread until something other than a deferred kernel action (an XOL step)
+        stops the CPU; with several threads, for at most one scheduler slice of instructions."""
+        sched = self.kernel.sched
         while True:
             remaining = 0
             if timeout_us:
                 remaining = max(1, timeout_us - int((time.perf_counter() - start) * 1e6))
-            reason = self.cpu.run(pc, timeout_us=remaining)
+            count = sched.slice_length()
+            self._counted = count > 0
+            reason = self.cpu.run(pc, timeout_us=remaining, count=count)
+            sched.current.pc = self.cpu.read(Reg.RIP)
             if not self.kernel.deferred or reason is not StopReason.FINISHED:
                 return reason
-            while self.kernel.deferred:
-                self.kernel.deferred.pop(0)()
-            pc = self.cpu.read(Reg.RIP)
+            self._run_deferred()
+            pc = sched.current.pc = self.cpu.read(Reg.RIP)
+            if sched.switch_requested:
+                return reason
+
+    def _run_deferred(self) -> None:
+        while self.kernel.deferred:
+            self.kernel.deferred.pop(0)()
 
     def _killed(self, signal: Signal, address: int | None, detail: str) -> tuple[Ending, int, Signal, str]:
         where = ""

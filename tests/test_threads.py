@@ -1,0 +1,169 @@
+"""Threads: clone3/clone, futex, clear-child-tid, per-thread signals and uprobe state, the deterministic scheduler."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, run_emulated, run_native, sample
+
+from emu.cpu import Reg
+from emu.designs import DESIGNS
+from emu.errors import UsageError
+from emu.guestio import GuestIO
+from emu.kernel.clock import VirtualClock
+from emu.kernel.exits import GuestBlocked
+from emu.kernel.sched import Scheduler
+from emu.kernel.signal import SignalState
+from emu.kernel.tasks import Task, TaskState
+from emu.machine import Ending, Machine, RunOptions
+
+THREADS = sample("threads")
+WORKERS, CALLS = 4, 300
+
+
+def _machine(*args: str, **opts: object) -> Machine:
+    return Machine(THREADS, [THREADS, *args], {}, RunOptions(**opts), GuestIO.captured())  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ same as native
+@pytest.mark.parametrize("args", [(), ("8", "500"), ("timedwait",), ("kill",)])
+def test_pthread_sample_runs_as_natively(args: tuple[str, ...]) -> None:
+    emulated = run_emulated([THREADS, *args])
+    assert emulated.observed() == run_native([THREADS, *args]).observed()
+    assert emulated.status == 0
+
+
+def test_the_sample_made_threads_and_switched_between_them() -> None:
+    result = run_emulated([THREADS, "4", "100"], sched_quantum=200).result
+    assert result is not None
+    assert result.threads == 5  # main + 4 workers, each with its own tid (the sample checks they differ)
+    assert result.switches > 4
+
+
+def test_small_and_random_slices_give_the_same_output() -> None:
+    expected = run_native([THREADS, "3", "200"]).observed()
+    for quantum, seed in ((1, None), (7, 1), (50, 2), (5000, 3)):
+        assert run_emulated([THREADS, "3", "200"], sched_quantum=quantum, sched_seed=seed).observed() == expected
+
+
+# ------------------------------------------------------------------------------ determinism
+def _interleaving(seed: int | None, quantum: int = 40) -> tuple[int, int, bytes]:
+    machine = _machine("3", "100", sched_quantum=quantum, sched_seed=seed)
+    order: list[int] = []
+    consumer = machine.attach("uprobe:probed")
+    assert not isinstance(consumer, list)
+    machine.uprobes.chain_observers.append(
+        lambda probe, regs, path, after: None if after else order.append(machine.kernel.task.tid))
+    result = machine.run()
+    assert result.exit_status == 0
+    return result.switches, hash(tuple(order)), bytes(machine.io.out)
+
+
+def test_same_seed_same_run_other_seed_other_interleaving() -> None:
+    first = _interleaving(seed=11)
+    assert _interleaving(seed=11) == first
+    others = {_interleaving(seed=s)[:2] for s in (12, 13, 14)}
+    assert any(other != first[:2] for other in others)
+    assert _interleaving(seed=None) == _interleaving(seed=None)  # plain round-robin is deterministic too
+
+
+# ------------------------------------------------------------------------------ probes in threads
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_every_call_from_every_thread_is_a_hit(design: str) -> None:
+    machine = _machine(str(WORKERS), str(CALLS), design=design, sched_quantum=13, sched_seed=5)
+    for spec in ("uprobe:probed", "usdt:thr:tick", "uretprobe:probed"):
+        machine.attach(spec)
+    result = machine.run()
+    assert result.exit_status == 0, result.message
+    assert [p["hits"] for p in result.probes] == [WORKERS * CALLS] * 3
+    assert machine.io.out == run_native([THREADS, str(WORKERS), str(CALLS)]).out
+
+
+def test_return_instances_belong_to_their_thread() -> None:
+    """A thread switched out between a uretprobe's entry and its return keeps its own pending return;
+    another thread entering the probed leaf sees none of it."""
+    machine = _machine("2", "50", sched_quantum=3)
+    machine.attach("uretprobe:probed")
+    own: list[int] = []
+    others: list[int] = []
+
+    def on_entry(probe: object, regs: object, path: object, after: bool) -> None:
+        if after:
+            return
+        own.append(len(machine.uprobes.return_instances))
+        others.append(sum(len(t.uprobe.return_instances) for t in machine.kernel.sched.tasks.values()))
+
+    machine.uprobes.chain_observers.append(on_entry)
+    result = machine.run()
+    assert result.exit_status == 0 and result.probes[0]["hits"] == 100
+    assert max(own) == 0  # probed is a leaf: its own thread never has a return pending at entry
+    assert max(others) >= 1  # while the other thread, switched out inside probed, has one
+
+
+# ------------------------------------------------------------------------------ blocking
+def test_deadlock_is_reported_not_hung() -> None:
+    result = run_emulated([THREADS, "deadlock"]).result
+    assert result is not None
+    assert result.ending is Ending.BLOCKED
+    assert result.message is not None and "deadlock: no thread can run" in result.message
+    assert result.message.count("futex 0x") == 2
+
+
+def _sched() -> tuple[Scheduler, Task, list[int]]:
+    stops: list[int] = []
+    main = Task(100, SignalState())
+    return Scheduler(main, VirtualClock(0), lambda: stops.append(1), quantum=10), main, stops
+
+
+def test_scheduler_round_robin_skips_blocked_and_exited() -> None:
+    sched, main, _ = _sched()
+    others = [Task(sched.new_tid(), SignalState()) for _ in range(3)]
+    for task in others:
+        sched.add(task)
+    assert sched.pick_next() is others[0]
+    sched.block(others[0], 0x1000, 1, None)
+    sched.exit(others[1])
+    sched.current = main
+    assert sched.pick_next() is others[2]
+    sched.current = others[2]
+    assert sched.pick_next() is main
+    assert [t.tid for t in sched.waiters(0x1000, 0xFFFFFFFF)] == [others[0].tid]
+    assert sched.waiters(0x1000, 2) == []  # FUTEX_WAIT_BITSET: the masks must meet
+
+
+def test_all_blocked_with_a_timeout_jumps_the_clock_and_times_out() -> None:
+    sched, main, _ = _sched()
+    sched.block(main, 0x2000, 1, deadline=5_000_000)
+    assert sched.pick_next() is main
+    assert main.state is TaskState.RUNNABLE
+    assert main.resume_regs[Reg.RAX] == (-errno.ETIMEDOUT) & (2**64 - 1)
+    assert sched.clock.elapsed >= 5_000_000
+
+
+def test_all_blocked_forever_is_a_deadlock() -> None:
+    sched, main, _ = _sched()
+    sched.block(main, 0x2000, 1, deadline=None)
+    with pytest.raises(GuestBlocked, match="tid 100: futex 0x2000"):
+        sched.pick_next()
+
+
+def test_single_thread_runs_uncounted_and_bad_quantum_is_refused() -> None:
+    sched, main, _ = _sched()
+    assert sched.slice_length() == 0
+    sched.add(Task(sched.new_tid(), SignalState()))
+    assert sched.slice_length() == 10
+    with pytest.raises(UsageError, match="quantum"):
+        sched.configure(0, None)
+
+
+# ------------------------------------------------------------------------------ CLI
+def test_run_flags_choose_quantum_and_seed() -> None:
+    cmd = [sys.executable, "-m", "emu", "run", "--sched-quantum", "25", "--sched-seed", "9",
+           "-p", "uprobe:probed", THREADS, "2", "40"]
+    proc = subprocess.run(cmd, capture_output=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0
+    assert proc.stdout == run_native([THREADS, "2", "40"]).out
+    assert b"uprobe:probed" in proc.stderr and b" 80 " in proc.stderr
