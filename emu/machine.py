@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import errno
@@ -20,13 +21,15 @@ from emu.elf import LoadPlan, load_plan
 from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, EmuError, LoadError, UsageError
 from emu.guestio import GuestIO
 from emu.initstack import build_stack
-from emu.kernel.dispatch import Identity, Kernel, KernelConfig
+from emu.kernel.dispatch import SYSCALL_INSN_LEN, Identity, Kernel, KernelConfig
 from emu.kernel.errno_ import SyscallError, errno_name
-from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled
+from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, ProcessSuspended, WouldBlock
+from emu.kernel.fork import TRAMPOLINE_INHERITED, Family, exec_kernel_state, fork_kernel_state, inherited, wait_status
 from emu.kernel.fs import FdEntry
 from emu.kernel.sched import DEFAULT_QUANTUM
 from emu.kernel.sigframe import SigInfo
 from emu.kernel.signal import deliver, deliver_pending, handles
+from emu.kernel.threads import CLONE_SETTLS, CLONE_VFORK, CloneArgs
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
@@ -193,15 +196,118 @@ class Machine:
         )
         self.design: Design = get_design(self.options.design)
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
+        self.resolver = Resolver(self.exe)
+        self.family = Family()
+        self._first = True  # the process the run started with (the others are its descendants)
+        self._wire()
+
+    def _wire(self) -> None:
+        """Connect CPU, kernel and uprobes (shared by a new process and a forked one)."""
         self.uprobes.task = self.kernel.task.uprobe
         self._counted = False  # the last slice ran with an instruction count (several threads)
         self.kernel.add_rows(uprobe_rows(self.uprobes))
-        self.resolver = Resolver(self.exe)
         self.attachments: list[Attachment] = []
         self.libraries = LibraryProbes(self)
         self.kernel.perf_attach = self._perf_attach
+        self.kernel.fork = self._fork
+        self.kernel.exec = self._exec
+        self.kernel.family = self.family
         self.cpu.add_syscall_hook(self.kernel.on_syscall)
         self.cpu.add_interrupt_hook(self._on_interrupt)
+
+    @classmethod
+    def _forked(cls, parent: Machine, pid: int, args: CloneArgs) -> Machine:
+        """The child of a fork: a copy of ``parent``'s memory (less the VM_DONTCOPY mappings), kernel
+        state and registers at the ``syscall``, returning 0 (fork.py explains the process model)."""
+        self = cls.__new__(cls)
+        self.options, self.io, self.path = parent.options, parent.io, parent.path
+        self.cpu = Cpu()
+        self.mem = Memory(self.cpu)
+        parent.mem.copy_to(self.mem, inherited(parent.design.name))
+        config = dataclasses.replace(parent.kernel.config, pid=pid, ppid=parent.kernel.ident.pid)
+        self.kernel = Kernel(self.cpu, self.mem, config)
+        self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
+        fork_kernel_state(parent.kernel, self.kernel, args)
+        self.exe, self.interp, self.entry_sp = parent.exe, parent.interp, parent.entry_sp
+        self.counter = None
+        self.design = parent.design
+        self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
+        self.uprobes.probes = dict(parent.uprobes.probes)  # uprobes live on the inode: the copied text keeps them
+        if parent.design.name in TRAMPOLINE_INHERITED:
+            self.uprobes.sites.trampolines = list(parent.uprobes.sites.trampolines)
+            self.uprobes.sites.slot_pages = [copy.deepcopy(page) for page in parent.uprobes.sites.slot_pages]
+            self.uprobes.sites.slot_of = dict(parent.uprobes.sites.slot_of)
+        self.resolver, self.family, self._first = parent.resolver, parent.family, False
+        self._wire()
+        if self.kernel.task.uprobe.return_instances and parent.uprobes.xol is not None:
+            self.uprobes.get_xol_area()  # dup_xol_work: the returns go through [uprobes] slot 0
+        self._copy_registers(parent, args)
+        return self
+
+    def _copy_registers(self, parent: Machine, args: CloneArgs) -> None:
+        state = parent.cpu.read_user_state()
+        rip = state[16] + 2  # the parent's rip is at its syscall instruction
+        state[0], state[2], state[11], state[16] = 0, rip, state[17], rip  # rax = 0; rcx, r11 as after SYSRET
+        if args.stack:
+            state[7] = args.stack
+        self.cpu.write_user_state(state, write_rip=True)
+        self.cpu.write_extended(parent.cpu.read_extended())
+        if args.flags & CLONE_SETTLS:
+            self.cpu.write(Reg.FS_BASE, args.tls)
+        self.kernel.task.pc = rip
+
+    # ------------------------------------------------------------- processes
+    def _fork(self, k: Kernel, args: CloneArgs) -> int:
+        pid = self.family.new_pid()
+        self.family.add(pid, self.kernel.ident.pid, Machine._forked(self, pid, args))
+        if args.flags & CLONE_VFORK:  # the parent waits until the child has run (exec'd, exited or blocked)
+            self.kernel.defer(lambda: self.family.run(pid))
+        return pid
+
+    def _exec(self, path: str, argv: list[bytes], envp: list[bytes]) -> None:
+        """execve: check the file now (errors go to the caller), replace the image before the next instruction."""
+        from emu.kernel.fs import lookup
+
+        host = self.kernel.vfs.host_path(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
+        if not os.path.isfile(host) or not os.access(host, os.X_OK):
+            raise SyscallError(errno.EACCES)
+        try:
+            plan = load_plan(host)
+        except EmuError:
+            raise SyscallError(errno.ENOEXEC) from None
+        self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
+
+    def _replace_image(self, host: str, plan: LoadPlan, argv: list[bytes], envp: list[bytes]) -> None:
+        """The new image in place of the old one (fs/exec.c): the old mappings and probes go. Probes
+        attached by spec are not re-resolved on the new image."""
+        exec_kernel_state(self.kernel)
+        self.mem.unmap_all()
+        self.path = host
+        self.mem.map(abi.STACK_TOP - abi.STACK_SIZE, abi.STACK_SIZE, Prot.READ | Prot.WRITE, name="[stack]")
+        self.exe, self.interp = self._load(plan)
+        self.entry_sp = self._build_stack([os.fsdecode(a) for a in argv], [os.fsdecode(e) for e in envp])
+        self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
+        self.uprobes.task = self.kernel.task.uprobe
+        self.kernel.add_rows(uprobe_rows(self.uprobes))
+        self.resolver = Resolver(self.exe)
+        self._reset_registers()
+        self.cpu.write(Reg.RIP, self.interp.entry if self.interp else self.exe.entry)
+
+    def resume(self) -> bool:
+        """Run this (non-first) process until it ends or blocks; True if it made progress."""
+        before = sum(self.kernel.counts.values())
+        timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
+        try:
+            ending, status, signal, _message = self._run_until_end(self.kernel.task.pc, timeout_us,
+                                                                  time.perf_counter())
+        except ProcessSuspended:
+            return sum(self.kernel.counts.values()) - before >= 2  # more than the restarted syscall
+        self._end_process(ending, status, signal)
+        return True
+
+    def _end_process(self, ending: Ending, status: int, signal: Signal | None) -> None:
+        self.kernel.files.close_all()
+        self.family.ended(self.kernel.ident.pid, wait_status(ending is Ending.EXITED, status, signal))
 
     # --------------------------------------------------------------- probes
     def attach(self, spec: str | ProbeSpec, consumer: Consumer | None = None) -> Attachment | LibraryProbe:
@@ -359,13 +465,13 @@ class Machine:
     def run(self) -> RunResult:
         start = time.perf_counter()
         entry = self.interp.entry if self.interp else self.exe.entry
-        self.cpu.write(Reg.RSP, self.entry_sp)
-        for reg in (Reg.RAX, Reg.RBX, Reg.RCX, Reg.RDX, Reg.RSI, Reg.RDI, Reg.RBP, Reg.R8, Reg.R9, Reg.R10,
-                    Reg.R11, Reg.R12, Reg.R13, Reg.R14, Reg.R15):
-            self.cpu.write(reg, 0)
+        self._reset_registers()
+        self.family.add(self.kernel.ident.pid, self.kernel.ident.ppid, self, running=True)
         timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
         ending, status, signal, message = self._run_until_end(entry, timeout_us, start)
-        self.kernel.files.close_all()
+        self._end_process(ending, status, signal)
+        while self.family.run_others(self.kernel.ident.pid):
+            pass  # children still running once their parent is gone (orphans) run to their end
         probes = tuple(a.summary() for a in self.attachments if not a.library) + tuple(
             lib.summary() for lib in self.libraries.probes)
         return RunResult(
@@ -383,6 +489,12 @@ class Machine:
             switches=self.kernel.sched.switches,
         )
 
+    def _reset_registers(self) -> None:
+        self.cpu.write(Reg.RSP, self.entry_sp)
+        for reg in (Reg.RAX, Reg.RBX, Reg.RCX, Reg.RDX, Reg.RSI, Reg.RDI, Reg.RBP, Reg.R8, Reg.R9, Reg.R10,
+                    Reg.R11, Reg.R12, Reg.R13, Reg.R14, Reg.R15, Reg.FS_BASE, Reg.GS_BASE):
+            self.cpu.write(reg, 0)
+
     def _run_until_end(self, entry: int, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
         sched = self.kernel.sched
         sched.current.pc = entry
@@ -398,6 +510,13 @@ class Machine:
                 return Ending.EXITED, ex.status, None, None
             except GuestKilled as kill:
                 signal = kill
+            except WouldBlock as wait:
+                sched.current.pc = self.cpu.read(Reg.RIP) - SYSCALL_INSN_LEN  # restarted once another process ran
+                if self.family.run_others(self.kernel.ident.pid):
+                    continue
+                if not self._first:
+                    raise ProcessSuspended(str(wait)) from None
+                return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {wait}"
             except GuestBlocked as blocked:
                 return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {blocked}"
             if signal is None:

@@ -20,7 +20,7 @@ from emu.cpu import Cpu
 from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.fs import FdTable
+from emu.kernel.fork import Family, SharedFdTable
 from emu.kernel.perf import PerfAttach
 from emu.kernel.process import DEFAULT_RLIMITS
 from emu.kernel.sched import Scheduler
@@ -75,6 +75,7 @@ class Brk:
 
 Tracer = Callable[[str], None]
 ForkFn = Callable[["Kernel", "CloneArgs"], int]
+ExecFn = Callable[[str, list[bytes], list[bytes]], None]
 
 
 class Kernel:
@@ -85,7 +86,7 @@ class Kernel:
         self.mem = mem
         self.config = config
         self.table = build_table()
-        self.files = FdTable()
+        self.files: SharedFdTable = SharedFdTable()
         cwd = config.cwd or (os.getcwd() if config.rootfs == "/" else "/")
         self.vfs = Vfs(config.rootfs, cwd)
         self.clock = VirtualClock(config.realtime_start_ns)
@@ -104,6 +105,8 @@ class Kernel:
         self.exec_mmap_observers: list[Callable[[Vma], None]] = []
         self.perf_attach: PerfAttach | None = None  # set by the machine: uprobes for perf_event_open
         self.fork: ForkFn | None = None  # set by the machine: clone without CLONE_VM (a new process)
+        self.exec: ExecFn | None = None  # set by the machine: execve (path, argv, envp)
+        self.family: Family | None = None  # the run's processes (fork.py), set by the machine
 
     @property
     def task(self) -> Task:

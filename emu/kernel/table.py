@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from emu.kernel import fs, futex, mm, net, perf, process, signal, threads
+from emu.kernel import fork, fs, futex, mm, net, perf, process, signal, threads
 
 Handler = Callable[..., "int | None"]
 
@@ -29,7 +29,7 @@ class Row:
 def _rows() -> tuple[Row, ...]:
     r = Row
     return (
-        r(0, "read", fs.sys_read, ("fd", "rbuf", "u")),
+        r(0, "read", fork.sys_read, ("fd", "rbuf", "u"), "an empty pipe another process writes: waits for it"),
         r(1, "write", fs.sys_write, ("fd", "wbuf", "u")),
         r(2, "open", fs.sys_open, ("path", "oflags", "mode")),
         r(3, "close", fs.sys_close, ("fd",)),
@@ -153,6 +153,10 @@ def _rows() -> tuple[Row, ...]:
         r(271, "ppoll", fs.sys_ppoll, ("ptr", "u", "ptr", "ptr", "u"), "readiness now; a wait only advances the clock"),
         r(115, "getgroups", process.sys_getgroups, ("d", "ptr")),
         r(56, "clone", threads.sys_clone, ("x", "ptr", "ptr", "ptr", "ptr"), "threads; a new process: fork.py"),
+        r(57, "fork", fork.sys_fork, (), "a new process: fork.py"),
+        r(58, "vfork", fork.sys_vfork, (), "the child runs first, in its own copy of memory"),
+        r(59, "execve", fork.sys_execve, ("path", "ptr", "ptr")),
+        r(61, "wait4", fork.sys_wait4, ("d", "ptr", "x", "ptr")),
         r(435, "clone3", threads.sys_clone3, ("ptr", "u"), "threads; a new process: fork.py"),
     )
 
