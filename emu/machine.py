@@ -23,7 +23,7 @@ from emu.guestio import GuestIO
 from emu.initstack import build_stack
 from emu.kernel.dispatch import SYSCALL_INSN_LEN, Identity, Kernel, KernelConfig
 from emu.kernel.errno_ import SyscallError, errno_name
-from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, ProcessSuspended, WouldBlock
+from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, PollOthers, ProcessSuspended, WouldBlock
 from emu.kernel.fork import TRAMPOLINE_INHERITED, Family, exec_kernel_state, fork_kernel_state, inherited, wait_status
 from emu.kernel.fs import FdEntry
 from emu.kernel.sched import DEFAULT_QUANTUM
@@ -511,8 +511,13 @@ class Machine:
             except GuestKilled as kill:
                 signal = kill
             except WouldBlock as wait:
-                sched.current.pc = self.cpu.read(Reg.RIP) - SYSCALL_INSN_LEN  # restarted once another process ran
+                after = self.cpu.read(Reg.RIP)
+                sched.current.pc = after - SYSCALL_INSN_LEN  # restarted once another process ran
                 if self.family.run_others(self.kernel.ident.pid):
+                    continue
+                if isinstance(wait, PollOthers):  # nothing changed: the poll's answer stands
+                    self.kernel.cpu.write_syscall_return(wait.result, after, self.cpu.read(Reg.RFLAGS))
+                    sched.current.pc = after
                     continue
                 if not self._first:
                     raise ProcessSuspended(str(wait)) from None

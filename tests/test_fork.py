@@ -125,3 +125,10 @@ def test_forked_child_returns_through_the_trampoline_as_on_the_real_kernel() -> 
     out, status, _hits = _forks("retfork", "linux-6.18", "uretprobe:forker")
     assert (native.stdout, native.returncode) == (out, status)
     assert native.counts[0] == 1  # the perf event follows the parent only; the emulated consumer sees both
+
+
+def test_a_parent_polling_with_wnohang_lets_its_child_run() -> None:
+    """timeout(1) forks, then polls wait4(WNOHANG) between sigsuspends: the poll runs the child first."""
+    argv = ["/usr/bin/timeout", "5", "/bin/echo", "polled"]
+    emulated = run_emulated(argv, ENV)
+    assert emulated.observed() == run_native(argv, ENV).observed() == (b"polled\n", b"", 0)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from emu import abi
 from emu.abi import Signal
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.exits import WouldBlock
+from emu.kernel.exits import PollOthers, WouldBlock
 from emu.kernel.fs import FdEntry, FdTable
 from emu.kernel.fs import sys_read as fs_sys_read
 from emu.kernel.signal import SIG_IGN, SignalState
@@ -235,6 +235,8 @@ def sys_wait4(k: Kernel, pid: int, status_ptr: int, options: int, rusage: int, *
             entry.reaped = True
             return entry.pid
     if options & WNOHANG:
+        if family is not None and any(not e.running for e in candidates):
+            raise PollOthers("wait4 with WNOHANG", 0)  # let a child that has not run yet get there
         return 0
     raise WouldBlock(f"wait4 for {'any child' if pid <= 0 else f'pid {pid}'}")
 
