@@ -556,6 +556,8 @@ class Machine:
             sched.current = nxt
             self.uprobes.task = nxt.uprobe
             sched.switches += 1
+            for observer in sched.switch_observers:
+                observer(current, nxt)
         for reg, value in nxt.resume_regs.items():
             self.cpu.write(reg, value)
         nxt.resume_regs.clear()

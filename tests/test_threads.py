@@ -62,6 +62,15 @@ def _interleaving(seed: int | None, quantum: int = 40) -> tuple[int, int, bytes]
     return result.switches, hash(tuple(order)), bytes(machine.io.out)
 
 
+def test_switch_observers_hear_every_switch() -> None:
+    machine = _machine("3", "50", sched_quantum=100)
+    seen: list[tuple[int, int]] = []
+    machine.kernel.sched.switch_observers.append(lambda old, new: seen.append((old.tid, new.tid)))
+    result = machine.run()
+    assert result.exit_status == 0 and len(seen) == result.switches > 0
+    assert all(old != new for old, new in seen)
+
+
 def test_same_seed_same_run_other_seed_other_interleaving() -> None:
     first = _interleaving(seed=11)
     assert _interleaving(seed=11) == first

@@ -34,6 +34,9 @@ class Scheduler:
         self.configure(quantum, seed)
         self.switch_requested = False
         self.switches = 0
+        # (from, to) after each context switch: per-thread state kept outside the kernel (e.g. a verifier's
+        # open transaction, which today assumes one thread) follows the running thread through these
+        self.switch_observers: list[Callable[[Task, Task], None]] = []
         self._stop_cpu = stop_cpu
         self._next_tid = main.tid + 1
         self._wait_seq = 0
