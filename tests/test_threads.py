@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import errno
+import struct
 import subprocess
 import sys
 
 import pytest
-from conftest import REPO, run_emulated, run_native, sample
+from conftest import REPO, GuestKernel, run_emulated, run_native, sample
 
 from emu.cpu import Reg
 from emu.designs import DESIGNS
@@ -176,3 +177,46 @@ def test_run_flags_choose_quantum_and_seed() -> None:
     assert proc.returncode == 0
     assert proc.stdout == run_native([THREADS, "2", "40"]).out
     assert b"uprobe:probed" in proc.stderr and b" 80 " in proc.stderr
+
+
+# ------------------------------------------------------------------------------ clone, clone3, futex one call at a time
+THREAD_FLAGS = 0x100 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x40000 | 0x80000 | 0x100000 | 0x200000  # glibc's
+
+
+def test_clone_takes_flags_newsp_parent_tid_child_tid_tls(guest: GuestKernel) -> None:
+    parent_tid, child_tid = guest.alloc(4), guest.alloc(4)
+    tid = guest("clone", THREAD_FLAGS, 0x7000_0000, parent_tid, child_tid, 0x7100_0000)
+    assert tid == guest.kernel.config.pid + 1
+    assert struct.unpack("<I", guest.read(parent_tid, 4))[0] == tid  # CLONE_PARENT_SETTID
+    child = guest.kernel.sched.tasks[tid]
+    assert child.resume_regs[Reg.RSP] == 0x7000_0000 and child.resume_regs[Reg.FS_BASE] == 0x7100_0000
+    assert child.resume_regs[Reg.RAX] == 0 and child.clear_child_tid == child_tid
+    assert child.signals.actions is guest.kernel.signals.actions  # CLONE_SIGHAND: one table of actions
+    assert guest("gettid") == guest.kernel.config.pid  # the caller is still the main thread
+
+
+def test_clone3_reads_struct_clone_args(guest: GuestKernel) -> None:
+    ptid = guest.alloc(4)
+    args = struct.pack("<11Q", THREAD_FLAGS, 0, ptid, ptid, 0, 0x6000_0000, 0x1000, 0x6100_0000, 0, 0, 0)
+    tid = guest("clone3", guest.alloc(88, args), 88)
+    child = guest.kernel.sched.tasks[tid]
+    assert child.resume_regs[Reg.RSP] == 0x6000_1000  # stack + stack_size
+    assert guest("clone3", guest.alloc(88, args), 32) == -errno.EINVAL  # smaller than CLONE_ARGS_SIZE_VER0
+    assert guest("clone3", guest.alloc(96, args + b"\1" + bytes(7)), 96) == -errno.E2BIG  # unknown field set
+
+
+def test_clone_flag_rules(guest: GuestKernel) -> None:
+    assert guest("clone", 0x10000 | 0x100, 0, 0, 0, 0) == -errno.EINVAL  # CLONE_THREAD without CLONE_SIGHAND
+    assert guest("clone", 0x800, 0, 0, 0, 0) == -errno.EINVAL  # CLONE_SIGHAND without CLONE_VM
+    assert guest("clone", THREAD_FLAGS | 0x20000, 0, 0, 0, 0) == -errno.EINVAL  # CLONE_NEWNS: not modelled
+
+
+def test_futex_errors_and_wake_counts(guest: GuestKernel) -> None:
+    word = guest.alloc(4, struct.pack("<I", 5))
+    assert guest("futex", word, 0, 4, 0) == -errno.EAGAIN  # FUTEX_WAIT: the value moved on
+    assert guest("futex", word + 1, 1, 1, 0) == -errno.EINVAL  # unaligned
+    assert guest("futex", word, 10, 1, 0, 0, 0) == -errno.EINVAL  # FUTEX_WAKE_BITSET with an empty mask
+    assert guest("futex", word, 1, 1, 0) == 0  # nobody waits
+    expired = guest.alloc(16, struct.pack("<qq", 0, 0))
+    assert guest("futex", word, 9 | 256, 5, expired, 0, 0xFFFFFFFF) == -errno.ETIMEDOUT  # absolute, long past
+    assert guest("futex", word, 6, 0, 0) == -errno.ENOSYS  # FUTEX_LOCK_PI: not emulated
