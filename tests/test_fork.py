@@ -132,3 +132,23 @@ def test_a_parent_polling_with_wnohang_lets_its_child_run() -> None:
     argv = ["/usr/bin/timeout", "5", "/bin/echo", "polled"]
     emulated = run_emulated(argv, ENV)
     assert emulated.observed() == run_native(argv, ENV).observed() == (b"polled\n", b"", 0)
+
+
+PY_SCRIPT = """
+import subprocess, threading
+out = []
+ts = [threading.Thread(target=lambda i=i: out.append(sum(range(i * 1000)))) for i in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(sorted(out))
+r = subprocess.run(['/bin/echo', 'sub'], capture_output=True)
+print(r.stdout, r.returncode)
+"""
+
+
+@pytest.mark.slow
+def test_python_threads_and_subprocess_run_as_natively() -> None:
+    """CPython's threading (clone3, futexes) and subprocess (vfork or fork, exec, pipes, waitpid)."""
+    argv = ["/usr/bin/python3", "-S", "-c", PY_SCRIPT]
+    emulated = run_emulated(argv, ENV)
+    assert emulated.observed() == run_native(argv, ENV).observed()
+    assert emulated.out == b"[0, 499500, 1999000, 4498500]\nb'sub\\n' 0\n"

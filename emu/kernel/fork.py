@@ -166,7 +166,6 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     from emu.kernel.threads import CLONE_CHILD_CLEARTID, CLONE_CHILD_SETTID, CLONE_PARENT_SETTID
 
     pid = child.config.pid
-    assert isinstance(parent.files, SharedFdTable)
     child.files = parent.files.fork()
     child.vfs.cwd = parent.vfs.cwd
     child.clock = parent.clock  # one virtual timeline for the whole run

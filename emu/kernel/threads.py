@@ -74,8 +74,8 @@ def do_clone(k: Kernel, args: CloneArgs) -> int:
         if args.flags & ~(THREAD_FLAGS | THREAD_OPTIONAL):
             raise SyscallError(errno.EINVAL)  # namespaces, pidfds, ptrace: not modelled
         return _new_thread(k, args)
-    if k.fork is None:
-        raise SyscallError(errno.ENOSYS)
+    if k.fork is None or args.flags & CLONE_VM and not args.flags & CLONE_VFORK:
+        raise SyscallError(errno.ENOSYS)  # one address space shared by two processes is not modelled
     return k.fork(k, args)
 
 
