@@ -205,6 +205,7 @@ class Machine:
         """Connect CPU, kernel and uprobes (shared by a new process and a forked one)."""
         self.uprobes.task = self.kernel.task.uprobe
         self._counted = False  # the last slice ran with an instruction count (several threads)
+        self._stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.attachments: list[Attachment] = []
         self.libraries = LibraryProbes(self)
@@ -503,6 +504,7 @@ class Machine:
                 reason = self._run_slices(sched.current.pc, timeout_us, start)
                 signal = self._fault_signal(reason)
                 if signal is None and self._slice_ended(timeout_us, start):
+                    self._stalls = 0
                     self._switch()
                     continue
             except GuestExit as ex:
@@ -518,6 +520,10 @@ class Machine:
                 if isinstance(wait, PollOthers):  # nothing changed: the poll's answer stands
                     self.kernel.cpu.write_syscall_return(wait.result, after, self.cpu.read(Reg.RFLAGS))
                     sched.current.pc = after
+                    continue
+                if sched.threaded and self._stalls < 2 * len(sched.live()):
+                    self._stalls += 1  # another thread of this process may change it: retried when next picked
+                    self._switch(yielding=True)
                     continue
                 if not self._first:
                     raise ProcessSuspended(str(wait)) from None
@@ -542,12 +548,12 @@ class Machine:
             return False
         return not (timeout_us and time.perf_counter() - start >= timeout_us / 1e6 * 0.99)
 
-    def _switch(self) -> None:
+    def _switch(self, yielding: bool = False) -> None:
         """Save the running thread, load the next one (sched.py decides which), deliver its pending signals."""
         sched = self.kernel.sched
         sched.switch_requested = False
         current = sched.current
-        nxt = sched.pick_next()
+        nxt = sched.pick_next(yielding)
         if nxt is not current:
             if current.alive:
                 current.context = self.cpu.save_context(current.context)

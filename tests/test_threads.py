@@ -30,7 +30,7 @@ def _machine(*args: str, **opts: object) -> Machine:
 
 
 # ------------------------------------------------------------------------------ same as native
-@pytest.mark.parametrize("args", [(), ("8", "500"), ("timedwait",), ("kill",)])
+@pytest.mark.parametrize("args", [(), ("8", "500"), ("timedwait",), ("kill",), ("pipe",)])
 def test_pthread_sample_runs_as_natively(args: tuple[str, ...]) -> None:
     emulated = run_emulated([THREADS, *args])
     assert emulated.observed() == run_native([THREADS, *args]).observed()
@@ -42,6 +42,12 @@ def test_the_sample_made_threads_and_switched_between_them() -> None:
     assert result is not None
     assert result.threads == 5  # main + 4 workers, each with its own tid (the sample checks they differ)
     assert result.switches > 4
+
+
+@pytest.mark.parametrize("quantum,seed", [(100, 3), (1000, 1), (20_000, None)])
+def test_a_thread_reading_an_empty_pipe_waits_for_the_writer_thread(quantum: int, seed: int | None) -> None:
+    outcome = run_emulated([THREADS, "pipe"], sched_quantum=quantum, sched_seed=seed)
+    assert (outcome.out, outcome.status) == (b"pipe: got 'late'\n", 0)
 
 
 def test_small_and_random_slices_give_the_same_output() -> None:

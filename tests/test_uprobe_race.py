@@ -69,12 +69,13 @@ def test_a_thread_parked_in_the_trampoline_survives_the_detach(design: str) -> N
         parked: dict[int, bool] = {}
         pick = sched.pick_next
 
-        def pick_and_watch(pick=pick, sched=sched, up=up, parked=parked, machine=machine) -> Task:
+        def pick_and_watch(yielding: bool = False, *, pick=pick, sched=sched, up=up, parked=parked,
+                           machine=machine) -> Task:
             current = sched.current
             vma = machine.mem.find(current.pc)
             if current.alive and vma is not None and vma.name == TRAMPOLINE_NAME:
                 parked[current.tid] = bool(up.probes)
-            chosen = pick()
+            chosen = pick(yielding)
             if parked.pop(chosen.tid, False) and not up.probes:
                 machine.parked_through_detach = getattr(machine, "parked_through_detach", 0) + 1
             return chosen

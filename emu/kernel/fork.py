@@ -241,11 +241,12 @@ def sys_wait4(k: Kernel, pid: int, status_ptr: int, options: int, rusage: int, *
 
 
 def sys_read(k: Kernel, fd: int, buf: int, count: int, *_: int) -> int:
-    """read(2); an empty pipe that another process may still write blocks until that process has run."""
+    """read(2); an empty pipe that another thread or process may still write blocks until they have run."""
     entry = k.files.get(fd)
     file = entry.file
+    others = k.sched.threaded or k.family is not None and k.family.has_others(k.ident.pid)
     if (isinstance(file, PipeEnd) and not file.writable and not file.pipe.buffer and file.pipe.writers
-            and not entry.flags & abi.O_NONBLOCK and k.family is not None and k.family.has_others(k.ident.pid)):
+            and not entry.flags & abi.O_NONBLOCK and others):
         raise WouldBlock(f"read from an empty pipe (fd {fd})")
     return fs_sys_read(k, fd, buf, count)
 

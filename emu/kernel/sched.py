@@ -99,18 +99,21 @@ class Scheduler:
         task.context = None
 
     # ------------------------------------------------------------- choosing
-    def pick_next(self) -> Task:
-        """The task to run next (possibly the current one). Raises GuestBlocked on a deadlock."""
+    def pick_next(self, yielding: bool = False) -> Task:
+        """The task to run next (possibly the current one, unless ``yielding`` and another can run).
+        Raises GuestBlocked on a deadlock."""
         self._expire_timeouts(self.clock.elapsed)
         runnable = [t for t in self.tasks.values() if t.state is TaskState.RUNNABLE]
         if not runnable:
             runnable = self._jump_to_first_timeout()
+        if yielding and len(runnable) > 1 and self.current in runnable:
+            runnable.remove(self.current)
         if self.rng is not None:
             return self.rng.choice(runnable)
         order = list(self.tasks.values())
         start = order.index(self.current) + 1 if self.current in order else 0
         for task in order[start:] + order[:start]:
-            if task.state is TaskState.RUNNABLE:
+            if task in runnable:
                 return task
         raise AssertionError("unreachable: runnable is not empty")
 
