@@ -4,7 +4,7 @@ of the probes (the copied text, duplicated return instances, not 6.18's [uprobes
 from __future__ import annotations
 
 import pytest
-from conftest import run_emulated, run_native, sample, symbol_file_offset
+from conftest import GuestKernel, run_emulated, run_native, sample, symbol_file_offset
 
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
@@ -152,3 +152,34 @@ def test_python_threads_and_subprocess_run_as_natively() -> None:
     emulated = run_emulated(argv, ENV)
     assert emulated.observed() == run_native(argv, ENV).observed()
     assert emulated.out == b"[0, 499500, 1999000, 4498500]\nb'sub\\n' 0\n"
+
+
+WAITID_SCRIPT = """
+import os
+pid = os.fork()
+if pid == 0:
+    os._exit(9)
+r = os.waitid(os.P_PID, pid, os.WEXITED)
+print(r.si_pid == pid, r.si_code == os.CLD_EXITED, r.si_status, r.si_signo)
+pid = os.fork()
+if pid == 0:
+    os.kill(os.getpid(), 9)
+print(os.waitpid(pid, 0)[1])
+"""
+
+
+@pytest.mark.slow
+def test_waitid_and_a_child_killed_by_a_signal_as_natively() -> None:
+    argv = ["/usr/bin/python3", "-S", "-c", WAITID_SCRIPT]
+    emulated = run_emulated(argv, ENV)
+    assert emulated.observed() == run_native(argv, ENV).observed() == (b"True True 9 17\n9\n", b"", 0)
+
+
+def test_wait_calls_without_children_or_with_bad_options(guest: GuestKernel) -> None:
+    import errno
+
+    info = guest.alloc(128)
+    assert guest("wait4", 0xFFFFFFFF, 0, 0, 0) == -errno.ECHILD
+    assert guest("waitid", 0, 0, info, 4, 0) == -errno.ECHILD  # P_ALL, WEXITED
+    assert guest("waitid", 0, 0, info, 0, 0) == -errno.EINVAL  # no WEXITED
+    assert guest("waitid", 7, 0, info, 4, 0) == -errno.EINVAL  # unknown idtype

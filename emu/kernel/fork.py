@@ -48,6 +48,10 @@ PID_STRIDE = 1000  # a process's threads take the tids after its pid
 WNOHANG = 1
 WAIT_OPTIONS = WNOHANG | 2 | 8 | 0x40000000 | 0x80000000 | 0x20000000  # WUNTRACED WCONTINUED __WNOTHREAD __WALL __WCLONE
 RUSAGE_SIZE = 144
+P_ALL, P_PID, P_PGID = 0, 1, 2
+WEXITED, WNOWAIT = 4, 0x01000000
+WAITID_OPTIONS = WNOHANG | 2 | 8 | WEXITED | WNOWAIT | 0x40000000 | 0x80000000 | 0x20000000
+CLD_EXITED, CLD_KILLED = 1, 2
 
 
 class Process(Protocol):
@@ -216,28 +220,58 @@ def wait_status(exited: bool, code: int, signal: Signal | None) -> int:
 
 
 # ---------------------------------------------------------------------------- syscalls
-def sys_wait4(k: Kernel, pid: int, status_ptr: int, options: int, rusage: int, *_: int) -> int:
-    pid = pid & 0xFFFFFFFF
-    pid = pid - (1 << 32) if pid >= 1 << 31 else pid  # pid_t is an int
-    if options & ~WAIT_OPTIONS & 0xFFFFFFFF:
-        raise SyscallError(errno.EINVAL)
+def _reapable(k: Kernel, pid: int, options: int, what: str) -> ProcessEntry | None:
+    """The first ended child matching ``pid``; None with WNOHANG when none has ended yet; otherwise
+    the caller waits (WouldBlock) until another process has run."""
     family = k.family
     candidates = family.children(k.ident.pid, pid) if family is not None else []
     if not candidates:
         raise SyscallError(errno.ECHILD)
     for entry in candidates:
         if entry.status is not None:
-            if status_ptr:
-                k.mem.write_user(status_ptr, struct.pack("<i", entry.status))
-            if rusage:
-                k.mem.write_user(rusage, bytes(RUSAGE_SIZE))
-            entry.reaped = True
-            return entry.pid
+            return entry
     if options & WNOHANG:
-        if family is not None and any(not e.running for e in candidates):
-            raise PollOthers("wait4 with WNOHANG", 0)  # let a child that has not run yet get there
+        if any(not e.running for e in candidates):
+            raise PollOthers(f"{what} with WNOHANG", 0)  # let a child that has not run yet get there
+        return None
+    raise WouldBlock(f"{what} for {'any child' if pid <= 0 else f'pid {pid}'}")
+
+
+def sys_wait4(k: Kernel, pid: int, status_ptr: int, options: int, rusage: int, *_: int) -> int:
+    pid = pid & 0xFFFFFFFF
+    pid = pid - (1 << 32) if pid >= 1 << 31 else pid  # pid_t is an int
+    if options & ~WAIT_OPTIONS & 0xFFFFFFFF:
+        raise SyscallError(errno.EINVAL)
+    entry = _reapable(k, pid, options, "wait4")
+    if entry is None:
         return 0
-    raise WouldBlock(f"wait4 for {'any child' if pid <= 0 else f'pid {pid}'}")
+    assert entry.status is not None
+    if status_ptr:
+        k.mem.write_user(status_ptr, struct.pack("<i", entry.status))
+    if rusage:
+        k.mem.write_user(rusage, bytes(RUSAGE_SIZE))
+    entry.reaped = True
+    return entry.pid
+
+
+def sys_waitid(k: Kernel, idtype: int, ident: int, infop: int, options: int, rusage: int, *_: int) -> int:
+    """waitid(2) for exited children: P_ALL or P_PID (process groups are the caller's children here)."""
+    if idtype not in (P_ALL, P_PID, P_PGID) or not options & WEXITED or options & ~WAITID_OPTIONS:
+        raise SyscallError(errno.EINVAL)
+    pid = ident & 0xFFFFFFFF if idtype == P_PID else -1
+    entry = _reapable(k, pid, options, "waitid")
+    info = bytes(128)
+    if entry is not None:
+        assert entry.status is not None
+        killed = entry.status & 0x7F
+        code, value = (CLD_KILLED, killed) if killed else (CLD_EXITED, entry.status >> 8)
+        info = struct.pack("<iii4xiIi", Signal.SIGCHLD, 0, code, entry.pid, k.ident.uid, value).ljust(128, b"\0")
+        entry.reaped = not options & WNOWAIT
+    if infop:
+        k.mem.write_user(infop, info)
+    if rusage:
+        k.mem.write_user(rusage, bytes(RUSAGE_SIZE))
+    return 0
 
 
 def sys_read(k: Kernel, fd: int, buf: int, count: int, *_: int) -> int:

@@ -157,6 +157,7 @@ def _rows() -> tuple[Row, ...]:
         r(58, "vfork", fork.sys_vfork, (), "the child runs first, in its own copy of memory"),
         r(59, "execve", fork.sys_execve, ("path", "ptr", "ptr")),
         r(61, "wait4", fork.sys_wait4, ("d", "ptr", "x", "ptr")),
+        r(247, "waitid", fork.sys_waitid, ("d", "d", "ptr", "x", "ptr")),
         r(435, "clone3", threads.sys_clone3, ("ptr", "u"), "threads; a new process: fork.py"),
     )
 
