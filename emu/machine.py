@@ -59,6 +59,13 @@ EXCEPTION_SIGNALS = {
 }
 
 
+class _Wait(enum.Enum):
+    """What a syscall that must wait does next (Machine._wait_for_others)."""
+
+    RESTART = "restart it now"
+    YIELD = "let another thread of the process run first"
+
+
 class Ending(enum.Enum):
     EXITED = "exited"
     KILLED = "killed"
@@ -499,8 +506,12 @@ class Machine:
     def _run_until_end(self, entry: int, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
         sched = self.kernel.sched
         sched.current.pc = entry
+        yield_first = False
         while True:
             try:
+                if yield_first:
+                    yield_first = False
+                    self._switch(yielding=True)
                 reason = self._run_slices(sched.current.pc, timeout_us, start)
                 signal = self._fault_signal(reason)
                 if signal is None and self._slice_ended(timeout_us, start):
@@ -513,21 +524,11 @@ class Machine:
             except GuestKilled as kill:
                 signal = kill
             except WouldBlock as wait:
-                after = self.cpu.read(Reg.RIP)
-                sched.current.pc = after - SYSCALL_INSN_LEN  # restarted once another process ran
-                if self.family.run_others(self.kernel.ident.pid):
+                ended = self._wait_for_others(wait)
+                if isinstance(ended, _Wait):
+                    yield_first = ended is _Wait.YIELD
                     continue
-                if isinstance(wait, PollOthers):  # nothing changed: the poll's answer stands
-                    self.kernel.cpu.write_syscall_return(wait.result, after, self.cpu.read(Reg.RFLAGS))
-                    sched.current.pc = after
-                    continue
-                if sched.threaded and self._stalls < 2 * len(sched.live()):
-                    self._stalls += 1  # another thread of this process may change it: retried when next picked
-                    self._switch(yielding=True)
-                    continue
-                if not self._first:
-                    raise ProcessSuspended(str(wait)) from None
-                return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {wait}"
+                return ended
             except GuestBlocked as blocked:
                 return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {blocked}"
             if signal is None:
@@ -535,6 +536,25 @@ class Machine:
             if not self._to_handler(signal):
                 return self._killed(signal.signal, signal.address, signal.detail)
             sched.current.pc = self.cpu.read(Reg.RIP)
+
+    def _wait_for_others(self, wait: WouldBlock) -> _Wait | tuple[Ending, int, Signal | None, str | None]:
+        """A syscall that must wait for another process or thread: it is restarted once they have run
+        (or, for a poll, answered); a deadlock ends the run (or suspends a process that is not the first)."""
+        sched = self.kernel.sched
+        after = self.cpu.read(Reg.RIP)
+        sched.current.pc = after - SYSCALL_INSN_LEN
+        if self.family.run_others(self.kernel.ident.pid):
+            return _Wait.RESTART
+        if isinstance(wait, PollOthers):  # nothing changed: the poll's answer stands
+            self.kernel.cpu.write_syscall_return(wait.result, after, self.cpu.read(Reg.RFLAGS))
+            sched.current.pc = after
+            return _Wait.RESTART
+        if sched.threaded and self._stalls < 2 * len(sched.live()):
+            self._stalls += 1  # bounded: fruitless retries with nothing else running are a deadlock
+            return _Wait.YIELD
+        if not self._first:
+            raise ProcessSuspended(str(wait))
+        return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {wait}"
 
     def _slice_ended(self, timeout_us: int, start: float) -> bool:
         """Did the CPU stop at a scheduling point: a syscall asked for a switch, or a counted slice ran out?
