@@ -247,6 +247,7 @@ class Machine:
             self.uprobes.sites.slot_of = dict(parent.uprobes.sites.slot_of)
         self.resolver, self.family, self._first = parent.resolver, parent.family, False
         self._wire()
+        self.libraries.probes = parent.libraries.probes  # per inode: later mappings in the child get them too
         if self.kernel.task.uprobe.return_instances and parent.uprobes.xol is not None:
             self.uprobes.get_xol_area()  # dup_xol_work: the returns go through [uprobes] slot 0
         self._copy_registers(parent, args)
@@ -286,8 +287,8 @@ class Machine:
         self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
 
     def _replace_image(self, host: str, plan: LoadPlan, argv: list[bytes], envp: list[bytes]) -> None:
-        """The new image in place of the old one (fs/exec.c): the old mappings and probes go. Probes
-        attached by spec are not re-resolved on the new image."""
+        """The new image in place of the old one (fs/exec.c): the old mappings and probes go; probes
+        by spec on a file the new image maps (the executable, or later its libraries) install there."""
         exec_kernel_state(self.kernel)
         self.mem.unmap_all()
         self.path = host
@@ -298,6 +299,10 @@ class Machine:
         self.uprobes.task = self.kernel.task.uprobe
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.resolver = Resolver(self.exe)
+        for vma in self.mem:  # uprobe_mmap on the new image's text: probes by spec on that file install
+            if vma.prot & Prot.EXEC:
+                for observer in self.kernel.exec_mmap_observers:
+                    observer(vma)
         self._reset_registers()
         self.cpu.write(Reg.RIP, self.interp.entry if self.interp else self.exe.entry)
 

@@ -183,3 +183,17 @@ def test_wait_calls_without_children_or_with_bad_options(guest: GuestKernel) -> 
     assert guest("waitid", 0, 0, info, 4, 0) == -errno.ECHILD  # P_ALL, WEXITED
     assert guest("waitid", 0, 0, info, 0, 0) == -errno.EINVAL  # no WEXITED
     assert guest("waitid", 7, 0, info, 4, 0) == -errno.EINVAL  # unknown idtype
+
+
+def test_probes_by_spec_install_in_an_execd_image_and_its_libraries() -> None:
+    """uprobe_mmap at exec: a spec naming the new executable, or a library it then maps (in a forked
+    child, as the probe lives on the file), is installed there."""
+    hello = sample("hello_static")
+    machine = Machine("/bin/sh", ["/bin/sh", "-c", f"{hello}; {FORKS} exec"], ENV, RunOptions(), GuestIO.captured())
+    on_exe = machine.attach(f"uprobe:{hello}:main")
+    on_lib = machine.attach("uprobe:/lib/x86_64-linux-gnu/libc.so.6:write")
+    result = machine.run()
+    assert result.exit_status == 0
+    assert bytes(machine.io.out) == b"hello, world\nfrom-exec\necho: exited 0\n"
+    assert on_exe.summary()["hits"] == 1  # hello's main, in the child dash forked and that exec'd hello
+    assert on_lib.summary()["hits"] >= 1  # echo's write, after ld.so mapped libc in the grandchild
