@@ -130,6 +130,13 @@ class _RegBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuContext:
+    """A saved CPU state (Unicorn's uc_context): one per guest thread."""
+
+    raw: Any
+
+
+@dataclass(frozen=True, slots=True)
 class HookHandle:
     """Returned by every ``add_*_hook``; pass it to :meth:`Cpu.remove_hook`."""
 
@@ -158,6 +165,7 @@ class Cpu:
         base = ctypes.addressof(self._ext_buf)
         for i in range(len(ext_ids)):
             self._ext_batch.ptrs[i] = base + (8 * i if i < 3 else 24 + 16 * (i - 3))
+        self._counting = False  # the last run counted instructions (translated code carries the count hook)
         self.last_bad_access: BadAccess | None = None
         self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
         self._add_hook(_HOOK_MEM_INVALID, _MEM_CB(self._on_invalid_mem), 1, 0)
@@ -232,6 +240,19 @@ class Cpu:
 
     def write_xmm(self, index: int, value: int) -> None:
         self._uc.reg_write(x86.UC_X86_REG_XMM0 + index, value)
+
+    # ------------------------------------------------------------------ contexts
+    def save_context(self, into: CpuContext | None = None) -> CpuContext:
+        """Every register of the CPU (GPRs, rip, flags, fs/gs base, x87/SSE/AVX state), as Unicorn keeps
+        it; ``into`` is reused (an update costs ~0.9 us, a new context ~3.6 us in Unicorn 2.1.4)."""
+        if into is None:
+            return CpuContext(self._uc.context_save())
+        self._uc.context_update(into.raw)
+        return into
+
+    def restore_context(self, context: CpuContext) -> None:
+        """Load a saved context (~0.9 us); memory and the translation cache are untouched."""
+        self._uc.context_restore(context.raw)
 
     # ------------------------------------------------------------------- memory
     def mem_map(self, addr: int, size: int, prot: Prot) -> None:
@@ -348,8 +369,16 @@ class Cpu:
 
     # --------------------------------------------------------------------- runs
     def run(self, begin: int, timeout_us: int = 0, count: int = 0) -> StopReason:
-        """Run from ``begin`` until stopped; re-raise any exception a hook raised."""
+        """Run from ``begin`` until stopped (or ``count`` instructions); re-raise any exception a hook raised.
+
+        Unicorn counts through a code hook compiled into each translation block, so code translated by
+        an uncounted run would not count: going from uncounted to counted drops the cache first
+        (Unicorn itself flushes the other way). Counting costs ~12 ns an instruction (measured: a tight
+        loop runs 13x slower), which is why single-threaded runs do not count."""
         self.last_bad_access = None
+        if count and not self._counting:
+            self._uc.ctl_flush_tb()  # type: ignore[attr-defined]
+        self._counting = bool(count)
         try:
             self._uc.emu_start(begin, 0xFFFFFFFFFFFFFFFF, timeout=timeout_us, count=count)
             reason = StopReason.FINISHED

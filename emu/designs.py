@@ -308,8 +308,8 @@ BUILTIN: tuple[Design, ...] = (
            Patch("nop5", branch="call"), Trampoline(NOP5_TRAMPOLINE, inherited_on_fork=False),
            Handler(saved=("ax", "r11", "cx"), outside_errno=errno.ENXIO), URETPROBE_335),
     Design("jmp-slots", "'uprobes/x86: Fix red zone clobbering in nop5 optimization' (May 2026)",
-           Patch("nop5", branch="jmp"), Trampoline(JMP_SLOT, layout="slots", slot_size=16,
-                                                  inherited_on_fork=False),  # mapped as 6.18 maps its page
+           Patch("nop5", branch="jmp"), Trampoline(JMP_SLOT, layout="slots", slot_size=16),
+           # (the patch maps one page built at boot into each process; it does not say VM_DONTCOPY: inherited)
            Handler(saved=("ax", "r11", "cx"), probe_from="slot", sp_skip=RED_ZONE, exit="iret",
                    outside_errno=errno.EPROTO), URETPROBE_335),
     Design("nop10", "nop10 alternative (LATE10/WIP10)",

@@ -20,12 +20,15 @@ from emu.elf import LoadPlan, load_plan
 from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, EmuError, LoadError, UsageError
 from emu.guestio import GuestIO
 from emu.initstack import build_stack
-from emu.kernel.dispatch import Identity, Kernel, KernelConfig
+from emu.kernel.dispatch import SYSCALL_INSN_LEN, Identity, Kernel, KernelConfig
 from emu.kernel.errno_ import SyscallError, errno_name
-from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled
+from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, PollOthers, ProcessSuspended, WouldBlock
+from emu.kernel.fork import Family, exec_kernel_state, fork_kernel_state, inherited, wait_status
 from emu.kernel.fs import FdEntry
+from emu.kernel.sched import DEFAULT_QUANTUM
 from emu.kernel.sigframe import SigInfo
-from emu.kernel.signal import deliver, handles
+from emu.kernel.signal import deliver, deliver_pending, handles
+from emu.kernel.threads import CLONE_SETTLS, CLONE_VFORK, CloneArgs
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
@@ -55,6 +58,13 @@ EXCEPTION_SIGNALS = {
 }
 
 
+class _Wait(enum.Enum):
+    """What a syscall that must wait does next (Machine._wait_for_others)."""
+
+    RESTART = "restart it now"
+    YIELD = "let another thread of the process run first"
+
+
 class Ending(enum.Enum):
     EXITED = "exited"
     KILLED = "killed"
@@ -75,6 +85,8 @@ class RunOptions:
     count_insns: bool = False
     strace: Callable[[str], None] | None = None
     design: str | Design = DEFAULT_DESIGN  # a name, or a Design object (validated when the machine is built)
+    sched_quantum: int = DEFAULT_QUANTUM  # instructions a thread runs before the next one gets the CPU
+    sched_seed: int | None = None  # random preemption: slice lengths and the next thread drawn from this seed
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +101,8 @@ class RunResult:
     wall_s: float
     probes: tuple[dict[str, Any], ...] = ()
     exits: dict[str, int] = field(default_factory=dict)
+    threads: int = 1  # threads the process had over the run (the main one included)
+    switches: int = 0  # context switches between them
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +116,8 @@ class RunResult:
             "wall_s": round(self.wall_s, 6),
             "probes": list(self.probes),
             "exits": self.exits,
+            "threads": self.threads,
+            "switches": self.switches,
         }
 
 
@@ -170,6 +186,7 @@ class Machine:
         self.mem = Memory(self.cpu)
         self.kernel = Kernel(self.cpu, self.mem, self.options.kernel)
         self.kernel.tracer = self.options.strace
+        self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         self.path = path
         plan = load_plan(path)
         # The stack first, so an image that collides with it is refused rather than overwritten.
@@ -185,13 +202,122 @@ class Machine:
         )
         self.design: Design = get_design(self.options.design)
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
-        self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.resolver = Resolver(self.exe)
+        self.family = Family()
+        self._first = True  # the process the run started with (the others are its descendants)
+        self._wire()
+
+    def _wire(self) -> None:
+        """Connect CPU, kernel and uprobes (shared by a new process and a forked one)."""
+        self.uprobes.task = self.kernel.task.uprobe
+        self._counted = False  # the last slice ran with an instruction count (several threads)
+        self._stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
+        self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.attachments: list[Attachment] = []
         self.libraries = LibraryProbes(self)
         self.kernel.perf_attach = self._perf_attach
+        self.kernel.fork = self._fork
+        self.kernel.exec = self._exec
+        self.kernel.family = self.family
         self.cpu.add_syscall_hook(self.kernel.on_syscall)
         self.cpu.add_interrupt_hook(self._on_interrupt)
+
+    @classmethod
+    def _forked(cls, parent: Machine, pid: int, args: CloneArgs) -> Machine:
+        """The child of a fork: a copy of ``parent``'s memory (less the VM_DONTCOPY mappings), kernel
+        state and registers at the ``syscall``, returning 0 (fork.py explains the process model)."""
+        self = cls.__new__(cls)
+        self.options, self.io, self.path = parent.options, parent.io, parent.path
+        self.cpu = Cpu()
+        self.mem = Memory(self.cpu)
+        parent.mem.copy_to(self.mem, inherited(parent.design))
+        config = dataclasses.replace(parent.kernel.config, pid=pid, ppid=parent.kernel.ident.pid)
+        self.kernel = Kernel(self.cpu, self.mem, config)
+        self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
+        fork_kernel_state(parent.kernel, self.kernel, args)
+        self.exe, self.interp, self.entry_sp = parent.exe, parent.interp, parent.entry_sp
+        self.counter = None
+        self.design = parent.design
+        self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
+        self.uprobes.probes = dict(parent.uprobes.probes)  # uprobes live on the inode: the copied text keeps them
+        if self.design.trampoline is not None and self.design.trampoline.inherited_on_fork:
+            self.uprobes.sites.inherit(parent.uprobes.sites)
+        self.resolver, self.family, self._first = parent.resolver, parent.family, False
+        self._wire()
+        self.libraries.probes = parent.libraries.probes  # per inode: later mappings in the child get them too
+        if self.kernel.task.uprobe.return_instances and parent.uprobes.xol is not None:
+            self.uprobes.get_xol_area()  # dup_xol_work: the returns go through [uprobes] slot 0
+        self._copy_registers(parent, args)
+        return self
+
+    def _copy_registers(self, parent: Machine, args: CloneArgs) -> None:
+        state = parent.cpu.read_user_state()
+        rip = state[16] + 2  # the parent's rip is at its syscall instruction
+        state[0], state[2], state[11], state[16] = 0, rip, state[17], rip  # rax = 0; rcx, r11 as after SYSRET
+        if args.stack:
+            state[7] = args.stack
+        self.cpu.write_user_state(state, write_rip=True)
+        self.cpu.write_extended(parent.cpu.read_extended())
+        if args.flags & CLONE_SETTLS:
+            self.cpu.write(Reg.FS_BASE, args.tls)
+        self.kernel.task.pc = rip
+
+    # ------------------------------------------------------------- processes
+    def _fork(self, k: Kernel, args: CloneArgs) -> int:
+        pid = self.family.new_pid()
+        self.family.add(pid, self.kernel.ident.pid, Machine._forked(self, pid, args))
+        if args.flags & CLONE_VFORK:  # the parent waits until the child has run (exec'd, exited or blocked)
+            self.kernel.defer(lambda: self.family.run(pid))
+        return pid
+
+    def _exec(self, path: str, argv: list[bytes], envp: list[bytes]) -> None:
+        """execve: check the file now (errors go to the caller), replace the image before the next instruction."""
+        from emu.kernel.fs import lookup
+
+        host = self.kernel.vfs.host_path(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
+        if not os.path.isfile(host) or not os.access(host, os.X_OK):
+            raise SyscallError(errno.EACCES)
+        try:
+            plan = load_plan(host)
+        except EmuError:
+            raise SyscallError(errno.ENOEXEC) from None
+        self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
+
+    def _replace_image(self, host: str, plan: LoadPlan, argv: list[bytes], envp: list[bytes]) -> None:
+        """The new image in place of the old one (fs/exec.c): the old mappings and probes go; probes
+        by spec on a file the new image maps (the executable, or later its libraries) install there."""
+        exec_kernel_state(self.kernel)
+        self.mem.unmap_all()
+        self.path = host
+        self.mem.map(abi.STACK_TOP - abi.STACK_SIZE, abi.STACK_SIZE, Prot.READ | Prot.WRITE, name="[stack]")
+        self.exe, self.interp = self._load(plan)
+        self.entry_sp = self._build_stack([os.fsdecode(a) for a in argv], [os.fsdecode(e) for e in envp])
+        self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
+        self.uprobes.task = self.kernel.task.uprobe
+        self.kernel.add_rows(uprobe_rows(self.uprobes))
+        self.resolver = Resolver(self.exe)
+        for vma in self.mem:  # uprobe_mmap on the new image's text: probes by spec on that file install
+            if vma.prot & Prot.EXEC:
+                for observer in self.kernel.exec_mmap_observers:
+                    observer(vma)
+        self._reset_registers()
+        self.cpu.write(Reg.RIP, self.interp.entry if self.interp else self.exe.entry)
+
+    def resume(self) -> bool:
+        """Run this (non-first) process until it ends or blocks; True if it made progress."""
+        before = sum(self.kernel.counts.values())
+        timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
+        try:
+            ending, status, signal, _message = self._run_until_end(self.kernel.task.pc, timeout_us,
+                                                                  time.perf_counter())
+        except ProcessSuspended:
+            return sum(self.kernel.counts.values()) - before >= 2  # more than the restarted syscall
+        self._end_process(ending, status, signal)
+        return True
+
+    def _end_process(self, ending: Ending, status: int, signal: Signal | None) -> None:
+        self.kernel.files.close_all()
+        self.family.ended(self.kernel.ident.pid, wait_status(ending is Ending.EXITED, status, signal))
 
     # --------------------------------------------------------------- probes
     def attach(self, spec: str | ProbeSpec, consumer: Consumer | None = None) -> Attachment | LibraryProbe:
@@ -349,13 +475,13 @@ class Machine:
     def run(self) -> RunResult:
         start = time.perf_counter()
         entry = self.interp.entry if self.interp else self.exe.entry
-        self.cpu.write(Reg.RSP, self.entry_sp)
-        for reg in (Reg.RAX, Reg.RBX, Reg.RCX, Reg.RDX, Reg.RSI, Reg.RDI, Reg.RBP, Reg.R8, Reg.R9, Reg.R10,
-                    Reg.R11, Reg.R12, Reg.R13, Reg.R14, Reg.R15):
-            self.cpu.write(reg, 0)
+        self._reset_registers()
+        self.family.add(self.kernel.ident.pid, self.kernel.ident.ppid, self, running=True)
         timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
         ending, status, signal, message = self._run_until_end(entry, timeout_us, start)
-        self.kernel.files.close_all()
+        self._end_process(ending, status, signal)
+        while self.family.run_others(self.kernel.ident.pid):
+            pass  # children still running once their parent is gone (orphans) run to their end
         probes = tuple(a.summary() for a in self.attachments if not a.library) + tuple(
             lib.summary() for lib in self.libraries.probes)
         return RunResult(
@@ -369,6 +495,8 @@ class Machine:
             wall_s=time.perf_counter() - start,
             probes=probes,
             exits=dict(self.uprobes.stats.exits),
+            threads=len(self.kernel.sched.tasks),
+            switches=self.kernel.sched.switches,
         )
 
     def run_from(self, pc: int, timeout_s: float = 0.0) -> tuple[Ending, int, Signal | None, str | None]:
@@ -377,24 +505,101 @@ class Machine:
         process again (the fuzzer reuses one process for thousands of cases)."""
         return self._run_until_end(pc, int(timeout_s * 1e6), time.perf_counter())
 
+    def _reset_registers(self) -> None:
+        self.cpu.write(Reg.RSP, self.entry_sp)
+        for reg in (Reg.RAX, Reg.RBX, Reg.RCX, Reg.RDX, Reg.RSI, Reg.RDI, Reg.RBP, Reg.R8, Reg.R9, Reg.R10,
+                    Reg.R11, Reg.R12, Reg.R13, Reg.R14, Reg.R15, Reg.FS_BASE, Reg.GS_BASE):
+            self.cpu.write(reg, 0)
+
     def _run_until_end(self, entry: int, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
-        pc = entry
+        sched = self.kernel.sched
+        sched.current.pc = entry
+        yield_first = False
         while True:
             try:
-                reason = self._run_slices(pc, timeout_us, start)
+                if yield_first:
+                    yield_first = False
+                    self._switch(yielding=True)
+                reason = self._run_slices(sched.current.pc, timeout_us, start)
                 signal = self._fault_signal(reason)
+                if signal is None and self._slice_ended(timeout_us, start):
+                    self._stalls = 0
+                    self._switch()
+                    continue
             except GuestExit as ex:
                 self.kernel.trace_exit("exit_group", ex.status)
                 return Ending.EXITED, ex.status, None, None
             except GuestKilled as kill:
                 signal = kill
+            except WouldBlock as wait:
+                ended = self._wait_for_others(wait)
+                if isinstance(ended, _Wait):
+                    yield_first = ended is _Wait.YIELD
+                    continue
+                return ended
             except GuestBlocked as blocked:
                 return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {blocked}"
             if signal is None:
                 return self._stopped(timeout_us, start)
             if not self._to_handler(signal):
                 return self._killed(signal.signal, signal.address, signal.detail)
-            pc = self.cpu.read(Reg.RIP)
+            sched.current.pc = self.cpu.read(Reg.RIP)
+
+    def _wait_for_others(self, wait: WouldBlock) -> _Wait | tuple[Ending, int, Signal | None, str | None]:
+        """A syscall that must wait for another process or thread: it is restarted once they have run
+        (or, for a poll, answered); a deadlock ends the run (or suspends a process that is not the first)."""
+        sched = self.kernel.sched
+        after = self.cpu.read(Reg.RIP)
+        sched.current.pc = after - SYSCALL_INSN_LEN
+        if self.family.run_others(self.kernel.ident.pid):
+            return _Wait.RESTART
+        if isinstance(wait, PollOthers):  # nothing changed: the poll's answer stands
+            self.kernel.cpu.write_syscall_return(wait.result, after, self.cpu.read(Reg.RFLAGS))
+            sched.current.pc = after
+            return _Wait.RESTART
+        if sched.threaded and self._stalls < 2 * len(sched.live()):
+            self._stalls += 1  # bounded: fruitless retries with nothing else running are a deadlock
+            return _Wait.YIELD
+        if not self._first:
+            raise ProcessSuspended(str(wait))
+        return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {wait}"
+
+    def _slice_ended(self, timeout_us: int, start: float) -> bool:
+        """Did the CPU stop at a scheduling point: a syscall asked for a switch, or a counted slice ran out?
+
+        Unicorn reports a hlt and the end of a counted slice alike (rip after the hlt, or at the next
+        instruction), so while several threads run a hlt is taken for the end of a slice: only an
+        uncounted (single-thread) run reports hlt as Linux does (#GP, SIGSEGV)."""
+        if self.kernel.sched.switch_requested:
+            return True
+        if not self._counted or self.counter is not None and self.counter.hit_limit:
+            return False
+        return not (timeout_us and time.perf_counter() - start >= timeout_us / 1e6 * 0.99)
+
+    def _switch(self, yielding: bool = False) -> None:
+        """Save the running thread, load the next one (sched.py decides which), deliver its pending signals."""
+        sched = self.kernel.sched
+        sched.switch_requested = False
+        current = sched.current
+        nxt = sched.pick_next(yielding)
+        if nxt is not current:
+            if current.alive:
+                current.context = self.cpu.save_context(current.context)
+            assert nxt.context is not None
+            self.cpu.restore_context(nxt.context)
+            sched.current = nxt
+            self.uprobes.task = nxt.uprobe
+            sched.switches += 1
+            for observer in sched.switch_observers:
+                observer(current, nxt)
+        for reg, value in nxt.resume_regs.items():
+            self.cpu.write(reg, value)
+        nxt.resume_regs.clear()
+        if nxt.signals.pending & ~nxt.signals.mask:
+            self.cpu.write(Reg.RIP, nxt.pc)
+            deliver_pending(self.kernel)
+            self._run_deferred()
+            nxt.pc = self.cpu.read(Reg.RIP)
 
     def _to_handler(self, sig: GuestKilled) -> bool:
         """force_sig: a caught, unblocked signal runs the guest's handler; anything else kills."""
@@ -432,17 +637,27 @@ class Machine:
         return self._killed(Signal.SIGSEGV, self.cpu.read(Reg.RIP), "general protection")
 
     def _run_slices(self, pc: int, timeout_us: int, start: float) -> StopReason:
-        """Run until something other than a deferred kernel action (an XOL step) stops the CPU."""
+        """Run the current thread until something other than a deferred kernel action (an XOL step)
+        stops the CPU; with several threads, for at most one scheduler slice of instructions."""
+        sched = self.kernel.sched
         while True:
             remaining = 0
             if timeout_us:
                 remaining = max(1, timeout_us - int((time.perf_counter() - start) * 1e6))
-            reason = self.cpu.run(pc, timeout_us=remaining)
+            count = sched.slice_length()
+            self._counted = count > 0
+            reason = self.cpu.run(pc, timeout_us=remaining, count=count)
+            sched.current.pc = self.cpu.read(Reg.RIP)
             if not self.kernel.deferred or reason is not StopReason.FINISHED:
                 return reason
-            while self.kernel.deferred:
-                self.kernel.deferred.pop(0)()
-            pc = self.cpu.read(Reg.RIP)
+            self._run_deferred()
+            pc = sched.current.pc = self.cpu.read(Reg.RIP)
+            if sched.switch_requested:
+                return reason
+
+    def _run_deferred(self) -> None:
+        while self.kernel.deferred:
+            self.kernel.deferred.pop(0)()
 
     def _killed(self, signal: Signal, address: int | None, detail: str) -> tuple[Ending, int, Signal, str]:
         where = ""

@@ -206,6 +206,21 @@ class Memory:
         self._coalesce(lo, hi)
         return vma
 
+    def copy_to(self, child: Memory, keep: Callable[[Vma], bool]) -> None:
+        """fork's dup_mmap into an empty ``child``: every VMA ``keep`` accepts (the rest are VM_DONTCOPY),
+        with its bytes, as private copies (an eager copy-on-write)."""
+        child.mmap_base = self.mmap_base
+        for vma in self._vmas:
+            if keep(vma):
+                child.backend.mem_map(vma.start, vma.size, vma.prot)
+                child.backend.mem_write(vma.start, self.backend.mem_read(vma.start, vma.size))
+                child._insert(vma)
+
+    def unmap_all(self) -> None:
+        """execve's exec_mmap: the old address space goes, every mapping of it."""
+        for vma in list(self._vmas):
+            self.unmap(vma.start, vma.size)
+
     def unmap(self, start: int, length: int) -> None:
         start, end = page_down(start), page_up(start + length)
         if end <= start:

@@ -20,6 +20,7 @@ from emu.commands.common import (
 )
 from emu.designs import DEFAULT_DESIGN, DESIGNS
 from emu.guestio import GuestIO
+from emu.kernel.sched import DEFAULT_QUANTUM
 from emu.kernel.uprobes.consumers import UPROBE_HANDLER_REMOVE, Consumer, Hit
 from emu.libprobes import LibraryProbe
 from emu.machine import Attachment, Machine
@@ -41,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-args", action="store_true", help="print each USDT hit with its decoded arguments")
     p.add_argument("--detach-after", type=positive_int, metavar="N",
                    help="remove each probe after its N-th hit (the consumer returns UPROBE_HANDLER_REMOVE)")
+    p.add_argument("--sched-quantum", type=positive_int, default=DEFAULT_QUANTUM, metavar="N",
+                   help=f"instructions a thread runs before the next one (default {DEFAULT_QUANTUM})")
+    p.add_argument("--sched-seed", type=int, metavar="S",
+                   help="random preemption: slice lengths (1..N) and the next thread drawn from seed S")
     add_verifier_options(p, "verifiers to run on every probe hit: redzone,regs,resume (default: none)")
     add_binary(p)
 
@@ -49,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         check_writable(args.json)
     options = run_options(args, count_insns=bool(args.json), strace=stderr_line if args.strace else None,
-                          design=chosen_design(args))
+                          design=chosen_design(args), sched_quantum=args.sched_quantum, sched_seed=args.sched_seed)
     machine = Machine(args.binary, [args.binary, *args.args], guest_env(args), options, GuestIO.terminal())
     for spec in args.probe:
         _attach(machine, spec, args.print_args, args.detach_after)

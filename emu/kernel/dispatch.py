@@ -14,19 +14,25 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from emu.cpu import Cpu
 from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.fs import FdTable
+from emu.kernel.fork import Family, SharedFdTable
 from emu.kernel.perf import PerfAttach
 from emu.kernel.process import DEFAULT_RLIMITS
+from emu.kernel.sched import Scheduler
 from emu.kernel.signal import SignalState
 from emu.kernel.strace import format_call, format_result
 from emu.kernel.table import Row, build_table
+from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
 from emu.memory import Memory, UserFault, Vma
+
+if TYPE_CHECKING:
+    from emu.kernel.threads import CloneArgs
 
 SYSCALL_INSN_LEN = 2
 REALTIME_START_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
@@ -68,6 +74,8 @@ class Brk:
 
 
 Tracer = Callable[[str], None]
+ForkFn = Callable[["Kernel", "CloneArgs"], int]
+ExecFn = Callable[[str, list[bytes], list[bytes]], None]
 
 
 class Kernel:
@@ -78,20 +86,17 @@ class Kernel:
         self.mem = mem
         self.config = config
         self.table = build_table()
-        self.files = FdTable()
+        self.files: SharedFdTable = SharedFdTable()
         cwd = config.cwd or (os.getcwd() if config.rootfs == "/" else "/")
         self.vfs = Vfs(config.rootfs, cwd)
         self.clock = VirtualClock(config.realtime_start_ns)
         self.random = random.Random(config.seed)
-        self.signals = SignalState()
+        self.sched = Scheduler(Task(config.pid, SignalState()), self.clock, cpu.stop)
         self.rlimits = dict(DEFAULT_RLIMITS)
         self.brk = Brk(0, 0)
         self.ident = Identity(config.pid, config.ppid, config.uid, config.gid, "", (), (), ())
         self.umask = 0o022
         self.next_inode = 1000
-        self.clear_child_tid = 0
-        self.robust_list = 0
-        self.rseq: tuple[int, int, int] | None = None
         self.counts: Counter[int] = Counter()
         self.unknown: Counter[int] = Counter()
         self.tracer: Tracer | None = None
@@ -99,6 +104,19 @@ class Kernel:
         self.syscall_log: list[tuple[str, tuple[int, ...], int]] | None = None  # for lockstep comparison
         self.exec_mmap_observers: list[Callable[[Vma], None]] = []
         self.perf_attach: PerfAttach | None = None  # set by the machine: uprobes for perf_event_open
+        self.fork: ForkFn | None = None  # set by the machine: clone without CLONE_VM (a new process)
+        self.exec: ExecFn | None = None  # set by the machine: execve (path, argv, envp)
+        self.family: Family | None = None  # the run's processes (fork.py), set by the machine
+
+    @property
+    def task(self) -> Task:
+        """The running thread."""
+        return self.sched.current
+
+    @property
+    def signals(self) -> SignalState:
+        """The running thread's mask, pending set and alternate stack (the actions dict is shared)."""
+        return self.sched.current.signals
 
     def add_rows(self, rows: tuple[Row, ...]) -> None:
         """Add (or override) syscall rows, e.g. a design's uprobe syscalls."""

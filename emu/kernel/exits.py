@@ -32,3 +32,22 @@ class GuestKilled(Exception):
 
 class GuestBlocked(Exception):
     """The guest waits for something that can never happen (single thread, nothing else runs)."""
+
+
+class WouldBlock(GuestBlocked):
+    """The syscall must wait for another process (wait4 on a running child, an empty pipe another
+    process writes): the machine restarts it once another process has run (-ERESTARTSYS style)."""
+
+
+class PollOthers(WouldBlock):
+    """A non-blocking check (wait4 with WNOHANG) that found nothing yet: the other processes run
+    first; if they changed something the syscall is restarted, otherwise it returns ``result``."""
+
+    def __init__(self, detail: str, result: int) -> None:
+        super().__init__(detail)
+        self.result = result
+
+
+class ProcessSuspended(Exception):
+    """A process that is not the first one blocked with nothing else able to run: it is suspended
+    (its syscall will be restarted) and control goes back to the process that ran it."""

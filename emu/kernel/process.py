@@ -1,4 +1,4 @@
-"""Process syscalls: identity, exit, time, uname, limits, randomness, arch_prctl, rseq, futex."""
+"""Process syscalls: identity, exit_group, time, uname, limits, randomness, arch_prctl, rseq."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from emu.abi import Prot
 from emu.cpu import Reg
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.exits import GuestBlocked, GuestExit
+from emu.kernel.exits import GuestExit
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -19,11 +19,9 @@ ARCH_SET_GS, ARCH_SET_FS, ARCH_GET_FS, ARCH_GET_GS = 0x1001, 0x1002, 0x1003, 0x1
 CLOCK_IDS = range(0, 12)
 RSEQ_SIG_MIN_LEN = 32
 RLIM_INFINITY = (1 << 64) - 1
-FUTEX_WAIT, FUTEX_WAKE, FUTEX_WAIT_BITSET, FUTEX_WAKE_BITSET = 0, 1, 9, 10
 SYSINFO_FORMAT = "<q3Q6QHH4xQQI"  # uptime loads[3] totalram..freeswap procs pad (pad) totalhigh freehigh mem_unit
 SYSINFO_SIZE = 112
 SYSINFO_TOTALRAM = 4 << 30
-FUTEX_CMD_MASK = 0x7F  # without FUTEX_PRIVATE_FLAG (128) and FUTEX_CLOCK_REALTIME (256)
 
 DEFAULT_RLIMITS = {
     0: (RLIM_INFINITY, RLIM_INFINITY),  # CPU
@@ -83,15 +81,10 @@ def sys_getpgid(k: Kernel, pid: int, *_: int) -> int:
     return k.ident.pid
 
 
-def sys_set_tid_address(k: Kernel, addr: int, *_: int) -> int:
-    k.clear_child_tid = addr
-    return k.ident.pid
-
-
 def sys_set_robust_list(k: Kernel, head: int, length: int, *_: int) -> int:
     if length != 24:
         raise SyscallError(errno.EINVAL)
-    k.robust_list = head
+    k.task.robust_list = head  # walked by nobody: a thread exits holding no robust mutex here
     return 0
 
 
@@ -100,16 +93,16 @@ def sys_rseq(k: Kernel, addr: int, length: int, flags: int, sig: int, *_: int) -
     if flags & ~1:
         raise SyscallError(errno.EINVAL)
     if flags & 1:
-        if k.rseq is None or k.rseq[0] != addr:
+        if k.task.rseq is None or k.task.rseq[0] != addr:
             raise SyscallError(errno.EINVAL)
-        k.rseq = None
+        k.task.rseq = None
         return 0
-    if k.rseq is not None:
-        raise SyscallError(errno.EBUSY if k.rseq == (addr, length, sig) else errno.EINVAL)
+    if k.task.rseq is not None:
+        raise SyscallError(errno.EBUSY if k.task.rseq == (addr, length, sig) else errno.EINVAL)
     if addr % 32 or length < RSEQ_SIG_MIN_LEN:
         raise SyscallError(errno.EINVAL)
     k.mem.write_user(addr, struct.pack("<II", 0, 0))  # cpu_id_start, cpu_id
-    k.rseq = (addr, length, sig)
+    k.task.rseq = (addr, length, sig)
     return 0
 
 
@@ -196,8 +189,8 @@ def _sleep(k: Kernel, req: int) -> int:
     sec, nsec = struct.unpack("<qq", k.mem.read_user(req, 16))
     if sec < 0 or not 0 <= nsec < 10**9:
         raise SyscallError(errno.EINVAL)
-    k.clock.advance(sec * 10**9 + nsec)  # virtual time: nothing else runs, so sleeping is instant
-    return 0
+    k.clock.advance(sec * 10**9 + nsec)  # virtual time: sleeping is instant, other threads get the CPU
+    return sys_sched_yield(k)
 
 
 def sys_nanosleep(k: Kernel, req: int, rem: int, *_: int) -> int:
@@ -226,23 +219,9 @@ def sys_sched_getaffinity(k: Kernel, pid: int, size: int, mask: int, *_: int) ->
 
 
 def sys_sched_yield(k: Kernel, *_: int) -> int:
+    if k.sched.threaded:
+        k.sched.request_switch()
     return 0
-
-
-def sys_futex(k: Kernel, uaddr: int, op: int, val: int, timeout: int, *_: int) -> int:
-    cmd = op & FUTEX_CMD_MASK
-    if cmd in (FUTEX_WAKE, FUTEX_WAKE_BITSET):
-        return 0  # a single thread: nobody waits
-    if cmd in (FUTEX_WAIT, FUTEX_WAIT_BITSET):
-        (current,) = struct.unpack("<I", k.mem.read_user(uaddr, 4))
-        if current != val & 0xFFFFFFFF:
-            raise SyscallError(errno.EAGAIN)
-        if timeout:
-            sec, nsec = struct.unpack("<qq", k.mem.read_user(timeout, 16))
-            k.clock.advance(max(0, sec * 10**9 + nsec) if cmd == FUTEX_WAIT else 0)
-            raise SyscallError(errno.ETIMEDOUT)
-        raise GuestBlocked(f"futex wait on {uaddr:#x} with no other thread to wake it")
-    raise SyscallError(errno.ENOSYS)
 
 
 def sys_sysinfo(k: Kernel, info: int, *_: int) -> int:

@@ -1,7 +1,8 @@
 """Signal syscalls: actions, masks, alternate stacks, and signals a process sends itself.
 
-Delivery to guest handlers is not modelled yet: a signal whose action is a handler
-ends the run with a clear message instead of pretending it ran.
+Masks, pending sets and alternate stacks are per thread (Kernel.signals is the running thread's);
+actions are shared. kill() and raise() mark the signal pending on the calling thread; tgkill/tkill
+on the named one, which acts on it when the scheduler next runs it.
 """
 
 from __future__ import annotations
@@ -159,11 +160,24 @@ def sys_kill(k: Kernel, pid: int, signo: int, *_: int) -> int:
 
 
 def sys_tgkill(k: Kernel, tgid: int, tid: int, signo: int, *_: int) -> int:
-    if tgid != k.ident.pid or tid != k.ident.pid:
+    if tgid != k.ident.pid:
         raise SyscallError(errno.ESRCH)
-    send_to_self(k, signo, SI_TKILL)
-    return 0
+    return sys_tkill(k, tid, signo)
 
 
 def sys_tkill(k: Kernel, tid: int, signo: int, *_: int) -> int:
-    return sys_tgkill(k, k.ident.pid, tid, signo)
+    target = k.sched.tasks.get(tid)
+    if target is None or not target.alive:
+        raise SyscallError(errno.ESRCH)
+    if target is k.task:
+        send_to_self(k, signo, SI_TKILL)
+        return 0
+    _check_signo(signo)
+    if signo == 0:
+        return 0
+    bit = 1 << (signo - 1)
+    target.signals.pending |= bit
+    target.signals.pending_code[signo] = SI_TKILL
+    if target.wait is not None and not target.signals.mask & bit:
+        k.sched.wake(target, -errno.EINTR)  # the signal interrupts its futex wait
+    return 0  # delivered when the scheduler next runs it

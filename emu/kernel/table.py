@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from emu.kernel import fs, mm, net, perf, process, signal
+from emu.kernel import fork, fs, futex, mm, net, perf, process, signal, threads
 
 Handler = Callable[..., "int | None"]
 
@@ -29,7 +29,7 @@ class Row:
 def _rows() -> tuple[Row, ...]:
     r = Row
     return (
-        r(0, "read", fs.sys_read, ("fd", "rbuf", "u")),
+        r(0, "read", fork.sys_read, ("fd", "rbuf", "u"), "an empty pipe another process writes: waits for it"),
         r(1, "write", fs.sys_write, ("fd", "wbuf", "u")),
         r(2, "open", fs.sys_open, ("path", "oflags", "mode")),
         r(3, "close", fs.sys_close, ("fd",)),
@@ -61,7 +61,7 @@ def _rows() -> tuple[Row, ...]:
         r(42, "connect", net.sys_no_network, ("fd", "ptr", "u"), "no network in the sandbox"),
         r(49, "bind", net.sys_no_network, ("fd", "ptr", "u"), "no network in the sandbox"),
         r(53, "socketpair", net.sys_no_network, ("d", "d", "d", "ptr"), "no network in the sandbox"),
-        r(60, "exit", process.sys_exit_group, ("d",), "single thread: the process ends"),
+        r(60, "exit", threads.sys_exit, ("d",), "ends the thread; the last one ends the process"),
         r(62, "kill", signal.sys_kill, ("d", "sig")),
         r(63, "uname", process.sys_uname, ("ptr",)),
         r(72, "fcntl", fs.sys_fcntl, ("fd", "d", "x")),
@@ -82,13 +82,13 @@ def _rows() -> tuple[Row, ...]:
         r(121, "getpgid", process.sys_getpgid, ("d",)),
         r(131, "sigaltstack", signal.sys_sigaltstack, ("ptr", "ptr")),
         r(158, "arch_prctl", process.sys_arch_prctl, ("x", "x")),
-        r(186, "gettid", process.sys_getpid, ()),
+        r(186, "gettid", threads.sys_gettid, ()),
         r(200, "tkill", signal.sys_tkill, ("d", "sig")),
         r(201, "time", process.sys_time, ("ptr",)),
-        r(202, "futex", process.sys_futex, ("ptr", "d", "d", "ptr")),
+        r(202, "futex", futex.sys_futex, ("ptr", "d", "d", "ptr", "ptr", "x")),
         r(204, "sched_getaffinity", process.sys_sched_getaffinity, ("d", "u", "ptr")),
         r(217, "getdents64", fs.sys_getdents64, ("fd", "ptr", "u")),
-        r(218, "set_tid_address", process.sys_set_tid_address, ("ptr",)),
+        r(218, "set_tid_address", threads.sys_set_tid_address, ("ptr",)),
         r(228, "clock_gettime", process.sys_clock_gettime, ("d", "ptr")),
         r(229, "clock_getres", process.sys_clock_getres, ("d", "ptr")),
         r(230, "clock_nanosleep", process.sys_clock_nanosleep, ("d", "d", "ptr", "ptr")),
@@ -152,6 +152,13 @@ def _rows() -> tuple[Row, ...]:
         r(7, "poll", fs.sys_poll, ("ptr", "u", "d"), "readiness now; a wait only advances the clock"),
         r(271, "ppoll", fs.sys_ppoll, ("ptr", "u", "ptr", "ptr", "u"), "readiness now; a wait only advances the clock"),
         r(115, "getgroups", process.sys_getgroups, ("d", "ptr")),
+        r(56, "clone", threads.sys_clone, ("x", "ptr", "ptr", "ptr", "ptr"), "threads; a new process: fork.py"),
+        r(57, "fork", fork.sys_fork, (), "a new process: fork.py"),
+        r(58, "vfork", fork.sys_vfork, (), "the child runs first, in its own copy of memory"),
+        r(59, "execve", fork.sys_execve, ("path", "ptr", "ptr")),
+        r(61, "wait4", fork.sys_wait4, ("d", "ptr", "x", "ptr")),
+        r(247, "waitid", fork.sys_waitid, ("d", "d", "ptr", "x", "ptr")),
+        r(435, "clone3", threads.sys_clone3, ("ptr", "u"), "threads; a new process: fork.py"),
     )
 
 

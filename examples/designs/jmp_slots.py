@@ -27,7 +27,7 @@ my_jmp_slots = Design(
     name="my-jmp-slots",
     source="examples/designs/jmp_slots.py",
     patch=Patch(site="nop5", branch="jmp"),
-    trampoline=Trampoline(SLOT, layout="slots", slot_size=16, inherited_on_fork=False),
+    trampoline=Trampoline(SLOT, layout="slots", slot_size=16),
     handler=Handler(saved=("ax", "r11", "cx"), probe_from="slot", sp_skip=128, exit="iret",
                     outside_errno=errno.EPROTO),
     uretprobe=ReturnTrampoline(RETURN_TRAMPOLINE, nr=335, saved=("r11", "cx", "ax"), exit="trampoline"),

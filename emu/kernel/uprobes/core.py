@@ -69,6 +69,23 @@ class ReturnInstance:
 
 
 @dataclass
+class UprobeTask:
+    """Per-thread uprobe state (the kernel's struct uprobe_task): pending return instances (the head
+    is the last element), an out-of-line step in progress, and the thread's shadow stack hooks."""
+
+    return_instances: list[ReturnInstance] = field(default_factory=list)
+    stepping: bool = False
+    shadow_stack: ShadowStackHooks | None = None
+
+    def fork_copy(self) -> UprobeTask:
+        """dup_utask (spec 5): a forked child returns through the same frames, so it gets copies of the
+        pending return instances; no step is in progress at fork, and no shadow stack is modelled."""
+        copies = [ReturnInstance(ri.func, ri.stack, ri.orig_ret, ri.chained, list(ri.entries))
+                  for ri in self.return_instances]
+        return UprobeTask(return_instances=copies)
+
+
+@dataclass
 class UprobeStats:
     traps: int = 0
     emulated: int = 0
@@ -114,13 +131,34 @@ class Uprobes:
         self.sites = SitePatcher(mem, design)
         self.probes: dict[int, Uprobe] = {}
         self.xol: XolArea | None = None
-        self.return_instances: list[ReturnInstance] = []  # head is the last element
+        self.task = UprobeTask()  # the running thread's; the scheduler switches it with the thread
         self.stats = UprobeStats()
         self._defer = defer
         self.chain_observers: list[ChainObserver] = []
         self.fast: FastPaths | None = None  # set with the design's syscall rows (fastpath.py)
-        self.stepping = False  # inside an out-of-line single step: the kernel, not the guest, is running
-        self.shadow_stack: ShadowStackHooks | None = None  # None: shstk off (-ENOTSUPP, ignored; spec 3.7)
+
+    # ------------------------------------------------------ the running thread's state
+    @property
+    def return_instances(self) -> list[ReturnInstance]:
+        return self.task.return_instances
+
+    @property
+    def stepping(self) -> bool:
+        """Inside an out-of-line single step: the kernel, not the guest, is running."""
+        return self.task.stepping
+
+    @stepping.setter
+    def stepping(self, value: bool) -> None:
+        self.task.stepping = value
+
+    @property
+    def shadow_stack(self) -> ShadowStackHooks | None:
+        """None: shstk off (-ENOTSUPP, ignored; spec 3.7)."""
+        return self.task.shadow_stack
+
+    @shadow_stack.setter
+    def shadow_stack(self, hooks: ShadowStackHooks | None) -> None:
+        self.task.shadow_stack = hooks
 
     def reset(self) -> None:
         """Forget every probe, pending return and busy XOL slot without touching memory, as a fresh

@@ -127,6 +127,12 @@ class SitePatcher:
         return patch is not None and patch.detach == "jump-over" and \
             self.mem.read(vaddr + 1, 1) == bytes([patch.length - 2])
 
+    def inherit(self, parent: SitePatcher) -> None:
+        """fork, for a design whose trampoline pages the child keeps: the same pages and slot owners."""
+        self.trampolines = list(parent.trampolines)
+        self.slot_pages = [SlotPage(page.start, list(page.owners)) for page in parent.slot_pages]
+        self.slot_of = dict(parent.slot_of)
+
     # ------------------------------------------------------------- queries
     def can_optimize(self, raw: bytes, vaddr: int) -> bool:
         return can_optimize(self.design, raw, vaddr)
