@@ -198,12 +198,14 @@ class Uprobes:
         self._ref_ctr(probe, +1)
 
     def _remove(self, probe: Uprobe) -> None:
-        del self.probes[probe.vaddr]
+        """Breakpoints first, then the uprobe (spec 3.6): a thread trapping on the transient CC still
+        finds its probe."""
         if probe.can_optimize and self.sites.is_optimized(probe.vaddr):
             self.sites.unoptimize(probe.vaddr, probe.insn.raw)
         else:
             self.sites.set_orig(probe.vaddr, probe.insn.raw[0])
         self._ref_ctr(probe, -1)
+        del self.probes[probe.vaddr]
 
     def _ref_ctr(self, probe: Uprobe, delta: int) -> None:
         if probe.ref_ctr is None:
