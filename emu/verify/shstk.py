@@ -81,7 +81,7 @@ class CallRetTracker:
         machine.kernel.sched.switch_observers.append(self._switch)
 
     def _on_block(self, addr: int, size: int) -> None:
-        self._flush(addr)
+        self._settle(addr)
         stepping = self.machine.uprobes.stepping
         first_of_step = stepping and not self._stepping
         self._stepping = stepping
@@ -101,16 +101,22 @@ class CallRetTracker:
     def _switch(self, prev: Task, nxt: Task) -> None:
         """A context switch: settle ``prev``'s last block, then let the models swap threads.
 
-        A slice stops before an instruction: if that is inside the pending block (its hook fired,
-        its last instruction has not run) the block runs again when ``prev`` does, and its hook
-        fires again; otherwise its last instruction ran and went to where ``prev`` resumes."""
-        end = self._pending
-        if end is not None and end.start <= prev.pc <= end.pc:
-            self._pending = None
-        else:
-            self._flush(prev.pc)
+        ``prev`` resumes where it stopped (_settle)."""
+        self._settle(prev.pc)
         for fn in self.on_switch:
             fn(prev.tid, nxt.tid, prev.alive)
+
+    def _settle(self, resumed: int) -> None:
+        """Execution goes on at ``resumed``: act on the pending block's end, unless ``resumed`` lies
+        inside that block. Then the run stopped before the block's end ran (a scheduler slice ends
+        at any instruction; the thread resumes there, later or at once) and its hook fires again.
+        Not told apart: a call or ret going back into its own block (a call there would be a
+        recursion with no branch before it, one that never ends)."""
+        end = self._pending
+        if end is not None and end.start <= resumed <= end.pc:
+            self._pending = None
+        else:
+            self._flush(resumed)
 
     def _flush(self, target: int) -> None:
         end, self._pending = self._pending, None

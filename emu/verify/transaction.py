@@ -141,6 +141,13 @@ def _window(base: int) -> tuple[int, int]:
     return base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1
 
 
+def others_folded_in(before: bytes, suspended: bytes, resumed: bytes) -> bytes:
+    """The red zone's reference ``before`` with the bytes other threads changed while the probed
+    one was suspended (``suspended`` -> ``resumed``) taken as they left them: nothing is reported
+    for those bytes unless the probed thread's own code changes them again."""
+    return bytes(r if r != s else b for b, s, r in zip(before, suspended, resumed, strict=True))
+
+
 @dataclass(frozen=True, slots=True)
 class _Suspended:
     """A transaction whose thread is not running: the exit counts and its red zone at suspension."""
@@ -240,8 +247,7 @@ class TransactionTracker:
         if held.redzone is not None and tx.redzone_before is not None:
             current = self._redzone(tx.redzone_base)
             if current != held.redzone:  # another thread stored there: not this transaction's doing
-                tx.redzone_before = bytes(
-                    c if c != h else b for b, h, c in zip(tx.redzone_before, held.redzone, current, strict=True))
+                tx.redzone_before = others_folded_in(tx.redzone_before, held.redzone, current)
         self.active = tx
         if self._writes is not None:
             self._writes.set(*_window(tx.redzone_base))
