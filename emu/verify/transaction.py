@@ -221,8 +221,8 @@ class TransactionTracker:
             base = rsp - RED_ZONE
             hit = self._hits[addr] = self._hits.get(addr, 0) + 1
             self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, dict(self._exits))
-            if self._writes is not None:
-                self._writes.set(*_window(base))
+            if self._writes is not None:  # _window(base), inline: a call costs on every hit
+                self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
 
