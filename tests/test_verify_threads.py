@@ -17,15 +17,18 @@ from typing import cast
 import pytest
 
 from emu import cli
+from emu.abi import RED_ZONE
 from emu.check import CheckRequest, DesignReport, run_check
 from emu.designs import DESIGNS as DESIGNS_TABLE
 from emu.designs import Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.sched import Scheduler
+from emu.kernel.signal import SignalState
+from emu.kernel.tasks import Task, TaskState
 from emu.machine import Machine, RunOptions
 from emu.verify.lockstep import Observed, SyscallLog, first_divergence
 from emu.verify.session import Verifier, VerifySession
-from emu.verify.transaction import others_folded_in
+from emu.verify.transaction import Transaction, TransactionTracker, others_folded_in
 from emu.verify.violations import Check
 
 THREADS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "threads")
@@ -84,6 +87,45 @@ def test_other_threads_red_zone_stores_are_not_the_probes() -> None:
     resumed = bytes([0, 0xAA, 2, 3, 9, 0xBB, 6, 7])  # another thread stored at 1 and over the probe's at 5
     assert others_folded_in(before, at_suspend, resumed) == bytes([0, 0xAA, 2, 3, 4, 0xBB, 6, 7])
     assert others_folded_in(before, at_suspend, at_suspend) == before
+
+
+def _tracker_with_open_transaction() -> tuple[TransactionTracker, Transaction]:
+    m = Machine(THREADS, [THREADS], {}, RunOptions(), GuestIO.captured())
+    tracker = VerifySession(m).tracker
+    rsp = m.entry_sp - 4096  # a red zone inside [stack], as a thread's would be on its own stack
+    m.mem.write(rsp - RED_ZONE, bytes(RED_ZONE))
+    m.uprobes.stats.exits["sysret"] = 3  # exits before the hit, by any thread
+    tx = Transaction("uprobe:probed", 0x401B70, b"\x0f\x1f\x44\x00\x00", 1, True, b"", rsp, {"sysret": 3})
+    tracker.active = tx
+    return tracker, tx
+
+
+def test_a_transaction_waits_for_its_thread_and_ignores_the_others() -> None:
+    tracker, tx = _tracker_with_open_transaction()
+    first, second = Task(1, SignalState()), Task(2, SignalState())
+    tx.redzone_before = bytes(RED_ZONE)  # the probed thread's own code has written there: snapshot taken
+    tracker.machine.mem.write(tx.redzone_base + 8, b"\x11")  # ... that write
+    tracker.switch(first, second)
+    assert tracker.active is None  # the second thread cannot finish (nor abandon) the first one's hit
+    tracker.machine.uprobes.stats.exits["sysret"] = 10  # the second thread's own probe hits: 7 exits
+    tracker.machine.mem.write(tx.redzone_base, b"\x22")  # and a store of its into the first one's red zone
+    tracker.switch(second, first)
+    assert tracker.active is tx
+    assert tx.exits_before == {"sysret": 10}  # as if the 7 had come before: they do not count for this hit
+    assert tx.redzone_before == b"\x22" + bytes(RED_ZONE - 1)  # the other thread's store is the reference
+
+
+def test_a_signal_handler_first_or_an_exit_ends_a_suspended_transaction_without_verdict() -> None:
+    tracker, tx = _tracker_with_open_transaction()
+    first, second = Task(1, SignalState()), Task(2, SignalState())
+    tracker.switch(first, second)
+    first.signals.pending = 1 << 9  # SIGUSR1's bit, unblocked: delivered as the thread is switched in
+    tracker.switch(second, first)
+    assert tracker.active is None
+    tracker.active = tx  # the same hit, now the running (second) thread's, which exits
+    second.state = TaskState.EXITED
+    tracker.switch(second, first)
+    assert tracker.active is None and tracker.count == 0
 
 
 def _log(calls: list[tuple[int, str, int]]) -> SyscallLog:
