@@ -12,7 +12,7 @@ from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions, RunResult
 from emu.probes import ProbeSpec, parse_spec, scan_specs
 from emu.render import table
-from emu.verify.lockstep import Observed, first_divergence
+from emu.verify.lockstep import Observed, SyscallLog, first_divergence
 from emu.verify.rsb import RsbModel, RsbStats
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
 from emu.verify.shstk import CallRetTracker
@@ -98,7 +98,7 @@ def _observe(request: CheckRequest, design: str, probes: bool) -> tuple[Machine,
     io = GuestIO.captured(request.stdin)
     options = RunOptions(**{**_fields(request.options), "design": design})
     machine = Machine(request.binary, request.argv, request.env, options, io)
-    machine.kernel.syscall_log = []
+    machine.kernel.syscall_log = SyscallLog(machine.kernel.sched)
     return machine, io
 
 

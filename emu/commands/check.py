@@ -8,6 +8,7 @@ from emu.commands.common import (
     add_binary,
     add_design_options,
     add_process_options,
+    add_sched_options,
     add_verifier_options,
     check_writable,
     chosen_designs,
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="write the per-design results as JSON")
     p.add_argument("--details", action="store_true", help="print every violation with its evidence")
     p.add_argument("--strict", action="store_true", help="exit 1 if any design has a violation or diverges")
+    add_sched_options(p)
     add_verifier_options(p, "verifiers (default redzone,regs,resume)")
     add_binary(p)
 
@@ -43,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.json)
     request = CheckRequest(
         binary=args.binary, argv=[args.binary, *args.args], env=guest_env(args), specs=tuple(args.probe),
-        designs=chosen_designs(args), verifiers=args.verify, options=run_options(args),
+        designs=chosen_designs(args), verifiers=args.verify,
+        options=run_options(args, sched_quantum=args.sched_quantum, sched_seed=args.sched_seed),
         shstk=args.shstk, rsb=args.rsb,
     )
     reports = run_check(request)

@@ -11,6 +11,7 @@ from typing import Any
 
 from emu.errors import EmuError, UsageError
 from emu.kernel.dispatch import KernelConfig
+from emu.kernel.sched import DEFAULT_QUANTUM
 from emu.machine import RunOptions
 
 PROG = "uprobe-emu"
@@ -72,6 +73,14 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
     kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed)
     return RunOptions(kernel=kernel, exe_base=args.exe_base, interp_base=args.interp_base,
                       max_insns=args.max_insns, timeout_s=args.timeout, **extra)
+
+
+def add_sched_options(p: argparse.ArgumentParser) -> None:
+    """--sched-quantum and --sched-seed: how a multi-threaded guest's threads take turns."""
+    p.add_argument("--sched-quantum", type=positive_int, default=DEFAULT_QUANTUM, metavar="N",
+                   help=f"instructions a thread runs before the next one (default {DEFAULT_QUANTUM})")
+    p.add_argument("--sched-seed", type=int, metavar="S",
+                   help="random preemption: slice lengths (1..N) and the next thread drawn from seed S")
 
 
 def add_design_options(p: argparse.ArgumentParser, kernel_default: str | None, kernel_help: str) -> None:

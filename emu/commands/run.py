@@ -9,6 +9,7 @@ from emu.commands.common import (
     add_binary,
     add_design_options,
     add_process_options,
+    add_sched_options,
     add_verifier_options,
     check_writable,
     chosen_design,
@@ -20,7 +21,6 @@ from emu.commands.common import (
 )
 from emu.designs import DEFAULT_DESIGN, DESIGNS
 from emu.guestio import GuestIO
-from emu.kernel.sched import DEFAULT_QUANTUM
 from emu.kernel.uprobes.consumers import UPROBE_HANDLER_REMOVE, Consumer, Hit
 from emu.libprobes import LibraryProbe
 from emu.machine import Attachment, Machine
@@ -42,10 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-args", action="store_true", help="print each USDT hit with its decoded arguments")
     p.add_argument("--detach-after", type=positive_int, metavar="N",
                    help="remove each probe after its N-th hit (the consumer returns UPROBE_HANDLER_REMOVE)")
-    p.add_argument("--sched-quantum", type=positive_int, default=DEFAULT_QUANTUM, metavar="N",
-                   help=f"instructions a thread runs before the next one (default {DEFAULT_QUANTUM})")
-    p.add_argument("--sched-seed", type=int, metavar="S",
-                   help="random preemption: slice lengths (1..N) and the next thread drawn from seed S")
+    add_sched_options(p)
     add_verifier_options(p, "verifiers to run on every probe hit: redzone,regs,resume (default: none)")
     add_binary(p)
 

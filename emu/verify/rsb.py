@@ -1,6 +1,7 @@
 """A return stack buffer model (opt-in ``--rsb N``): how many returns the CPU would predict.
 
-Per thread (the harness runs one) a circular buffer of N return addresses: each ``call`` the
+Per thread (each thread's buffer is kept aside while another runs: a model of what the code
+itself does to the predictor, not of a core shared by threads) a circular buffer of N return addresses: each ``call`` the
 CPU executes writes its return address at the top and moves the top up; each ``ret`` moves it
 down and compares the entry with where the ret really went: predicted or mispredicted. Like the
 kernel's call-depth tracking (x86 callthunks) a count of valid entries is kept: a ``ret`` with
@@ -51,6 +52,16 @@ class RsbStats:
                 "mispredicted": self.mispredicted, "underflows": self.underflows, "per_hit": self.per_hit}
 
 
+@dataclass(slots=True)
+class _ThreadRsb:
+    """A thread's buffer and the hit its mispredicts go to, while another thread runs."""
+
+    entries: list[int]
+    top: int
+    valid: int
+    hit_counts: list[int] | None
+
+
 class RsbModel:
     def __init__(self, tracker: CallRetTracker, depth: int = DEFAULT_RSB_DEPTH) -> None:
         if depth < 1:
@@ -60,8 +71,16 @@ class RsbModel:
         self.valid = 0
         self.stats = RsbStats(depth)
         self._hit_counts: list[int] | None = None  # the current hit's slot in per_hit
+        self._others: dict[int, _ThreadRsb] = {}  # tid -> its buffer while it does not run
         tracker.on_call.append(self._call)
         tracker.on_ret.append(self._ret)
+        tracker.on_switch.append(self._switch)
+
+    def _switch(self, prev: int, nxt: int, prev_alive: bool) -> None:
+        if prev_alive:
+            self._others[prev] = _ThreadRsb(self.entries, self.top, self.valid, self._hit_counts)
+        held = self._others.pop(nxt, None) or _ThreadRsb([0] * self.stats.depth, 0, 0, None)
+        self.entries, self.top, self.valid, self._hit_counts = held.entries, held.top, held.valid, held.hit_counts
 
     def probe_hit(self, probe: str) -> None:
         """A probe was hit: later mispredicts are attributed to this hit."""

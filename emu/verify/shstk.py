@@ -19,8 +19,9 @@ with user shadow stacks on:
 * nop10: ``lea; call`` pushes vaddr+10, the trampoline's ``ret $0x80`` pops it; the kernel does
   the same pop/push as 6.18 (retaddr = vaddr+10). Balanced; survives.
 
-The harness runs one thread per process (no clone), so there is one shadow stack and one RSB.
-Calls and rets are seen with one block hook: the block's last instruction (every call and ret
+Per thread (the scheduler's switch observers, emu/kernel/sched.py): each thread has its own
+shadow stack and RSB model; a new thread starts with an empty shadow stack, as a CET thread's new
+shadow stack starts at clone. Calls and rets are seen with one block hook: the block's last instruction (every call and ret
 ends a translation block) is decoded once with capstone and cached; it is acted on when the next
 block starts, which is where the ``ret`` went. The kernel's pages ([uprobes-trampoline],
 [uprobes], jmp slots) are executed by the same CPU and tracked like any other code.
@@ -38,6 +39,7 @@ from emu.disasm import cs64
 from emu.verify.violations import Check, Violation
 
 if TYPE_CHECKING:
+    from emu.kernel.tasks import Task
     from emu.machine import Machine
 
 
@@ -50,6 +52,7 @@ class Op(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class BlockEnd:
     op: Op
+    start: int  # address of the block
     pc: int  # address of the block's last instruction
     next_pc: int  # the address after it: what a call pushes
     raw: bytes  # its bytes: a patched site gets decoded again
@@ -57,6 +60,7 @@ class BlockEnd:
 
 CallFn = Callable[[int, int], None]  # (pc of the call, return address pushed)
 RetFn = Callable[[int, int], None]  # (pc of the ret, where it went)
+SwitchFn = Callable[[int, int, bool], None]  # (tid leaving the CPU, tid taking it, whether the first is alive)
 
 
 class CallRetTracker:
@@ -68,14 +72,16 @@ class CallRetTracker:
         self.mem = machine.mem
         self.on_call: list[CallFn] = []
         self.on_ret: list[RetFn] = []
+        self.on_switch: list[SwitchFn] = []  # per-thread models swap their state here
         self._cs = cs64()
         self._ends: dict[tuple[int, int], BlockEnd] = {}
         self._pending: BlockEnd | None = None
         self._stepping = False
         self.cpu.add_block_hook(self._on_block)
+        machine.kernel.sched.switch_observers.append(self._switch)
 
     def _on_block(self, addr: int, size: int) -> None:
-        self._flush(addr)
+        self._settle(addr)
         stepping = self.machine.uprobes.stepping
         first_of_step = stepping and not self._stepping
         self._stepping = stepping
@@ -91,6 +97,26 @@ class CallRetTracker:
         e.g. after an out-of-line step); a ret went to the current rip."""
         if self._pending is not None:
             self._flush(self.cpu.read(Reg.RIP))
+
+    def _switch(self, prev: Task, nxt: Task) -> None:
+        """A context switch: settle ``prev``'s last block, then let the models swap threads.
+
+        ``prev`` resumes where it stopped (_settle)."""
+        self._settle(prev.pc)
+        for fn in self.on_switch:
+            fn(prev.tid, nxt.tid, prev.alive)
+
+    def _settle(self, resumed: int) -> None:
+        """Execution goes on at ``resumed``: act on the pending block's end, unless ``resumed`` lies
+        inside that block. Then the run stopped before the block's end ran (a scheduler slice ends
+        at any instruction; the thread resumes there, later or at once) and its hook fires again.
+        Not told apart: a call or ret going back into its own block (a call there would be a
+        recursion with no branch before it, one that never ends)."""
+        end = self._pending
+        if end is not None and end.start <= resumed <= end.pc:
+            self._pending = None
+        else:
+            self._flush(resumed)
 
     def _flush(self, target: int) -> None:
         end, self._pending = self._pending, None
@@ -115,23 +141,34 @@ class CallRetTracker:
         try:
             code = self.mem.read(addr, size)
         except Exception:  # noqa: BLE001
-            return BlockEnd(Op.NONE, addr, addr, b"")
+            return BlockEnd(Op.NONE, addr, addr, addr, b"")
         last = None
         for insn in self._cs.disasm_lite(code, addr):
             last = insn
         if last is None:
-            end = BlockEnd(Op.NONE, addr, addr, b"")
+            end = BlockEnd(Op.NONE, addr, addr, addr, b"")
         else:
             pc, length, mnemonic, _ops = last
             word = mnemonic.split()[-1] if mnemonic else ""
             op = Op.CALL if word == "call" else Op.RET if word == "ret" else Op.NONE
-            end = BlockEnd(op, pc, pc + length, code[pc - addr : pc - addr + length])
+            end = BlockEnd(op, addr, pc, pc + length, code[pc - addr : pc - addr + length])
         self._ends[key] = end
         return end
 
 
+@dataclass(slots=True)
+class _ThreadShadow:
+    """A thread's shadow stack and the probe it hit last, while another thread runs."""
+
+    frames: list[int]
+    last_probe: str
+    last_site: int
+    last_hit: int
+
+
 class ShadowStack:
-    """The user shadow stack of the (one) thread, and the kernel's shstk_* helpers on it.
+    """The user shadow stack of the running thread (the others' kept aside at each switch), and
+    the kernel's shstk_* helpers on it.
 
     Installed as ``machine.uprobes.shadow_stack``; the uprobe kernel code calls push/pop/
     update_last_frame where Linux calls shstk_push/shstk_pop/shstk_update_last_frame."""
@@ -148,9 +185,18 @@ class ShadowStack:
         self.last_probe = "-"  # the probe hit last: violations are attributed to it
         self.last_site = 0
         self.last_hit = 0
+        self._others: dict[int, _ThreadShadow] = {}  # tid -> its shadow stack while it does not run
         tracker.on_call.append(self._call)
         tracker.on_ret.append(self._ret)
+        tracker.on_switch.append(self._switch)
         machine.uprobes.shadow_stack = self
+
+    def _switch(self, prev: int, nxt: int, prev_alive: bool) -> None:
+        if prev_alive:
+            self._others[prev] = _ThreadShadow(self.frames, self.last_probe, self.last_site, self.last_hit)
+        held = self._others.pop(nxt, None) or _ThreadShadow([], "-", 0, 0)  # a new thread: empty, as at clone
+        self.frames, self.last_probe, self.last_site, self.last_hit = (
+            held.frames, held.last_probe, held.last_site, held.last_hit)
 
     # ------------------------------------------------------------ the CPU
     def _call(self, _pc: int, ret_addr: int) -> None:

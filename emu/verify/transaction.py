@@ -3,7 +3,9 @@
 Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
 after the code was translated): an exact-address code hook per probe site (free elsewhere); one
 memory-write hook whose range is moved onto the red zone for the length of a transaction and
-onto nothing otherwise (adding and removing a hook per hit costs ~39 us; HookRange); a memory
+onto nothing otherwise (adding and removing a hook per hit costs ~39 us; HookRange), added over
+the whole address space so that it can follow any thread's stack (pthread stacks are mmapped,
+not ``[stack]``); a memory
 backend that sees the fake kernel's writes before they land; an observer of the handler chain
 that records what the consumers changed; and emu/verify/resume.py, which says where and when the
 guest resumes.
@@ -12,6 +14,16 @@ Every hook here fires on every hit, so the work per hit is counted in C calls an
 the state is read in one C call at each end as raw bytes (emu.cpu.RawState) and compared as
 bytes; the red zone is read only if something writes into it, before the write lands; a hit
 that provably left everything as it found it is settled here without building a reference.
+
+Threads (emu/kernel/sched.py): a transaction belongs to the thread that hit the site. ``active``
+is the running thread's; on a context switch it is suspended (the red-zone window closes) and the
+next thread's suspended one, if any, becomes active again (the window reopens on its red zone),
+so another thread's instructions can neither finish nor abandon it. What other threads do while
+it is suspended is not the probe's doing: SYSRET/IRET exits they cause are taken out of its
+count, and their stores into its red zone (legal, if rare: the red zone belongs to the probed
+thread's interrupted code, but memory is shared) are folded into its ``redzone_before``, so
+nothing is reported for them. A transaction whose thread is about to run a signal handler, or
+has exited, gets no verdict (as for one thread).
 """
 
 from __future__ import annotations
@@ -43,12 +55,14 @@ from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
 
 if TYPE_CHECKING:
+    from emu.kernel.tasks import Task
     from emu.machine import Attachment, Machine
 
 RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
 RIP_INDEX = 16
 FLAGS_INDEX = 17
 MAX_STORE = 8  # the widest store a write hook reports: Unicorn's x86 splits SSE/fxsave stores into 8-byte ones
+ADDRESS_SPACE_END = (1 << 64) - 1
 _U64 = struct.Struct("<Q")
 
 
@@ -122,6 +136,27 @@ class Transaction:
 Finished = Callable[[Transaction], None]
 
 
+def _window(base: int) -> tuple[int, int]:
+    """The write hook's range for a red zone at ``base``: a store starting up to MAX_STORE - 1 bytes below reaches it."""
+    return base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1
+
+
+def others_folded_in(before: bytes, suspended: bytes, resumed: bytes) -> bytes:
+    """The red zone's reference ``before`` with the bytes other threads changed while the probed
+    one was suspended (``suspended`` -> ``resumed``) taken as they left them: nothing is reported
+    for those bytes unless the probed thread's own code changes them again."""
+    return bytes(r if r != s else b for b, s, r in zip(before, suspended, resumed, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _Suspended:
+    """A transaction whose thread is not running: the exit counts and its red zone at suspension."""
+
+    tx: Transaction
+    exits: dict[str, int]
+    redzone: bytes | None
+
+
 class TransactionTracker:
     def __init__(self, machine: Machine, attachments: list[Attachment], on_finished: Finished) -> None:
         self.machine = machine
@@ -136,17 +171,28 @@ class TransactionTracker:
         self._by_site: dict[int, tuple[str, Uprobe, bool]] = {}  # site -> probe name, uprobe, NOP-class
         self._hits: dict[int, int] = {}
         self._site_hooks: list[HookHandle] = []
+        self._suspended: dict[int, _Suspended] = {}  # tid -> its transaction, while another thread runs
         self.bind(attachments)
-        self._writes: HookRange | None = None
-        stack = next((v for v in self.mem if v.name == "[stack]"), None)
-        if stack is not None:
-            hook = add_raw_mem_write_hook(self.cpu, self._on_write, stack.start, stack.end - 1)
-            self._writes = hook_range(hook, stack.start, stack.end - 1)  # None: the whole stack, filtered here
-            if self._writes is not None:
-                self._writes.close()  # opened on the red zone during each transaction
+        self._writes = self._red_zone_window()
+        machine.kernel.sched.switch_observers.append(self.switch)
         machine.uprobes.chain_observers.append(self._on_chain)
         self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
         self.resume = ResumeWatch(machine, self)
+
+    def _red_zone_window(self) -> HookRange | None:
+        """The write hook, closed (opened on the red zone during each transaction). Where its range
+        cannot be moved (HookRange's layout check), a hook over ``[stack]`` filtered here instead:
+        then only the main thread's red zone is watched."""
+        hook = add_raw_mem_write_hook(self.cpu, self._on_write, 0, ADDRESS_SPACE_END)
+        window = hook_range(hook, 0, ADDRESS_SPACE_END)
+        if window is not None:
+            window.close()
+            return window
+        self.cpu.remove_hook(hook)
+        stack = next((v for v in self.mem if v.name == "[stack]"), None)
+        if stack is not None:
+            add_raw_mem_write_hook(self.cpu, self._on_write, stack.start, stack.end - 1)
+        return None
 
     def bind(self, attachments: list[Attachment]) -> None:
         """Watch these attachments' sites, forgetting earlier ones and their hit counts: one tracker
@@ -154,6 +200,7 @@ class TransactionTracker:
         for hook in self._site_hooks:
             self.cpu.remove_hook(hook)
         self._by_site, self._hits, self._site_hooks, self.active = {}, {}, [], None
+        self._suspended.clear()
         for att in attachments:
             uprobe = att.uprobe
             self._by_site.setdefault(att.address, (att.resolved.spec.text, uprobe, uprobe.insn.kind is Kind.NOP))
@@ -174,10 +221,41 @@ class TransactionTracker:
             base = rsp - RED_ZONE
             hit = self._hits[addr] = self._hits.get(addr, 0) + 1
             self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, dict(self._exits))
-            if self._writes is not None:  # a store starting up to MAX_STORE - 1 bytes below reaches it
+            if self._writes is not None:  # _window(base), inline: a call costs on every hit
                 self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
+
+    # ------------------------------------------------------------------ threads
+    def switch(self, prev: Task, nxt: Task) -> None:
+        """Scheduler observer: suspend ``prev``'s transaction, resume ``nxt``'s (see the module doc)."""
+        tx = self.active
+        self.abandon()
+        if tx is not None and prev.alive:
+            self._suspended[prev.tid] = _Suspended(tx, dict(self._exits), self._redzone_if_touched(tx))
+        held = self._suspended.pop(nxt.tid, None)
+        if held is None:
+            return
+        if nxt.signals.pending & ~nxt.signals.mask:
+            return  # a handler runs first: the thread does not resume from this hit here
+        self._resume(held)
+
+    def _resume(self, held: _Suspended) -> None:
+        tx = held.tx
+        now = self._exits
+        tx.exits_before = {k: tx.exits_before.get(k, 0) + now[k] - held.exits.get(k, 0) for k in now}
+        if held.redzone is not None and tx.redzone_before is not None:
+            current = self._redzone(tx.redzone_base)
+            if current != held.redzone:  # another thread stored there: not this transaction's doing
+                tx.redzone_before = others_folded_in(tx.redzone_before, held.redzone, current)
+        self.active = tx
+        if self._writes is not None:
+            self._writes.set(*_window(tx.redzone_base))
+
+    def _redzone_if_touched(self, tx: Transaction) -> bytes | None:
+        """The red zone at suspension, if the transaction's own writes already reached it (else its
+        snapshot is taken at its first write, which already sees what other threads stored)."""
+        return None if tx.redzone_before is None else self._redzone(tx.redzone_base)
 
     def finish(self, resume: int, raw: bytes, rsp: int | None = None, redzone: bytes | None = None) -> None:
         """The guest resumes at ``resume`` with the state ``raw`` (just read), except ``rsp`` when
