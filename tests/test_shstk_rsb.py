@@ -199,3 +199,12 @@ def test_run_reports_rsb_and_shstk(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "shstk:" in err and "5 mispredicted" in err
     data = json.loads(out.read_text())
     assert data["rsb"]["mispredicted"] == 5 and [v["kind"] for v in data["violations"]] == ["shstk"]
+
+
+@pytest.mark.parametrize("mode", ["fixup", "raise", "altstack"])
+def test_signal_frames_push_a_token_and_the_restorer(mode: str) -> None:
+    # delivery pushes a restore token and the restorer (the handler's ret), rt_sigreturn unwinds to the token;
+    # a fault inside a block does not count that block's final call as run
+    signals = str(Path(__file__).resolve().parent.parent / "elf_samples" / "signals")
+    session, _, status = session_run(signals, [mode], shstk=True)
+    assert status == 0 and session.violations == []

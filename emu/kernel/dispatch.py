@@ -103,6 +103,9 @@ class Kernel:
         self.deferred: list[Callable[[], None]] = []
         self.syscall_log: list[tuple[str, tuple[int, ...], int]] | None = None  # for lockstep comparison
         self.exec_mmap_observers: list[Callable[[Vma], None]] = []
+        # told of each signal frame: (the handler's restorer, the interrupted ip) when one is set up,
+        # (None, the ip of the rt_sigreturn syscall) when it is taken down
+        self.signal_frame_observers: list[Callable[[int | None, int], None]] = []
         self.perf_attach: PerfAttach | None = None  # set by the machine: uprobes for perf_event_open
         self.fork: ForkFn | None = None  # set by the machine: clone without CLONE_VM (a new process)
         self.exec: ExecFn | None = None  # set by the machine: execve (path, argv, envp)

@@ -136,18 +136,23 @@ def deliver(k: Kernel, signo: int, info: SigInfo, resume_ip: int | None = None) 
         new = setup_frame(k, signo, info, state, action)
     except UserFault:
         raise GuestKilled(Signal.SIGSEGV, state[16], f"cannot write the frame for signal {signo}") from None
+    for observer in k.signal_frame_observers:
+        observer(action.restorer, state[16])
     k.cpu.write_user_state(new, write_rip=True)
 
 
 def sys_rt_sigreturn(k: Kernel, nr: int, entry: list[int] | None = None) -> None:
     """Restore what the frame saved (every register, the mask); Unicorn adds 2 to rip afterwards."""
-    sp = k.cpu.read_user_state()[7]
+    current = k.cpu.read_user_state()
+    sp, ip = current[7], current[16]
     try:
         state = restore_frame(k, sp)
     except SyscallError:
         raise GuestKilled(Signal.SIGSEGV, None, "rt_sigreturn with a bad frame") from None
     state[16] -= 2
     k.cpu.write_user_state(state, write_rip=True)
+    for observer in k.signal_frame_observers:
+        observer(None, ip)
     deliver_pending(k)
 
 

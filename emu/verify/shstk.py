@@ -81,7 +81,7 @@ class CallRetTracker:
         machine.kernel.sched.switch_observers.append(self._switch)
 
     def _on_block(self, addr: int, size: int) -> None:
-        self._settle(addr)
+        self.settle(addr)
         stepping = self.machine.uprobes.stepping
         first_of_step = stepping and not self._stepping
         self._stepping = stepping
@@ -101,12 +101,12 @@ class CallRetTracker:
     def _switch(self, prev: Task, nxt: Task) -> None:
         """A context switch: settle ``prev``'s last block, then let the models swap threads.
 
-        ``prev`` resumes where it stopped (_settle)."""
-        self._settle(prev.pc)
+        ``prev`` resumes where it stopped (settle)."""
+        self.settle(prev.pc)
         for fn in self.on_switch:
             fn(prev.tid, nxt.tid, prev.alive)
 
-    def _settle(self, resumed: int) -> None:
+    def settle(self, resumed: int) -> None:
         """Execution goes on at ``resumed``: act on the pending block's end, unless ``resumed`` lies
         inside that block. Then the run stopped before the block's end ran (a scheduler slice ends
         at any instruction; the thread resumes there, later or at once) and its hook fires again.
@@ -166,6 +166,9 @@ class _ThreadShadow:
     last_hit: int
 
 
+SIGNAL_TOKEN = -1  # the restore token a signal frame leaves on the shadow stack (never a return address)
+
+
 class ShadowStack:
     """The user shadow stack of the running thread (the others' kept aside at each switch), and
     the kernel's shstk_* helpers on it.
@@ -190,6 +193,7 @@ class ShadowStack:
         tracker.on_ret.append(self._ret)
         tracker.on_switch.append(self._switch)
         machine.uprobes.shadow_stack = self
+        machine.kernel.signal_frame_observers.append(self._signal_frame)
 
     def _switch(self, prev: int, nxt: int, prev_alive: bool) -> None:
         if prev_alive:
@@ -226,6 +230,16 @@ class ShadowStack:
                               self.last_hit))
 
     # ---------------------------------------------------------- the kernel
+    def _signal_frame(self, restorer: int | None, interrupted: int) -> None:
+        """Signal delivery pushes a restore token and the restorer, for the handler's ret; rt_sigreturn
+        takes the shadow stack back to below the token (Linux's shstk signal frame)."""
+        self.tracker.settle(interrupted)  # a fault inside a block: its end never ran
+        if restorer is not None:
+            self.frames += [SIGNAL_TOKEN, restorer]
+        elif SIGNAL_TOKEN in self.frames:
+            while self.frames.pop() != SIGNAL_TOKEN:
+                pass
+
     def push(self, addr: int) -> None:
         """shstk_push."""
         self.tracker.sync()
