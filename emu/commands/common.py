@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emu.errors import EmuError, UsageError
-from emu.kernel.dispatch import KernelConfig
-from emu.machine import RunOptions
+
+if TYPE_CHECKING:
+    from emu.machine import RunOptions
 
 PROG = "uprobe-emu"
 
@@ -67,6 +67,9 @@ def guest_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
+    from emu.kernel.dispatch import KernelConfig
+    from emu.machine import RunOptions
+
     if not os.path.isdir(args.rootfs):
         raise UsageError(f"--rootfs {args.rootfs}: not a directory")
     kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed)
@@ -117,6 +120,8 @@ def check_writable(path: str) -> None:
 
 
 def write_json(path: str, payload: dict[str, Any]) -> None:
+    import json
+
     try:
         with open(path, "w") as fh:
             json.dump(payload, fh, indent=2, sort_keys=True)

@@ -21,7 +21,6 @@ from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import Family, SharedFdTable
-from emu.kernel.perf import PerfAttach
 from emu.kernel.process import DEFAULT_RLIMITS
 from emu.kernel.sched import Scheduler
 from emu.kernel.signal import SignalState
@@ -32,6 +31,7 @@ from emu.kernel.vfs import Vfs
 from emu.memory import Memory, UserFault, Vma
 
 if TYPE_CHECKING:
+    from emu.kernel.perf import PerfAttach
     from emu.kernel.threads import CloneArgs
 
 SYSCALL_INSN_LEN = 2
