@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from emu.errors import EmuError, UsageError
 
 if TYPE_CHECKING:
+    from emu.designs import Design
     from emu.machine import RunOptions
 
 PROG = "uprobe-emu"
@@ -88,12 +89,20 @@ def add_design_options(p: argparse.ArgumentParser, kernel_default: str | None, k
 
 def chosen_design(args: argparse.Namespace) -> str:
     """One design: --kernel, else the first design of --design-file, else the default."""
-    from emu.design_file import load_design_files
     from emu.designs import DEFAULT_DESIGN, get_design
 
-    loaded = load_design_files(args.design_file)
+    loaded = _design_files(args.design_file)
     name: str = args.kernel or (loaded[0].name if loaded else DEFAULT_DESIGN)
     return get_design(name).name
+
+
+def _design_files(paths: list[str]) -> list[Design]:
+    """The designs of --design-file (design_file.py, with runpy and traceback, loads only if one is given)."""
+    if not paths:
+        return []
+    from emu.design_file import load_design_files
+
+    return load_design_files(paths)
 
 
 def chosen_designs(args: argparse.Namespace) -> tuple[str, ...]:
