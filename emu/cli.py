@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import re
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 from emu import __version__
-from emu.commands import bench, check, diff, fuzz, patch, race, replay, run, scan
 from emu.commands.common import PROG, stderr_line
 from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
 
-COMMAND_MODULES: tuple[ModuleType, ...] = (run, check, bench, scan, patch, diff, race, fuzz, replay)
+# Module names under emu/commands/, each defining the command of the same NAME (imported when used).
+COMMAND_MODULES: tuple[str, ...] = ("run", "check", "bench", "scan", "patch", "diff", "race", "fuzz", "replay")
 _VERBOSE = re.compile(r"^(-v+|--verbose)$")
 
 
@@ -32,9 +33,14 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for debug)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     named = _named_command(argv)
-    for module in COMMAND_MODULES if named is None else (named,):
+    for name in COMMAND_MODULES if named is None else (named,):
+        module = command_module(name)
         module.add_arguments(sub.add_parser(module.NAME, help=module.HELP))
     return parser
+
+
+def command_module(name: str) -> ModuleType:
+    return importlib.import_module(f"emu.commands.{name}")
 
 
 def _log_more(verbose: int) -> None:
@@ -45,11 +51,11 @@ def _log_more(verbose: int) -> None:
     logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2), format=f"{PROG}: %(message)s")
 
 
-def _named_command(argv: Sequence[str] | None) -> ModuleType | None:
-    """The command module when ``argv`` is only -v/--verbose flags, then a command name."""
+def _named_command(argv: Sequence[str] | None) -> str | None:
+    """The command when ``argv`` is only -v/--verbose flags, then a command name."""
     for arg in argv or ():
         if not _VERBOSE.match(arg):
-            return next((m for m in COMMAND_MODULES if arg == m.NAME), None)
+            return arg if arg in COMMAND_MODULES else None
     return None
 
 
@@ -59,8 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser(argv).parse_args(argv)
         if args.verbose:
             _log_more(args.verbose)
-        module = next(m for m in COMMAND_MODULES if args.command == m.NAME)
-        status: int = module.run(args)
+        status: int = command_module(args.command).run(args)
         return status
     except EmuError as err:
         stderr_line(f"{PROG}: {err}")

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from emu.cli import COMMAND_MODULES, command_module
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HELLO = os.path.join(REPO, "elf_samples", "hello_static")
 
@@ -86,3 +88,10 @@ def test_another_command_does_not_load_the_machine() -> None:
     status, out, modules = modules_after(["scan", "--help"])
     assert status == 0 and b"usage: uprobe-emu scan" in out
     assert not loaded(modules, "emu.machine") and not loaded(modules, "emu.kernel.dispatch")
+
+
+@pytest.mark.parametrize("name", COMMAND_MODULES)
+def test_each_command_module_defines_the_command_of_its_name(name: str) -> None:
+    """The command line imports only the module a command line names, by that name."""
+    module = command_module(name)
+    assert name == module.NAME and module.HELP and callable(module.add_arguments) and callable(module.run)
