@@ -33,6 +33,8 @@ NOT_FOR_A_PLAIN_RUN = (
     "emu.kernel.sigframe",  # signal frames: only when a signal is delivered
     "emu.kernel.perf",  # perf_event_open: only when called
     "emu.kernel.net",
+    "emu.kernel.threads",  # clone and exit of a thread (exit_group ends a single-threaded run)
+    "emu.kernel.futex",
     "emu.render",  # the probe table
     "emu.design_file",
     "emu.asm",
