@@ -59,8 +59,7 @@ class LibraryProbe:
 class LibraryProbes:
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
-        self.probes: list[LibraryProbe] = []
-        machine.kernel.exec_mmap_observers.append(self.on_exec_mmap)
+        self.probes: list[LibraryProbe] = []  # the machine calls on_exec_mmap for each executable mapping
 
     def add(self, spec: ProbeSpec, consumer: Consumer) -> LibraryProbe:
         assert spec.path is not None

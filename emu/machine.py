@@ -31,12 +31,12 @@ from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.uprobes.syscalls import uprobe_rows
-from emu.libprobes import LibraryProbe, LibraryProbes
 from emu.loader import LoadedImage, choose_bias, map_image
-from emu.memory import Memory
+from emu.memory import Memory, Vma
 
 if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a binary needs neither
     from emu.kernel.threads import CloneArgs
+    from emu.libprobes import LibraryProbe, LibraryProbes
     from emu.probes import ProbeSpec, ResolvedProbe, Resolver
 
 HWCAP = 0x178BFBFF  # cpuid(1).edx of a baseline x86-64 CPU
@@ -217,7 +217,8 @@ class Machine:
         self._stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.attachments: list[Attachment] = []
-        self.libraries = LibraryProbes(self)
+        self._libraries: LibraryProbes | None = None  # made by the first library probe (libraries)
+        self.kernel.exec_mmap_observers.append(self._library_mmap)
         self.kernel.perf_attach = self._perf_attach
         self.kernel.fork = self._fork
         self.kernel.exec = self._exec
@@ -247,7 +248,7 @@ class Machine:
             self.uprobes.sites.inherit(parent.uprobes.sites)
         self._resolver, self.family, self._first = parent._resolver, parent.family, False
         self._wire()
-        self.libraries.probes = parent.libraries.probes  # per inode: later mappings in the child get them too
+        self.libraries.probes = parent.libraries.probes  # one list per inode: later mappings in the child get them too
         if self.kernel.task.uprobe.return_instances and parent.uprobes.xol is not None:
             self.uprobes.get_xol_area()  # dup_xol_work: the returns go through [uprobes] slot 0
         self._copy_registers(parent, args)
@@ -327,6 +328,23 @@ class Machine:
         self.family.ended(self.kernel.ident.pid, wait_status(ending is Ending.EXITED, status, signal))
 
     # --------------------------------------------------------------- probes
+    @property
+    def libraries(self) -> LibraryProbes:
+        """Probes by spec on shared libraries (libprobes.py loads with the first one)."""
+        if self._libraries is None:
+            from emu.libprobes import LibraryProbes
+
+            self._libraries = LibraryProbes(self)
+        return self._libraries
+
+    def library_probes(self) -> list[LibraryProbe]:
+        return self._libraries.probes if self._libraries is not None else []
+
+    def _library_mmap(self, vma: Vma) -> None:
+        """uprobe_mmap for library probes (registered with the kernel before any other observer, as always)."""
+        if self._libraries is not None:
+            self._libraries.on_exec_mmap(vma)
+
     @property
     def resolver(self) -> Resolver:
         """Symbols and USDT notes of the executable (probes.py loads only when a probe or a caller needs them)."""
@@ -502,7 +520,7 @@ class Machine:
         while self.family.run_others(self.kernel.ident.pid):
             pass  # children still running once their parent is gone (orphans) run to their end
         probes = tuple(a.summary() for a in self.attachments if not a.library) + tuple(
-            lib.summary() for lib in self.libraries.probes)
+            lib.summary() for lib in self.library_probes())
         return RunResult(
             ending=ending,
             exit_status=status,

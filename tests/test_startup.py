@@ -30,6 +30,7 @@ _MODULES_AFTER = (
 
 NOT_FOR_A_PLAIN_RUN = (
     "emu.probes",  # probe specs and symbol resolution: only with -p
+    "emu.libprobes",
     "emu.kernel.sigframe",  # signal frames: only when a signal is delivered
     "emu.kernel.perf",  # perf_event_open: only when called
     "emu.kernel.net",

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if result.message:
         stderr_line(f"{PROG}: {result.message}")
     shown: list[Attachment | LibraryProbe] = [a for a in machine.attachments if not a.library]
-    shown += machine.libraries.probes
+    shown += machine.library_probes()
     if shown:
         stderr_line(probe_table(shown))
     violations = session.violations if session else []
