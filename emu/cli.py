@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import importlib
+import re
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 from emu import __version__
-from emu.commands import bench, check, diff, fuzz, patch, race, replay, run, scan
 from emu.commands.common import PROG, stderr_line
 from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
 
-COMMAND_MODULES: tuple[ModuleType, ...] = (run, check, bench, scan, patch, diff, race, fuzz, replay)
+# Module names under emu/commands/, each defining the command of the same NAME (imported when used).
+COMMAND_MODULES: tuple[str, ...] = ("run", "check", "bench", "scan", "patch", "diff", "race", "fuzz", "replay")
+_VERBOSE = re.compile(r"^(-v+|--verbose)$")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -20,22 +23,49 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given ``argv`` that plainly names its command, only that command's part.
+
+    argparse costs ~50 us an argument (a help formatter each), ~6 ms for every command's: a run
+    builds what it parses. Anything else (--help, a prefix of an option, no command) gets all."""
     parser = _Parser(prog=PROG, description="Run x86-64 Linux binaries under Unicorn on a fake kernel.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for debug)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for module in COMMAND_MODULES:
+    named = _named_command(argv)
+    for name in COMMAND_MODULES if named is None else (named,):
+        module = command_module(name)
         module.add_arguments(sub.add_parser(module.NAME, help=module.HELP))
     return parser
 
 
+def command_module(name: str) -> ModuleType:
+    return importlib.import_module(f"emu.commands.{name}")
+
+
+def _log_more(verbose: int) -> None:
+    """-v: info, -vv: debug. Without it the logging module is not even loaded (~4 ms of a short run):
+    the package logs nothing at WARNING or above (a harness error is an exception, a guest's is its status)."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING - 10 * min(verbose, 2), format=f"{PROG}: %(message)s")
+
+
+def _named_command(argv: Sequence[str] | None) -> str | None:
+    """The command when ``argv`` is only -v/--verbose flags, then a command name."""
+    for arg in argv or ():
+        if not _VERBOSE.match(arg):
+            return arg if arg in COMMAND_MODULES else None
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
-        logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2), format=f"{PROG}: %(message)s")
-        module = next(m for m in COMMAND_MODULES if args.command == m.NAME)
-        status: int = module.run(args)
+        argv = sys.argv[1:] if argv is None else argv
+        args = build_parser(argv).parse_args(argv)
+        if args.verbose:
+            _log_more(args.verbose)
+        status: int = command_module(args.command).run(args)
         return status
     except EmuError as err:
         stderr_line(f"{PROG}: {err}")

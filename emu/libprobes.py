@@ -14,10 +14,10 @@ from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.consumers import Consumer
 from emu.loader import LoadedImage
 from emu.memory import Vma
-from emu.probes import ProbeKind, ProbeSpec, ResolvedProbe, Resolver
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # probes.py loads when a library probe is added (a plain run needs none)
     from emu.machine import Attachment, Machine
+    from emu.probes import ProbeSpec
 
 
 @dataclass(eq=False)
@@ -42,6 +42,8 @@ class LibraryProbe:
             att.detach()
 
     def summary(self) -> dict[str, Any]:
+        from emu.probes import ProbeKind
+
         hits = self.consumer.ret_hits if self.spec.kind is ProbeKind.URETPROBE else self.consumer.hits
         first = self.installed[0].summary() if self.installed else None
         return {
@@ -57,8 +59,7 @@ class LibraryProbe:
 class LibraryProbes:
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
-        self.probes: list[LibraryProbe] = []
-        machine.kernel.exec_mmap_observers.append(self.on_exec_mmap)
+        self.probes: list[LibraryProbe] = []  # the machine calls on_exec_mmap for each executable mapping
 
     def add(self, spec: ProbeSpec, consumer: Consumer) -> LibraryProbe:
         assert spec.path is not None
@@ -96,6 +97,8 @@ class LibraryProbes:
         return self._add(LibraryProbe(spec, consumer, plan, file_offset=offset, ref_ctr_offset=ref_ctr_offset))
 
     def _resolve(self, probe: LibraryProbe, bias: int) -> tuple[LoadedImage, Any]:
+        from emu.probes import ResolvedProbe, Resolver
+
         image = LoadedImage(probe.plan, bias)
         if probe.file_offset is not None:
             vaddr = image.vaddr_of_offset(probe.file_offset)

@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emu import abi
 from emu.abi import AuxType, Prot, Signal
@@ -26,17 +26,18 @@ from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, PollOthers, P
 from emu.kernel.fork import Family, exec_kernel_state, fork_kernel_state, inherited, wait_status
 from emu.kernel.fs import FdEntry
 from emu.kernel.sched import DEFAULT_QUANTUM
-from emu.kernel.sigframe import SigInfo
 from emu.kernel.signal import deliver, deliver_pending, handles
-from emu.kernel.threads import CLONE_SETTLS, CLONE_VFORK, CloneArgs
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.uprobes.syscalls import uprobe_rows
-from emu.libprobes import LibraryProbe, LibraryProbes
 from emu.loader import LoadedImage, choose_bias, map_image
-from emu.memory import Memory
-from emu.probes import ProbeKind, ProbeSpec, ResolvedProbe, Resolver, parse_spec
+from emu.memory import Memory, Vma
+
+if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a binary needs neither
+    from emu.kernel.threads import CloneArgs
+    from emu.libprobes import LibraryProbe, LibraryProbes
+    from emu.probes import ProbeSpec, ResolvedProbe, Resolver
 
 HWCAP = 0x178BFBFF  # cpuid(1).edx of a baseline x86-64 CPU
 CLOCK_TICKS = 100
@@ -139,6 +140,8 @@ class Attachment:
         self.machine.uprobes.detach(self.uprobe, self.consumer)
 
     def summary(self) -> dict[str, Any]:
+        from emu.probes import ProbeKind
+
         up = self.machine.uprobes
         hits = self.consumer.ret_hits if self.resolved.spec.kind is ProbeKind.URETPROBE else self.consumer.hits
         return {
@@ -202,7 +205,7 @@ class Machine:
         )
         self.design: Design = get_design(self.options.design)
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
-        self.resolver = Resolver(self.exe)
+        self._resolver: Resolver | None = None  # made on first use (resolver)
         self.family = Family()
         self._first = True  # the process the run started with (the others are its descendants)
         self._wire()
@@ -214,7 +217,8 @@ class Machine:
         self._stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.attachments: list[Attachment] = []
-        self.libraries = LibraryProbes(self)
+        self._libraries: LibraryProbes | None = None  # made by the first library probe (libraries)
+        self.kernel.exec_mmap_observers.append(self._library_mmap)
         self.kernel.perf_attach = self._perf_attach
         self.kernel.fork = self._fork
         self.kernel.exec = self._exec
@@ -242,15 +246,17 @@ class Machine:
         self.uprobes.probes = dict(parent.uprobes.probes)  # uprobes live on the inode: the copied text keeps them
         if self.design.trampoline is not None and self.design.trampoline.inherited_on_fork:
             self.uprobes.sites.inherit(parent.uprobes.sites)
-        self.resolver, self.family, self._first = parent.resolver, parent.family, False
+        self._resolver, self.family, self._first = parent._resolver, parent.family, False
         self._wire()
-        self.libraries.probes = parent.libraries.probes  # per inode: later mappings in the child get them too
+        self.libraries.probes = parent.libraries.probes  # one list per inode: later mappings in the child get them too
         if self.kernel.task.uprobe.return_instances and parent.uprobes.xol is not None:
             self.uprobes.get_xol_area()  # dup_xol_work: the returns go through [uprobes] slot 0
         self._copy_registers(parent, args)
         return self
 
     def _copy_registers(self, parent: Machine, args: CloneArgs) -> None:
+        from emu.kernel.threads import CLONE_SETTLS
+
         state = parent.cpu.read_user_state()
         rip = state[16] + 2  # the parent's rip is at its syscall instruction
         state[0], state[2], state[11], state[16] = 0, rip, state[17], rip  # rax = 0; rcx, r11 as after SYSRET
@@ -264,6 +270,8 @@ class Machine:
 
     # ------------------------------------------------------------- processes
     def _fork(self, k: Kernel, args: CloneArgs) -> int:
+        from emu.kernel.threads import CLONE_VFORK
+
         pid = self.family.new_pid()
         self.family.add(pid, self.kernel.ident.pid, Machine._forked(self, pid, args))
         if args.flags & CLONE_VFORK:  # the parent waits until the child has run (exec'd, exited or blocked)
@@ -295,7 +303,7 @@ class Machine:
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.uprobes.task = self.kernel.task.uprobe
         self.kernel.add_rows(uprobe_rows(self.uprobes))
-        self.resolver = Resolver(self.exe)
+        self._resolver = None
         for vma in self.mem:  # uprobe_mmap on the new image's text: probes by spec on that file install
             if vma.prot & Prot.EXEC:
                 for observer in self.kernel.exec_mmap_observers:
@@ -320,11 +328,39 @@ class Machine:
         self.family.ended(self.kernel.ident.pid, wait_status(ending is Ending.EXITED, status, signal))
 
     # --------------------------------------------------------------- probes
+    @property
+    def libraries(self) -> LibraryProbes:
+        """Probes by spec on shared libraries (libprobes.py loads with the first one)."""
+        if self._libraries is None:
+            from emu.libprobes import LibraryProbes
+
+            self._libraries = LibraryProbes(self)
+        return self._libraries
+
+    def library_probes(self) -> list[LibraryProbe]:
+        return self._libraries.probes if self._libraries is not None else []
+
+    def _library_mmap(self, vma: Vma) -> None:
+        """uprobe_mmap for library probes (registered with the kernel before any other observer, as always)."""
+        if self._libraries is not None:
+            self._libraries.on_exec_mmap(vma)
+
+    @property
+    def resolver(self) -> Resolver:
+        """Symbols and USDT notes of the executable (probes.py loads only when a probe or a caller needs them)."""
+        if self._resolver is None:
+            from emu.probes import Resolver
+
+            self._resolver = Resolver(self.exe)
+        return self._resolver
+
     def attach(self, spec: str | ProbeSpec, consumer: Consumer | None = None) -> Attachment | LibraryProbe:
         """Attach a probe spec (uprobe:SYM+OFF, uretprobe:SYM, usdt:PROV:NAME, uprobe:0xADDR, uprobe:PATH:SYM).
 
         A spec naming another file (a shared library) is installed whenever that file is mapped
         executable, like the kernel's uprobe_mmap; it returns a LibraryProbe."""
+        from emu.probes import ProbeKind, parse_spec
+
         parsed = parse_spec(spec) if isinstance(spec, str) else spec
         consumer = consumer or Consumer()
         if parsed.kind is ProbeKind.URETPROBE and consumer.ret_handler is None:
@@ -339,6 +375,7 @@ class Machine:
         """The uprobe PMU's attach by file offset: installed now where the file is mapped, and
         whenever it is mapped later (as the kernel's uprobes live on the inode)."""
         from emu.kernel.fs import lookup
+        from emu.probes import ProbeKind, ProbeSpec
 
         guest = lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path)
         host = self.kernel.vfs.host_path(guest)
@@ -483,7 +520,7 @@ class Machine:
         while self.family.run_others(self.kernel.ident.pid):
             pass  # children still running once their parent is gone (orphans) run to their end
         probes = tuple(a.summary() for a in self.attachments if not a.library) + tuple(
-            lib.summary() for lib in self.libraries.probes)
+            lib.summary() for lib in self.library_probes())
         return RunResult(
             ending=ending,
             exit_status=status,
@@ -603,6 +640,8 @@ class Machine:
 
     def _to_handler(self, sig: GuestKilled) -> bool:
         """force_sig: a caught, unblocked signal runs the guest's handler; anything else kills."""
+        from emu.kernel.sigframe import SigInfo
+
         signo = int(sig.signal)
         if not handles(self.kernel, signo):
             return False

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emu.errors import EmuError, UsageError
-from emu.kernel.dispatch import KernelConfig
-from emu.kernel.sched import DEFAULT_QUANTUM
-from emu.machine import RunOptions
+
+if TYPE_CHECKING:
+    from emu.designs import Design
+    from emu.machine import RunOptions
 
 PROG = "uprobe-emu"
 
@@ -68,6 +68,9 @@ def guest_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
+    from emu.kernel.dispatch import KernelConfig
+    from emu.machine import RunOptions
+
     if not os.path.isdir(args.rootfs):
         raise UsageError(f"--rootfs {args.rootfs}: not a directory")
     kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed)
@@ -76,6 +79,8 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
 
 
 def add_sched_options(p: argparse.ArgumentParser) -> None:
+    from emu.kernel.sched import DEFAULT_QUANTUM
+
     """--sched-quantum and --sched-seed: how a multi-threaded guest's threads take turns."""
     p.add_argument("--sched-quantum", type=positive_int, default=DEFAULT_QUANTUM, metavar="N",
                    help=f"instructions a thread runs before the next one (default {DEFAULT_QUANTUM})")
@@ -94,12 +99,20 @@ def add_design_options(p: argparse.ArgumentParser, kernel_default: str | None, k
 
 def chosen_design(args: argparse.Namespace) -> str:
     """One design: --kernel, else the first design of --design-file, else the default."""
-    from emu.design_file import load_design_files
     from emu.designs import DEFAULT_DESIGN, get_design
 
-    loaded = load_design_files(args.design_file)
+    loaded = _design_files(args.design_file)
     name: str = args.kernel or (loaded[0].name if loaded else DEFAULT_DESIGN)
     return get_design(name).name
+
+
+def _design_files(paths: list[str]) -> list[Design]:
+    """The designs of --design-file (design_file.py, with runpy and traceback, loads only if one is given)."""
+    if not paths:
+        return []
+    from emu.design_file import load_design_files
+
+    return load_design_files(paths)
 
 
 def chosen_designs(args: argparse.Namespace) -> tuple[str, ...]:
@@ -126,6 +139,8 @@ def check_writable(path: str) -> None:
 
 
 def write_json(path: str, payload: dict[str, Any]) -> None:
+    import json
+
     try:
         with open(path, "w") as fh:
             json.dump(payload, fh, indent=2, sort_keys=True)

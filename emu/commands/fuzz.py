@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 
 from emu.commands.common import (
@@ -48,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def resume_command(args: argparse.Namespace, index: int) -> str:
+    import shlex
+
     parts = ["uprobe-emu", "fuzz", "--kernel", args.kernel, "--seed", str(args.seed), "--start", str(index)]
     for path in args.design_file:
         parts += ["--design-file", path]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from emu.commands.common import (
     add_binary,
@@ -34,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+
     from emu.patchview import record_patches, render  # heavy: only when run
 
     if args.json:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from emu.commands.common import (
     PROG,
@@ -20,11 +21,10 @@ from emu.commands.common import (
     write_json,
 )
 from emu.designs import DEFAULT_DESIGN, DESIGNS
-from emu.guestio import GuestIO
-from emu.kernel.uprobes.consumers import UPROBE_HANDLER_REMOVE, Consumer, Hit
-from emu.libprobes import LibraryProbe
-from emu.machine import Attachment, Machine
-from emu.render import table
+
+if TYPE_CHECKING:
+    from emu.libprobes import LibraryProbe
+    from emu.machine import Attachment, Machine
 
 NAME = "run"
 HELP = "run a binary; the exit status is the guest's"
@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from emu.guestio import GuestIO
+    from emu.machine import Machine
+
     if args.json:
         check_writable(args.json)
     options = run_options(args, count_insns=bool(args.json), strace=stderr_line if args.strace else None,
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if result.message:
         stderr_line(f"{PROG}: {result.message}")
     shown: list[Attachment | LibraryProbe] = [a for a in machine.attachments if not a.library]
-    shown += machine.libraries.probes
+    shown += machine.library_probes()
     if shown:
         stderr_line(probe_table(shown))
     violations = session.violations if session else []
@@ -87,6 +90,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _attach(machine: Machine, spec: str, print_args: bool, detach_after: int | None) -> Attachment | LibraryProbe:
+    from emu.kernel.uprobes.consumers import UPROBE_HANDLER_REMOVE, Consumer, Hit
+    from emu.machine import Attachment
+
     consumer = Consumer()
     attachment = machine.attach(spec, consumer)
     note = attachment.resolved.usdt if isinstance(attachment, Attachment) else None
@@ -106,6 +112,8 @@ def _attach(machine: Machine, spec: str, print_args: bool, detach_after: int | N
 
 def probe_table(attachments: list[Attachment | LibraryProbe]) -> str:
     """Per-probe summary: spec, address, hits, paths taken, optimized."""
+    from emu.render import table
+
     rows: list[tuple[str, ...]] = [("probe", "address", "hits", "path", "optimized")]
     for att in attachments:
         s = att.summary()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from emu.commands.common import check_writable
 from emu.errors import EmuError
@@ -21,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+
     from emu.check import designs_from  # heavy (pyelftools, capstone): only when run
     from emu.scan import scan_file, scan_table
 

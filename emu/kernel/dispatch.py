@@ -21,17 +21,16 @@ from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import Family, SharedFdTable
-from emu.kernel.perf import PerfAttach
 from emu.kernel.process import DEFAULT_RLIMITS
 from emu.kernel.sched import Scheduler
 from emu.kernel.signal import SignalState
-from emu.kernel.strace import format_call, format_result
 from emu.kernel.table import Row, build_table
 from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
 from emu.memory import Memory, UserFault, Vma
 
 if TYPE_CHECKING:
+    from emu.kernel.perf import PerfAttach
     from emu.kernel.threads import CloneArgs
 
 SYSCALL_INSN_LEN = 2
@@ -165,6 +164,8 @@ class Kernel:
         self.cpu.write_syscall_return(ret, rip + SYSCALL_INSN_LEN, rflags)
 
     def _trace(self, nr: int, row: Row | None, args: tuple[int, ...], ret: int) -> None:
+        from emu.kernel.strace import format_call, format_result  # only with --strace
+
         assert self.tracer is not None
         if row is None:
             shown = ", ".join(hex(a) for a in args)

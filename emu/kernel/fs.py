@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl as host_fcntl
 import os
 import stat
 import struct
@@ -588,6 +587,8 @@ def sys_ioctl(k: Kernel, fd: int, request: int, arg: int, *_: int) -> int:
     if size is None:
         raise SyscallError(errno.ENOTTY)
     # Read-only terminal queries pass through to the real terminal.
+    import fcntl as host_fcntl
+
     try:
         data = host_fcntl.ioctl(host, request, b"\0" * size)
     except OSError as exc:

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.sysfs import UPROBE_PMU_TYPE
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.kernel.vfs import OpenFile, StatInfo, synthetic_stat
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
 
-UPROBE_PMU_TYPE = 8  # what this machine's kernel numbers the uprobe PMU (notes: "uprobe PMU type 8")
 PERF_ATTR_SIZE_VER0 = 64
 IOC_ENABLE, IOC_DISABLE, IOC_RESET = 0x2400, 0x2401, 0x2403
 SAMPLE_IP, SAMPLE_REGS_USER = 1 << 0, 1 << 12

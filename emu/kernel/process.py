@@ -1,4 +1,5 @@
-"""Process syscalls: identity, exit_group, time, uname, limits, randomness, arch_prctl, rseq."""
+"""Process syscalls: identity, exit_group, time, uname, limits, randomness, arch_prctl, and the per-thread
+registrations every libc start-up makes (set_tid_address, set_robust_list, rseq); clone and exit: threads.py."""
 
 from __future__ import annotations
 
@@ -79,6 +80,15 @@ def sys_getpgid(k: Kernel, pid: int, *_: int) -> int:
     if pid not in (0, k.ident.pid):
         raise SyscallError(errno.ESRCH)
     return k.ident.pid
+
+
+def sys_gettid(k: Kernel, *_: int) -> int:
+    return k.task.tid
+
+
+def sys_set_tid_address(k: Kernel, addr: int, *_: int) -> int:
+    k.task.clear_child_tid = addr  # cleared (and its futex woken) when the thread exits: threads.sys_exit
+    return k.task.tid
 
 
 def sys_set_robust_list(k: Kernel, head: int, length: int, *_: int) -> int:

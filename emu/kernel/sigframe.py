@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.signal import SI_KERNEL
 from emu.memory import UserFault
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 SA_SIGINFO, SA_ONSTACK, SA_RESTORER = 0x4, 0x08000000, 0x04000000
 SA_NODEFER, SA_RESETHAND = 0x40000000, 0x80000000
 SS_ONSTACK, SS_DISABLE = 1, 2
-SI_USER, SI_KERNEL, SI_TKILL = 0, 0x80, -6
 UC_OFFSET, MCONTEXT_OFFSET, SIGMASK_OFFSET, SIGINFO_OFFSET = 8, 48, 304, 312
 FRAME_SIZE = SIGINFO_OFFSET + 128
 TF, DF, RF = 1 << 8, 1 << 10, 1 << 16

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 from emu.abi import DEFAULT_IGNORED, Signal
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
-from emu.kernel.sigframe import SI_TKILL, SI_USER, Action, SigInfo, restore_frame, setup_frame
 from emu.memory import UserFault
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # sigframe.py loads when a signal is first delivered (most runs deliver none)
     from emu.kernel.dispatch import Kernel
+    from emu.kernel.sigframe import SigInfo
+
+SI_USER, SI_KERNEL, SI_TKILL = 0, 0x80, -6  # si_code (include/uapi/asm-generic/siginfo.h)
 
 SIG_DFL, SIG_IGN = 0, 1
 SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK = 0, 1, 2
@@ -115,6 +117,8 @@ def deliver_pending(k: Kernel) -> None:
             if sig is None or sig in DEFAULT_IGNORED:
                 continue
             raise GuestKilled(sig, None, "sent by the process itself")
+        from emu.kernel.sigframe import SigInfo
+
         info = SigInfo(signo, state.pending_code.pop(signo, SI_USER), pid=k.ident.pid, uid=k.ident.uid)
         k.defer(functools.partial(deliver, k, signo, info))  # once the current syscall has returned
         return  # the rest wait: the handler's mask decides, and sigreturn delivers them
@@ -128,6 +132,8 @@ def handles(k: Kernel, signo: int) -> bool:
 
 def deliver(k: Kernel, signo: int, info: SigInfo, resume_ip: int | None = None) -> None:
     """Build the signal frame on the current user state and enter the handler (setup_rt_frame)."""
+    from emu.kernel.sigframe import Action, setup_frame
+
     state = k.cpu.read_user_state()
     if resume_ip is not None:
         state[16] = resume_ip
@@ -143,6 +149,8 @@ def deliver(k: Kernel, signo: int, info: SigInfo, resume_ip: int | None = None) 
 
 def sys_rt_sigreturn(k: Kernel, nr: int, entry: list[int] | None = None) -> None:
     """Restore what the frame saved (every register, the mask); Unicorn adds 2 to rip afterwards."""
+    from emu.kernel.sigframe import restore_frame
+
     current = k.cpu.read_user_state()
     sp, ip = current[7], current[16]
     try:

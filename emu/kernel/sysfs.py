@@ -11,9 +11,9 @@ import stat
 
 from emu import abi
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.perf import UPROBE_PMU_TYPE
 from emu.kernel.vfs import MemFile, OpenFile, StatInfo, synthetic_stat
 
+UPROBE_PMU_TYPE = 8  # what this machine's kernel numbers the uprobe PMU (notes: "uprobe PMU type 8"); perf.py checks it
 PMU_DIR = "/sys/bus/event_source/devices/uprobe"
 FILES = {
     f"{PMU_DIR}/type": f"{UPROBE_PMU_TYPE}\n".encode(),

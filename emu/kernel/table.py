@@ -4,16 +4,48 @@ Argument kinds for tracing: d (int), u (unsigned), x (hex), fd, dirfd, path,
 wbuf (bytes written: address then length in the next argument), rbuf (bytes read
 back, length = the return value), oflags, prot, mflags, ptr, sig, how.
 A number absent from the table is -ENOSYS and is recorded (dispatch.py).
+
+Handlers of families a plain run rarely reaches (threads and futexes, perf events, sockets)
+are bound lazily: their module is imported on the first call, which keeps process start-up
+short (benchmarks/overhead.py measures it against a bare Unicorn loader).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from emu.kernel import fork, fs, futex, mm, net, perf, process, signal, threads
+from emu.kernel import fork, fs, mm, process, signal
 
 Handler = Callable[..., "int | None"]
+
+
+class LazyHandler:
+    """``emu.kernel.<module>.<name>``, imported on the first call and called directly from then on."""
+
+    __slots__ = ("module", "name", "_fn")
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module = module
+        self.name = name
+        self._fn: Handler | None = None
+
+    def resolve(self) -> Handler:
+        if self._fn is None:
+            self._fn = getattr(importlib.import_module(f"emu.kernel.{self.module}"), self.name)
+        return self._fn
+
+    def __call__(self, *args: Any) -> int | None:
+        return self.resolve()(*args)
+
+    def __repr__(self) -> str:
+        return f"<lazy emu.kernel.{self.module}.{self.name}>"
+
+
+def lazy(module: str, name: str) -> LazyHandler:
+    return LazyHandler(module, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +89,11 @@ def _rows() -> tuple[Row, ...]:
         r(33, "dup2", fs.sys_dup2, ("fd", "fd")),
         r(35, "nanosleep", process.sys_nanosleep, ("ptr", "ptr")),
         r(39, "getpid", process.sys_getpid, ()),
-        r(41, "socket", net.sys_no_network, ("d", "d", "d"), "no network in the sandbox"),
-        r(42, "connect", net.sys_no_network, ("fd", "ptr", "u"), "no network in the sandbox"),
-        r(49, "bind", net.sys_no_network, ("fd", "ptr", "u"), "no network in the sandbox"),
-        r(53, "socketpair", net.sys_no_network, ("d", "d", "d", "ptr"), "no network in the sandbox"),
-        r(60, "exit", threads.sys_exit, ("d",), "ends the thread; the last one ends the process"),
+        r(41, "socket", lazy("net", "sys_no_network"), ("d", "d", "d"), "no network in the sandbox"),
+        r(42, "connect", lazy("net", "sys_no_network"), ("fd", "ptr", "u"), "no network in the sandbox"),
+        r(49, "bind", lazy("net", "sys_no_network"), ("fd", "ptr", "u"), "no network in the sandbox"),
+        r(53, "socketpair", lazy("net", "sys_no_network"), ("d", "d", "d", "ptr"), "no network in the sandbox"),
+        r(60, "exit", lazy("threads", "sys_exit"), ("d",), "ends the thread; the last one ends the process"),
         r(62, "kill", signal.sys_kill, ("d", "sig")),
         r(63, "uname", process.sys_uname, ("ptr",)),
         r(72, "fcntl", fs.sys_fcntl, ("fd", "d", "x")),
@@ -82,13 +114,13 @@ def _rows() -> tuple[Row, ...]:
         r(121, "getpgid", process.sys_getpgid, ("d",)),
         r(131, "sigaltstack", signal.sys_sigaltstack, ("ptr", "ptr")),
         r(158, "arch_prctl", process.sys_arch_prctl, ("x", "x")),
-        r(186, "gettid", threads.sys_gettid, ()),
+        r(186, "gettid", process.sys_gettid, ()),
         r(200, "tkill", signal.sys_tkill, ("d", "sig")),
         r(201, "time", process.sys_time, ("ptr",)),
-        r(202, "futex", futex.sys_futex, ("ptr", "d", "d", "ptr", "ptr", "x")),
+        r(202, "futex", lazy("futex", "sys_futex"), ("ptr", "d", "d", "ptr", "ptr", "x")),
         r(204, "sched_getaffinity", process.sys_sched_getaffinity, ("d", "u", "ptr")),
         r(217, "getdents64", fs.sys_getdents64, ("fd", "ptr", "u")),
-        r(218, "set_tid_address", threads.sys_set_tid_address, ("ptr",)),
+        r(218, "set_tid_address", process.sys_set_tid_address, ("ptr",)),
         r(228, "clock_gettime", process.sys_clock_gettime, ("d", "ptr")),
         r(229, "clock_getres", process.sys_clock_getres, ("d", "ptr")),
         r(230, "clock_nanosleep", process.sys_clock_nanosleep, ("d", "d", "ptr", "ptr")),
@@ -101,7 +133,7 @@ def _rows() -> tuple[Row, ...]:
         r(273, "set_robust_list", process.sys_set_robust_list, ("ptr", "u")),
         r(292, "dup3", fs.sys_dup3, ("fd", "fd", "oflags")),
         r(293, "pipe2", fs.sys_pipe2, ("ptr", "oflags")),
-        r(298, "perf_event_open", perf.sys_perf_event_open, ("ptr", "d", "d", "d", "x"),
+        r(298, "perf_event_open", lazy("perf", "sys_perf_event_open"), ("ptr", "d", "d", "d", "x"),
           "the uprobe PMU only"),
         r(302, "prlimit64", process.sys_prlimit64, ("d", "d", "ptr", "ptr")),
         r(318, "getrandom", process.sys_getrandom, ("ptr", "u", "x")),
@@ -152,13 +184,13 @@ def _rows() -> tuple[Row, ...]:
         r(7, "poll", fs.sys_poll, ("ptr", "u", "d"), "readiness now; a wait only advances the clock"),
         r(271, "ppoll", fs.sys_ppoll, ("ptr", "u", "ptr", "ptr", "u"), "readiness now; a wait only advances the clock"),
         r(115, "getgroups", process.sys_getgroups, ("d", "ptr")),
-        r(56, "clone", threads.sys_clone, ("x", "ptr", "ptr", "ptr", "ptr"), "threads; a new process: fork.py"),
+        r(56, "clone", lazy("threads", "sys_clone"), ("x", "ptr", "ptr", "ptr", "ptr"), "threads; a new process: fork.py"),
         r(57, "fork", fork.sys_fork, (), "a new process: fork.py"),
         r(58, "vfork", fork.sys_vfork, (), "the child runs first, in its own copy of memory"),
         r(59, "execve", fork.sys_execve, ("path", "ptr", "ptr")),
         r(61, "wait4", fork.sys_wait4, ("d", "ptr", "x", "ptr")),
         r(247, "waitid", fork.sys_waitid, ("d", "d", "ptr", "x", "ptr")),
-        r(435, "clone3", threads.sys_clone3, ("ptr", "u"), "threads; a new process: fork.py"),
+        r(435, "clone3", lazy("threads", "sys_clone3"), ("ptr", "u"), "threads; a new process: fork.py"),
     )
 
 

@@ -10,30 +10,20 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from emu.cpu import CpuContext, Reg
 from emu.kernel.signal import SignalState
 from emu.kernel.uprobes.core import UprobeTask
+
+if TYPE_CHECKING:
+    from emu.kernel.futex import FutexWait
 
 
 class TaskState(enum.Enum):
     RUNNABLE = "runnable"
     BLOCKED = "blocked"
     EXITED = "exited"
-
-
-@dataclass(frozen=True, slots=True)
-class FutexWait:
-    """Why a task sleeps: a futex word, the FUTEX_WAIT_BITSET mask, and when it gives up."""
-
-    uaddr: int
-    bitset: int
-    deadline: int | None  # in the virtual clock's elapsed nanoseconds; None: no timeout
-    seq: int  # wake order: first come, first woken
-
-    def describe(self) -> str:
-        timeout = "" if self.deadline is None else " with a timeout"
-        return f"futex {self.uaddr:#x}{timeout}"
 
 
 @dataclass(eq=False)

@@ -1,4 +1,4 @@
-"""Thread syscalls: clone/clone3 of a thread, exit of one thread, gettid, set_tid_address.
+"""Thread syscalls: clone/clone3 of a thread, exit of one thread (gettid and set_tid_address: process.py).
 
 A new thread shares everything but its registers and per-thread state (tasks.py): it starts as a
 copy of the caller's CPU context at the ``syscall`` (kernel/fork.c copy_thread: the child returns 0
@@ -117,12 +117,3 @@ def sys_exit(k: Kernel, status: int, *_: int) -> int:
     k.sched.exit(task)
     k.sched.request_switch()
     return 0
-
-
-def sys_gettid(k: Kernel, *_: int) -> int:
-    return k.task.tid
-
-
-def sys_set_tid_address(k: Kernel, addr: int, *_: int) -> int:
-    k.task.clear_child_tid = addr
-    return k.task.tid

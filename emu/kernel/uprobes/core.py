@@ -3,7 +3,6 @@ XOL single-step, return instances (spec 2.3, 3.2, 3.3, 4.4, 5)."""
 
 from __future__ import annotations
 
-import logging
 import struct
 from collections import Counter
 from collections.abc import Callable
@@ -29,7 +28,6 @@ from emu.memory import Memory, UserFault
 if TYPE_CHECKING:
     from emu.kernel.uprobes.fastpath import FastPaths
 
-log = logging.getLogger(__name__)
 DeferFn = Callable[[Callable[[], None]], None]
 # (probe, regs, path, after_consumers); regs None: the fast path, where no consumer can change them
 ChainObserver = Callable[["Uprobe", PtRegs | None, Path, bool], None]
@@ -368,7 +366,9 @@ class Uprobes:
         """Hijack the return address at [sp] (spec 5.1)."""
         tramp = self.get_xol_area().vaddr
         if len(self.return_instances) >= MAX_URETPROBE_DEPTH:
-            log.info("uprobe: omit uretprobe due to nestedness limit")
+            import logging  # loaded here, not at start-up: the only message this package logs
+
+            logging.getLogger(__name__).info("uprobe: omit uretprobe due to nestedness limit")
             return
         try:
             (orig,) = struct.unpack("<Q", self.mem.read_user(regs.sp, 8))
