@@ -164,3 +164,17 @@ def test_a_timed_campaign_stops_on_time_and_saves_a_replay_script(tmp_path: Path
     assert report["cases"] > 10 and report["findings"] > 0
     script = sorted(tmp_path.glob("*.replay.sh"))[0]
     assert script.read_text().splitlines()[1] == f"uprobe-emu replay {script.with_name(script.name[:-10] + '.json')}"
+
+
+def test_workers_batch_clean_cases_but_send_a_finding_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(campaign_mod, "POLL_S", 3600.0)  # only the size and findings trigger a send
+    sent: list[list[CaseDone]] = []
+    batcher = campaign_mod.Batcher(sent.append)
+    for i in range(campaign_mod.BATCH_CASES - 1):
+        batcher(CaseDone(0, i, ()))
+    assert sent == []
+    batcher(CaseDone(0, 100, ("linux-6.18",)))
+    assert len(sent) == 1 and len(sent[0]) == campaign_mod.BATCH_CASES and sent[0][-1].findings
+    batcher(CaseDone(0, 101, ()))
+    batcher.flush()
+    assert [e.index for e in sent[1]] == [101]

@@ -17,6 +17,7 @@ from emu.fuzz.oracle import check_case, reference_outcome
 from emu.fuzz.partition import Partition
 
 POLL_S = 0.1
+BATCH_CASES = 64  # a worker reports clean cases in batches (a queue message per case costs the parent CPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +148,37 @@ def work(config: CampaignConfig, worker: int, emit: Emit, stop: Callable[[], boo
         emit(run_case(worker, index))
 
 
+class Batcher:
+    """Sends a worker's CaseDone events in lists: at once for a finding, else every BATCH_CASES cases
+    or POLL_S seconds, so the progress display stays live."""
+
+    def __init__(self, put: Callable[[list[CaseDone]], None]) -> None:
+        self.put = put
+        self.pending: list[CaseDone] = []
+        self.sent = time.perf_counter()
+
+    def __call__(self, event: CaseDone) -> None:
+        self.pending.append(event)
+        now = time.perf_counter()
+        if event.findings or len(self.pending) >= BATCH_CASES or now - self.sent >= POLL_S:
+            self.flush()
+            self.sent = now
+
+    def flush(self) -> None:
+        if self.pending:
+            self.put(self.pending)
+            self.pending = []
+
+
 def _worker_main(config: CampaignConfig, worker: int, events: Any, stop_event: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it tells us through stop_event
+    batcher = Batcher(events.put)
     try:
-        work(config, worker, events.put, stop_event.is_set)
+        work(config, worker, batcher, stop_event.is_set)
     except Exception as exc:  # a harness bug: report it instead of hanging the parent
+        batcher.flush()
         events.put(("error", worker, f"{type(exc).__name__}: {exc}"))
+    batcher.flush()
     events.put(("done", worker, None))
 
 
@@ -204,8 +230,9 @@ def _drain(events: Any, stats: Stats, running: set[int], errors: list[str], on_p
         event = events.get(timeout=POLL_S)
     except queue.Empty:
         return
-    if isinstance(event, CaseDone):
-        stats.record(event)
+    if isinstance(event, list):
+        for done in event:
+            stats.record(done)
         on_progress(stats)
     elif event[0] == "error":
         errors.append(f"worker {event[1]}: {event[2]}")
