@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import struct
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,11 +144,38 @@ class HookHandle:
     value: int
 
 
+class _Engines:
+    """When Unicorn engines are closed. The binding closes an engine when its Uc is collected, which can
+    happen inside a hook of another engine that is emulating (a forked child's machine dropped while
+    its parent runs); uc_close there makes the running engine stop as if a hlt had run. So an engine
+    whose Cpu is gone is closed only once no emulation is in progress."""
+
+    running = 0  # emu_start calls in progress, across all engines (they nest: hooks run other engines)
+    buried: list[unicorn.Uc] = []
+
+    @classmethod
+    def adopt(cls, owner: object, uc: unicorn.Uc) -> None:
+        uc._Uc__finalizer.detach()  # type: ignore[attr-defined]  # the binding's close-on-collect
+        weakref.finalize(owner, cls.bury, uc)
+
+    @classmethod
+    def bury(cls, uc: unicorn.Uc) -> None:
+        cls.buried.append(uc)
+        if not cls.running:
+            cls.close_buried()
+
+    @classmethod
+    def close_buried(cls) -> None:
+        while cls.buried:
+            uclib.uc_close(cls.buried.pop()._uch)
+
+
 class Cpu:
     """One x86-64 CPU with its memory, as Unicorn provides it."""
 
     def __init__(self) -> None:
         self._uc = unicorn.Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_64)
+        _Engines.adopt(self, self._uc)
         self._uch = self._uc._uch
         self._callbacks: dict[int, object] = {}
         self._hook_error: BaseException | None = None
@@ -379,11 +407,16 @@ class Cpu:
         if count and not self._counting:
             self._uc.ctl_flush_tb()  # type: ignore[attr-defined]
         self._counting = bool(count)
+        _Engines.running += 1
         try:
             self._uc.emu_start(begin, 0xFFFFFFFFFFFFFFFF, timeout=timeout_us, count=count)
             reason = StopReason.FINISHED
         except unicorn.UcError as err:
             reason = _reason(err.errno)
+        finally:
+            _Engines.running -= 1
+            if not _Engines.running and _Engines.buried:
+                _Engines.close_buried()
         if self._hook_error is not None:
             exc, self._hook_error = self._hook_error, None
             raise exc

@@ -17,7 +17,7 @@ from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.designs import DEFAULT_DESIGN, Design, get_design
 from emu.disasm import cs64, insn_text
 from emu.elf import LoadPlan, load_plan
-from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, EmuError, LoadError, UsageError
+from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, EmuError, LoadError, MemoryFault, UsageError
 from emu.guestio import GuestIO
 from emu.initstack import build_stack
 from emu.kernel.dispatch import SYSCALL_INSN_LEN, Identity, Kernel, KernelConfig
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a bina
 HWCAP = 0x178BFBFF  # cpuid(1).edx of a baseline x86-64 CPU
 CLOCK_TICKS = 100
 MIN_SIGSTKSZ = 2048
+MAX_SPURIOUS_STOPS = 10_000  # emu_start returning for no reason, per process, before it counts as a hlt
 
 SI_KERNEL, ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 0x80, 2, 1, 1, 2
 # CPU exception vector -> the signal Linux sends for it in user mode, and the si_code (arch/x86/kernel/traps.c).
@@ -215,6 +216,7 @@ class Machine:
         self.uprobes.task = self.kernel.task.uprobe
         self._counted = False  # the last slice ran with an instruction count (several threads)
         self._stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
+        self.spurious_stops = 0  # emu_start returns with nothing to report (see _spurious_stop)
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.attachments: list[Attachment] = []
         self._libraries: LibraryProbes | None = None  # made by the first library probe (libraries)
@@ -577,6 +579,8 @@ class Machine:
             except GuestBlocked as blocked:
                 return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {blocked}"
             if signal is None:
+                if self._spurious_stop(timeout_us, start):
+                    continue
                 return self._stopped(timeout_us, start)
             if not self._to_handler(signal):
                 return self._killed(signal.signal, signal.address, signal.detail)
@@ -665,6 +669,22 @@ class Machine:
         what = {Access.READ: "read of", Access.WRITE: "write to", Access.FETCH: "execution of"}[bad.access]
         code = SEGV_MAPERR if bad.unmapped else SEGV_ACCERR
         return GuestKilled(Signal.SIGSEGV, rip, f"{what} {state} {bad.address:#x}", code=code, si_addr=bad.address)
+
+    def _spurious_stop(self, timeout_us: int, start: float) -> bool:
+        """Unicorn can return from emu_start with nothing to report: no limit, no timeout, no hlt just
+        run (seen rarely after a stop request raced with the end of an earlier run). The guest then
+        simply goes on; only a hlt is the #GP Linux raises (bounded, so a stuck engine still ends)."""
+        if self.counter is not None and self.counter.hit_limit:
+            return False
+        if timeout_us and time.perf_counter() - start >= timeout_us / 1e6 * 0.99:
+            return False
+        rip = self.cpu.read(Reg.RIP)
+        try:
+            after_hlt = self.mem.read(rip - 1, 1) == b"\xf4"
+        except MemoryFault:
+            after_hlt = False
+        self.spurious_stops += 1
+        return not after_hlt and self.spurious_stops <= MAX_SPURIOUS_STOPS
 
     def _stopped(self, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
         if self.counter is not None and self.counter.hit_limit:
