@@ -1,4 +1,4 @@
-"""Kernel designs as data: the public API for the built-in designs and for users' own (DESIGNS.md, spec 1-5).
+"""Kernel designs as data: the public API for the built-in designs and for users' own (DESIGN.md, spec 1-5).
 
 A design names its mechanisms and their parameters; the fake kernel implements each mechanism
 once (emu/kernel/uprobes/) and reads the parameters from here:
