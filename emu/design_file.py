@@ -50,7 +50,7 @@ def load_design_file(path: str) -> list[Design]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise DesignError(f"{path}: two designs are named {', '.join(map(repr, duplicates))}")
-    return [register(d) for d in designs]
+    return [register(d, os.path.abspath(path)) for d in designs]
 
 
 def load_design_files(paths: Iterable[str]) -> list[Design]:

@@ -320,20 +320,29 @@ BUILTIN: tuple[Design, ...] = (
 DESIGNS: dict[str, Design] = {d.name: d for d in BUILTIN}
 DEFAULT_DESIGN = "linux-6.18"
 _user_designs: dict[str, Design] = {}
+_user_design_files: dict[str, str] = {}  # name -> the file that defined it
 
 
-def register(design: Design) -> Design:
+def register(design: Design, path: str | None = None) -> Design:
     """Make a user design known by name to every command (validated first; replaces an earlier user design
-    of the same name)."""
+    of the same name). ``path``: the design file it comes from, for commands that must name it again."""
     if design.name in DESIGNS:
         raise DesignError(f"design name {design.name!r} is built in; pick another")
     _user_designs[design.name] = design.validate()
+    if path is not None:
+        _user_design_files[design.name] = path
     return design
+
+
+def design_file_of(name: str) -> str | None:
+    """The design file a registered user design came from (None: built in, or registered in code)."""
+    return _user_design_files.get(name) if name in _user_designs else None
 
 
 def forget_user_designs() -> None:
     """Drop every registered user design (tests; a long-lived process loading new files)."""
     _user_designs.clear()
+    _user_design_files.clear()
 
 
 def known_designs() -> dict[str, Design]:

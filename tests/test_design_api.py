@@ -194,3 +194,19 @@ def test_the_fuzzer_flags_the_flawed_examples_and_not_the_rewritten_jmp_slots(ex
     found = [v for v in (check_case(c, flawed.name) for c in cases) if v.finding]
     assert found and any(s.startswith(f"{kind}:") for v in found for s in v.violations)
     assert not any(check_case(c, clean.name).finding for c in cases)
+
+
+def test_a_finding_of_a_user_design_replays_from_its_record_alone(tmp_path: Path) -> None:
+    from emu.designs import forget_user_designs
+    from emu.fuzz import check_case, generate
+    from emu.fuzz.findings import replay, save_finding
+
+    path = str(EXAMPLES / "slot_sysret.py")
+    (flawed,) = load_design_file(path)
+    case = next(c for c in (generate(0, i) for i in range(40)) if check_case(c, flawed.name).finding)
+    finding = save_finding(str(tmp_path), case, check_case(case, flawed.name))
+    assert finding.replay_command.startswith(f"uprobe-emu replay --design-file {path} ")
+    assert json.loads(Path(finding.json_path).read_text())["design_file"] == path
+    forget_user_designs()  # a new process: only the record says where the design lives
+    verdict, used = replay(finding.json_path)
+    assert used == flawed.name and verdict.finding

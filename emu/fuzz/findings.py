@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from emu.designs import design_file_of, known_designs
 from emu.errors import UsageError
 from emu.fuzz import layout as L
 from emu.fuzz.case import Case
@@ -26,10 +27,12 @@ class Finding:
     verdict: Verdict  # of the shrunk case
     json_path: str
     elf_path: str
+    design_file: str | None = None  # the user design's file, which replay must load again
 
     @property
     def replay_command(self) -> str:
-        return f"uprobe-emu replay {shlex.quote(self.json_path)}"
+        extra = f"--design-file {shlex.quote(self.design_file)} " if self.design_file else ""
+        return f"uprobe-emu replay {extra}{shlex.quote(self.json_path)}"
 
 
 def signature(case: Case, verdict: Verdict) -> tuple[str, str, bool, tuple[str, ...]]:
@@ -61,7 +64,7 @@ def save_finding(out_dir: str, case: Case, verdict: Verdict) -> Finding:
         raise UsageError(f"--out {out_dir}: {exc.strerror}") from None
     stem = os.path.join(out_dir, f"{verdict.design}-s{case.seed}-c{case.index}")
     prog = program(small)
-    finding = Finding(small, case, small_verdict, stem + ".json", stem + ".elf")
+    finding = Finding(small, case, small_verdict, stem + ".json", stem + ".elf", design_file_of(verdict.design))
     try:
         write_elf(finding.elf_path, prog.code, prog.data)
         _write_script(stem + ".replay.sh", finding.replay_command)
@@ -69,6 +72,7 @@ def save_finding(out_dir: str, case: Case, verdict: Verdict) -> Finding:
         raise UsageError(f"cannot write {stem}.*: {exc.strerror}") from None
     record = {
         "version": RECORD_VERSION, "seed": case.seed, "index": case.index, "design": verdict.design,
+        "design_file": finding.design_file,
         "site": {"form": small.site, "address": hex(prog.site), "bytes": site_bytes(prog).hex()},
         "stores": len(small.stores), "expected": small_verdict.expected, "actual": small_verdict.actual,
         "differences": list(small_verdict.differences), "violations": list(small_verdict.violations),
@@ -96,8 +100,8 @@ def _write_json(path: str, payload: dict[str, Any]) -> None:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def load_record(path: str) -> tuple[Case, str]:
-    """The case and design of a saved finding (its JSON, or the ELF next to it)."""
+def load_record(path: str) -> tuple[Case, str, str | None]:
+    """The case, design and design file (None: built in) of a saved finding (its JSON, or the ELF next to it)."""
     if path.endswith(".elf"):
         path = path[: -len(".elf")] + ".json"
     try:
@@ -109,11 +113,16 @@ def load_record(path: str) -> tuple[Case, str]:
         raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(record, dict) or "case" not in record or "design" not in record:
         raise UsageError(f"{path}: not a fuzz finding record (no case/design)")
-    return Case.from_json(record["case"]), str(record["design"])
+    design_file = record.get("design_file")
+    return Case.from_json(record["case"]), str(record["design"]), str(design_file) if design_file else None
 
 
 def replay(path: str, design: str | None = None) -> tuple[Verdict, str]:
     """Re-run a saved finding (under its design, or ``design``): its verdict and the design used."""
-    case, recorded = load_record(path)
+    case, recorded, design_file = load_record(path)
     used = design or recorded
+    if used not in known_designs() and design_file is not None:
+        from emu.design_file import load_design_file
+
+        load_design_file(design_file)  # the finding's own design, from the file that defined it
     return check_case(case, used), used
