@@ -97,6 +97,14 @@ def add_design_options(p: argparse.ArgumentParser, kernel_default: str | None, k
                         "inconsistent. Repeatable")
 
 
+def add_one_design_option(p: argparse.ArgumentParser) -> None:
+    """--kernel DESIGN and --design-file, for a command that runs one design (see chosen_design)."""
+    from emu.designs import DEFAULT_DESIGN, DESIGNS
+
+    add_design_options(p, None, f"kernel design: {', '.join(DESIGNS)} or one --design-file defines "
+                                f"(default: the file's first design, else {DEFAULT_DESIGN})")
+
+
 def chosen_design(args: argparse.Namespace) -> str:
     """One design: --kernel, else the first design of --design-file, else the default."""
     from emu.designs import DEFAULT_DESIGN, get_design

@@ -6,15 +6,14 @@ import argparse
 
 from emu.commands.common import (
     add_binary,
-    add_design_options,
+    add_one_design_option,
     add_process_options,
     check_writable,
     chosen_design,
     guest_env,
     run_options,
+    write_json,
 )
-from emu.designs import DEFAULT_DESIGN, DESIGNS
-from emu.errors import EmuError
 
 NAME = "patch"
 HELP = "show the bytes and disassembly of each probe site before and after every patch step"
@@ -24,8 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_process_options(p)
     p.add_argument("-p", "--probe", action="append", default=[], required=True, metavar="SPEC",
                    help="probe to attach: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME")
-    add_design_options(p, None, f"kernel design: {', '.join(DESIGNS)} or one --design-file defines "
-                                f"(default: the file's first design, else {DEFAULT_DESIGN})")
+    add_one_design_option(p)
     p.add_argument("--no-run", action="store_true",
                    help="do not run the program: optimize each site directly, as its first hit would")
     p.add_argument("--json", metavar="FILE", help="write the steps as JSON")
@@ -33,8 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from emu.patchview import record_patches, render  # heavy: only when run
 
     if args.json:
@@ -43,10 +39,5 @@ def run(args: argparse.Namespace) -> int:
                             env=guest_env(args), options=run_options(args), run=not args.no_run)
     print(render(report))
     if args.json:
-        try:
-            with open(args.json, "w") as fh:
-                json.dump({"design": report.design, "sites": [h.to_json() for h in report.sites]}, fh, indent=2)
-                fh.write("\n")
-        except OSError as exc:
-            raise EmuError(f"cannot write {args.json}: {exc.strerror}") from None
+        write_json(args.json, {"design": report.design, "sites": [h.to_json() for h in report.sites]})
     return 0

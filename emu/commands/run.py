@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from emu.commands.common import (
     PROG,
     add_binary,
-    add_design_options,
+    add_one_design_option,
     add_process_options,
     add_sched_options,
     add_verifier_options,
@@ -20,7 +20,6 @@ from emu.commands.common import (
     stderr_line,
     write_json,
 )
-from emu.designs import DEFAULT_DESIGN, DESIGNS
 
 if TYPE_CHECKING:
     from emu.libprobes import LibraryProbe
@@ -34,8 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_process_options(p)
     p.add_argument("--strace", action="store_true", help="print each syscall on stderr, like strace")
     p.add_argument("--json", metavar="FILE", help="write the run's result as JSON")
-    add_design_options(p, None, f"kernel design: {', '.join(DESIGNS)} or one --design-file defines "
-                                f"(default: the file's first design, else {DEFAULT_DESIGN})")
+    add_one_design_option(p)
     p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
                    help="attach a probe: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME, "
                         "uprobe:LIBRARY:SYM")
