@@ -67,12 +67,6 @@ class Bookkeeping:
         return cls(dict(up.probes), dict(sites.slot_of),
                    tuple((page, tuple(page.owners)) for page in sites.slot_pages), tuple(sites.trampolines))
 
-    def merged(self, earlier: Bookkeeping) -> Bookkeeping:
-        """A probe being removed stays findable while its bytes are rewritten: the kernel drops the uprobe
-        only after remove_breakpoint, so a thread trapping on the transient CC is handled, not SIGTRAPped
-        (spec 3.6, 4.4). Probes of the starting state are therefore kept."""
-        return Bookkeeping({**earlier.probes, **self.probes}, self.slot_of, self.slot_pages, self.trampolines)
-
     def restore(self, up: Uprobes) -> None:
         up.probes.clear()
         up.probes.update(self.probes)
@@ -131,15 +125,15 @@ def build(binary: str, argv: list[str], specs: tuple[str, ...], design: Design, 
     entry = machine.cpu.read_user_state()
     first_attachment = _start_state(machine, specs[0], event)
     first = Bookkeeping.capture(machine.uprobes)
-    writes, books = _record(machine, event, first_attachment, specs)
+    writes, later = _record(machine, event, first_attachment, specs)
     for write in reversed(writes):  # back to the starting bytes; the bookkeeping is restored per interleaving
         machine.mem.write(write.addr, write.old)
         machine.mem.backend.flush_code(write.addr, write.addr + len(write.old))
-    merged = tuple(b.merged(first) for b in (first, *books))
-    for probe in merged[-1].probes.values():
+    books = (first, *later)
+    for probe in {id(p): p for b in books for p in b.probes.values()}.values():
         probe.optimize_failed = True  # the patching thread owns the optimization; thread 1 only takes traps
     sites = tuple(_site(design, spec, a.uprobe) for spec, a in zip(specs, machine.attachments, strict=True))
-    return Scenario(machine, design, event, sites, entry, tuple(writes), merged)
+    return Scenario(machine, design, event, sites, entry, tuple(writes), books)
 
 
 def _run_to(machine: Machine, address: int, spec: str) -> None:
