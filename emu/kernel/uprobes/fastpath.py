@@ -36,6 +36,8 @@ class FastPaths:
         self.saved_fmt = f"<{len(handler.saved)}Q"
         self.path = Path.CALL if patch.branch == "call" else Path.JMP
         self.branch_end = len(patch.prefix_bytes) + 5
+        self.by_slot = handler.probe_from == "slot"
+        self.words = len(handler.saved) + (0 if self.by_slot else 1)  # + the call's return address
         # SYSCALL itself left rcx = ip and r11 = flags; the saved words then override what the design restores
         direct = [Reg.RCX, Reg.R11] + [SAVED_REG[n] for n in handler.saved] + [Reg.RSP, Reg.RIP]
         if handler.exit == "sysret":
@@ -68,20 +70,18 @@ class FastPaths:
         """sys_uprobe on the fast path. ``entry``: the dispatcher's register snapshot (rip, flags, sp at 7-9)."""
         if not self.enabled:
             return False
-        up, handler = self.up, self.handler
+        up, handler, words = self.up, self.handler, self.words
         rip, flags, sp = entry[7], entry[8], entry[9]
         ip = rip + 2
-        by_slot = handler.probe_from == "slot"
-        words = len(handler.saved) + (0 if by_slot else 1)
-        if not (up.sites.probe_of_slot(ip) is not None if by_slot else up.sites.in_trampoline(ip)):
+        vaddr = up.sites.probe_of_slot(ip) if self.by_slot else None
+        if vaddr is None if self.by_slot else not up.sites.in_trampoline(ip):
             return False
         try:
             raw = up.mem.read_user(sp + handler.saved_offset, 8 * words)
         except UserFault:
             return False
-        vaddr = up.sites.probe_of_slot(ip) if by_slot else \
-            (struct.unpack_from("<Q", raw, 8 * len(handler.saved))[0] - self.branch_end) & U64
-        assert vaddr is not None
+        if vaddr is None:
+            vaddr = (struct.unpack_from("<Q", raw, 8 * len(handler.saved))[0] - self.branch_end) & U64
         if not self._counting_only(vaddr, self.path):
             return False
         if handler.exit == "trampoline":

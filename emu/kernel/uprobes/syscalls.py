@@ -59,16 +59,19 @@ def branch_end(patch: Patch) -> int:
     return len(patch.prefix_bytes) + 5
 
 
-def _locate(up: Uprobes, regs: PtRegs, handler: Handler) -> tuple[int, int | None] | None:
-    """Spec 2.1 steps 1-2: (probe address, the call's return address) or None if the call came from elsewhere."""
-    if handler.probe_from == "slot":
-        vaddr = up.sites.probe_of_slot(regs.ip)
-        return None if vaddr is None else (vaddr, None)
-    if not up.sites.in_trampoline(regs.ip):
+def _locate(up: Uprobes, regs: PtRegs, handler: Handler) -> tuple[int, list[int], int | None] | None:
+    """Spec 2.1 steps 1-2: (probe address, the saved words, the call's return address), read in one copy;
+    None if the call came from anywhere but a trampoline or slot."""
+    by_slot = handler.probe_from == "slot"
+    vaddr = up.sites.probe_of_slot(regs.ip) if by_slot else None
+    if vaddr is None if by_slot else not up.sites.in_trampoline(regs.ip):
         return None
+    words = _read_words(up, regs, regs.sp + handler.saved_offset, len(handler.saved) + (0 if by_slot else 1))
+    if vaddr is not None:
+        return vaddr, words, None
     assert up.design.patch is not None
-    (retaddr,) = _read_words(up, regs, regs.sp + handler.saved_offset + 8 * len(handler.saved), 1)
-    return (retaddr - branch_end(up.design.patch)) & U64, retaddr
+    retaddr = words.pop()
+    return (retaddr - branch_end(up.design.patch)) & U64, words, retaddr
 
 
 def sys_uprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
@@ -81,9 +84,8 @@ def sys_uprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
     located = _locate(up, regs, handler)
     if located is None:
         return _fail(up, regs, held, handler.outside_errno)
-    vaddr, retaddr = located
+    vaddr, saved, retaddr = located
     trampoline_ip = regs.ip
-    saved = _read_words(up, regs, regs.sp + handler.saved_offset, len(handler.saved))
     for name, word in zip(handler.saved, saved, strict=True):
         setattr(regs, name, word)
     popped = handler.saved_offset + 8 * len(handler.saved) + (8 if retaddr is not None else 0) + handler.sp_skip
