@@ -155,7 +155,10 @@ class _Engines:
 
     @classmethod
     def adopt(cls, owner: object, uc: unicorn.Uc) -> None:
-        uc._Uc__finalizer.detach()  # type: ignore[attr-defined]  # the binding's close-on-collect
+        finalizer = getattr(uc, "_Uc__finalizer", None)  # the binding's close-on-collect (unicorn 2.1)
+        if finalizer is None:
+            return  # another binding: leave closing to it
+        finalizer.detach()
         weakref.finalize(owner, cls.bury, uc)
 
     @classmethod

@@ -339,6 +339,12 @@ def design_file_of(name: str) -> str | None:
     return _user_design_files.get(name) if name in _user_designs else None
 
 
+@functools.cache
+def _validated(design: Design) -> Design:
+    """validate(), once per distinct design (a Machine is built per run; the fuzzer builds many)."""
+    return design.validate()
+
+
 def forget_user_designs() -> None:
     """Drop every registered user design (tests; a long-lived process loading new files)."""
     _user_designs.clear()
@@ -352,7 +358,7 @@ def known_designs() -> dict[str, Design]:
 
 def get_design(name: str | Design) -> Design:
     if isinstance(name, Design):
-        return name if name in BUILTIN else name.validate()
+        return name if any(name is d for d in BUILTIN) else _validated(name)
     try:
         return known_designs()[name]
     except KeyError:
