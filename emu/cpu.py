@@ -21,7 +21,7 @@ import unicorn
 import unicorn.x86_const as x86
 from unicorn.unicorn_py3.unicorn import uclib
 
-from emu.abi import Prot
+from emu.abi import PAGE_SIZE, Prot
 
 # uc_reg_* bound again without argtypes: the binding's POINTER argtypes cost ~0.7 us of
 # conversion per call on the syscall hot path; these take the arrays as plain pointers.
@@ -187,7 +187,9 @@ class Cpu:
         self._ret_batch = _RegBatch((Reg.RAX, Reg.RCX, Reg.R11))
         self._syscall_batch = _RegBatch(SYSCALL_REGS)
         self._gpr_batch = _RegBatch(GPRS + (Reg.RIP, Reg.RFLAGS))
-        self._read_buf = ctypes.create_string_buffer(256)
+        self._read_buf = ctypes.create_string_buffer(PAGE_SIZE)
+        self._read_view = memoryview(self._read_buf).cast("B")
+        self._addr_arg = ctypes.c_uint64()  # reused: a new one per call costs
         self._norip_batch = _RegBatch(GPRS + (Reg.RFLAGS,))
         # fs base, gs base, mxcsr (8 bytes each) then xmm0-15 (16 bytes each), one buffer
         ext_ids = (Reg.FS_BASE, Reg.GS_BASE, Reg.MXCSR) + tuple(x86.UC_X86_REG_XMM0 + i for i in range(16))
@@ -296,15 +298,17 @@ class Cpu:
         self._uc.mem_protect(addr, size, int(prot))
 
     def mem_read(self, addr: int, size: int) -> bytes:
-        small = size <= len(self._read_buf)  # the kernel's small copies reuse one buffer
+        small = size <= PAGE_SIZE  # up to a page: one reused buffer
         buf = self._read_buf if small else ctypes.create_string_buffer(size)
-        status = uclib.uc_mem_read(self._uch, addr, buf, size)
+        self._addr_arg.value = addr
+        status = _mem_read_raw(self._uch, self._addr_arg, buf, size)
         if status != unicorn.UC_ERR_OK:
             raise unicorn.UcError(status)
-        return ctypes.string_at(buf, size) if small else buf.raw
+        return self._read_view[:size].tobytes() if small else buf.raw
 
     def mem_write(self, addr: int, data: bytes) -> None:
-        status = uclib.uc_mem_write(self._uch, addr, bytes(data), len(data))
+        self._addr_arg.value = addr
+        status = _mem_write_raw(self._uch, self._addr_arg, data if type(data) is bytes else bytes(data), len(data))
         if status != unicorn.UC_ERR_OK:
             raise unicorn.UcError(status)
 
@@ -457,8 +461,9 @@ STATE_BYTES = STATE_XMM_OFFSET + 16 * 16
 # Bound through PyDLL: these calls keep the GIL (releasing and taking it back costs more than they
 # do; they never call back into Python). No argtypes: their conversion costs more than the call.
 _gil_held = ctypes.PyDLL(uclib._name, handle=uclib._handle)
-_state_read_batch, _mem_read_raw = _gil_held.uc_reg_read_batch, _gil_held.uc_mem_read
-_state_read_batch.restype = _mem_read_raw.restype = ctypes.c_int
+_state_read_batch, _mem_read_raw, _mem_write_raw = (
+    _gil_held.uc_reg_read_batch, _gil_held.uc_mem_read, _gil_held.uc_mem_write)
+_state_read_batch.restype = _mem_read_raw.restype = _mem_write_raw.restype = ctypes.c_int
 
 
 class RawState:
@@ -480,6 +485,9 @@ class RawState:
             n - 1,
         )
         self._mem_bufs: dict[int, ctypes.Array[ctypes.c_char]] = {}
+        self._addr_arg = ctypes.c_uint64()
+        self._word = ctypes.c_uint64()
+        self._word_ref = ctypes.byref(self._word)
 
     def read(self) -> bytes:
         ids, ptrs, n = self._all
@@ -492,13 +500,21 @@ class RawState:
         ids, ptrs, n = self._all if write_rip else self._no_rip
         _reg_write_batch(self._uch, ids, ptrs, n)
 
+    def u64(self, addr: int) -> int | None:
+        """The 8-byte little-endian word at ``addr``; None if unmapped."""
+        self._addr_arg.value = addr
+        if _mem_read_raw(self._uch, self._addr_arg, self._word_ref, 8) != unicorn.UC_ERR_OK:
+            return None
+        return self._word.value
+
     def mem(self, addr: int, size: int) -> bytes | None:
         """``size`` bytes at ``addr`` (one reused buffer per size: for the few fixed sizes the verifiers
         read); None if any byte is unmapped."""
         buf = self._mem_bufs.get(size)
         if buf is None:
             buf = self._mem_bufs[size] = ctypes.create_string_buffer(size)
-        if _mem_read_raw(self._uch, ctypes.c_uint64(addr), buf, size) != unicorn.UC_ERR_OK:
+        self._addr_arg.value = addr
+        if _mem_read_raw(self._uch, self._addr_arg, buf, size) != unicorn.UC_ERR_OK:
             return None
         return buf.raw
 
@@ -530,6 +546,11 @@ def add_raw_mem_write_hook(cpu: Cpu, callback: RawWriteHook, begin: int, end: in
     return cpu._add_hook(unicorn.UC_HOOK_MEM_WRITE, _MEM_CB(callback), begin, end)
 
 
+def add_raw_mem_read_hook(cpu: Cpu, callback: RawWriteHook, begin: int, end: int) -> HookHandle:
+    """Called after each read, with the value read (same arguments as a write hook)."""
+    return cpu._add_hook(unicorn.UC_HOOK_MEM_READ_AFTER, _MEM_CB(callback), begin, end)
+
+
 def add_raw_interrupt_hook(cpu: Cpu, callback: RawInterruptHook) -> HookHandle:
     return cpu._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(callback), 1, 0)
 
@@ -559,20 +580,23 @@ class HookRange:
     _BEGIN_OFFSET = 24
 
     def __init__(self, hook: HookHandle) -> None:
-        self._begin = ctypes.c_uint64.from_address(hook.value + self._BEGIN_OFFSET)
-        self._end = ctypes.c_uint64.from_address(hook.value + self._BEGIN_OFFSET + 8)
+        self._range = memoryview((ctypes.c_char * 16).from_address(hook.value + self._BEGIN_OFFSET)).cast("B").cast("Q")
 
     def set(self, begin: int, end: int) -> None:
         """Fire for accesses starting in [begin, end] (inclusive; begin <= end)."""
-        self._begin.value = begin
-        self._end.value = end
+        self._range[0] = begin
+        self._range[1] = end
 
     def close(self) -> None:
         """Fire for (almost) nothing: only an access at address 0, a null-pointer store that faults."""
-        self._begin.value = self._end.value = 0
+        self._range[0] = self._range[1] = 0
+
+    @property
+    def range(self) -> tuple[int, int]:
+        return self._range[0], self._range[1]
 
 
 def hook_range(hook: HookHandle, begin: int, end: int) -> HookRange | None:
     """A HookRange for ``hook``, added with [begin, end]; None where the layout is not the expected one."""
     window = HookRange(hook)
-    return window if (window._begin.value, window._end.value) == (begin, end) else None
+    return window if window.range == (begin, end) else None

@@ -18,8 +18,10 @@ def cs64(detail: bool = False) -> capstone.Cs:
     return cs
 
 
+@functools.lru_cache(maxsize=4096)
 def insn_text(code: bytes, address: int) -> str | None:
-    """Intel-syntax text of the first instruction in ``code``; None if it does not decode."""
+    """Intel-syntax text of the first instruction in ``code``; None if it does not decode (kept:
+    the verifiers name the same few writers on every hit, and capstone's Python side is slow)."""
     for _addr, _size, mnemonic, op_str in cs64().disasm_lite(code, address, 1):
         return f"{mnemonic} {op_str}".strip()
     return None

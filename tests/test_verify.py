@@ -20,6 +20,7 @@ from emu.machine import Machine, RunOptions
 from emu.verify import resume
 from emu.verify.scratch import ScratchCpu
 from emu.verify.session import VerifySession
+from emu.verify.state import decode_state, encode_state
 from emu.verify.violations import Check
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
@@ -205,8 +206,9 @@ def test_scratch_cpu_sees_guest_memory_as_it_is_now() -> None:
     ext = (0, 0, bytes(256), 0x1F80)
     for value in (0x1111, 0x2222):  # the page stays mapped on the scratch CPU: it must be copied again
         m.mem.write(sp, value.to_bytes(8, "little"))
-        ref = scratch.execute(m.exe.entry, load, state, ext)
-        assert ref.state[0] == value and ref.state[16] == m.exe.entry + len(load) and not ref.faulted
+        ref = scratch.execute(m.exe.entry, load, encode_state(state, ext))
+        after = decode_state(ref.raw)
+        assert after[0] == value and after[16] == m.exe.entry + len(load) and not ref.faulted
 
 
 def test_write_hook_window_moves() -> None:

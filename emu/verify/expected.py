@@ -3,9 +3,11 @@ consumers left (or no instruction at all when a consumer redirected ip)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from functools import cached_property
 
-from emu.verify.scratch import ExtendedState, Reference, ScratchCpu
+from emu.abi import RED_ZONE
+from emu.verify.reference_cache import ReferenceCache
+from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, ExtendedState, decode_extended, decode_state, encode_state
 from emu.verify.transaction import RIP_INDEX, Transaction
 
 # PtRegs field -> index in Cpu.read_user_state()
@@ -15,13 +17,36 @@ STATE_INDEX = {
 }
 
 
-@dataclass(frozen=True, slots=True)
 class Expected:
-    state: list[int]
-    extended: ExtendedState
-    writes: dict[int, int]
-    redirected: bool
-    consumer_changes: tuple[str, ...]
+    """The reference as a RawState snapshot (rip: where the guest must resume), the stores the
+    instruction makes (in order), and what the consumers changed. Decoded views are computed on first use:
+    a hit that matches byte for byte needs none."""
+
+    def __init__(self, raw: bytes, stores: tuple[tuple[int, bytes], ...], redirected: bool,
+                 consumer_changes: tuple[str, ...]) -> None:
+        self.raw = raw
+        self.stores = stores
+        self.redirected = redirected
+        self.consumer_changes = consumer_changes
+
+    @cached_property
+    def state(self) -> list[int]:
+        return decode_state(self.raw)
+
+    @cached_property
+    def extended(self) -> ExtendedState:
+        return decode_extended(self.raw)
+
+    def redzone(self, tx: Transaction) -> bytes:
+        """The red zone the guest must resume with: as it was, plus the instruction's own stores."""
+        assert tx.redzone_before is not None  # the tracker fills it in before reporting
+        base = tx.redzone_base
+        expected = tx.redzone_before
+        for addr, data in self.stores:
+            lo, hi = max(addr - base, 0), min(addr + len(data) - base, RED_ZONE)
+            if lo < hi:
+                expected = expected[:lo] + data[lo + base - addr : hi + base - addr] + expected[hi:]
+        return expected
 
 
 def consumer_changes(tx: Transaction) -> dict[str, int]:
@@ -31,15 +56,27 @@ def consumer_changes(tx: Transaction) -> dict[str, int]:
     return {name: getattr(after, name) for name in STATE_INDEX if getattr(after, name) != getattr(before, name)}
 
 
-def expected_outcome(tx: Transaction, scratch: ScratchCpu) -> Expected:
+def expected_outcome(tx: Transaction, references: ReferenceCache) -> Expected:
     changes = consumer_changes(tx)
+    if not changes and not tx.nop:  # the common case: the scratch CPU's snapshot is the reference
+        ref = references.reference(tx.site, tx.original, tx.start_raw)
+        return Expected(ref.raw, ref.stores, False, ())
     state = list(tx.start_state)
     for name, value in changes.items():
         state[STATE_INDEX[name]] = value
     if state[RIP_INDEX] != tx.site:
-        return Expected(state, tx.start_ext, {}, True, tuple(changes))
+        return Expected(encode_state(state, tx.start_ext), (), True, tuple(changes))
     if tx.nop:  # a NOP's whole effect is ip += length: no need to run it
         state[RIP_INDEX] = tx.site + len(tx.original)
-        return Expected(state, tx.start_ext, {}, False, tuple(changes))
-    ref: Reference = scratch.execute(tx.site, tx.original, state, tx.start_ext)
-    return Expected(ref.state, ref.extended, ref.writes, False, tuple(changes))
+        return Expected(encode_state(state, tx.start_ext), (), False, tuple(changes))
+    ref = references.reference(tx.site, tx.original, encode_state(state, tx.start_ext))
+    return Expected(ref.raw, ref.stores, False, tuple(changes))
+
+
+def matches_exactly(tx: Transaction, exp: Expected) -> bool:
+    """The guest resumed where the reference says, with every register (rflags exactly), the
+    extended state and the red zone byte for byte as in the reference: no check can find anything."""
+    raw = exp.raw
+    return (tx.end_addr == int.from_bytes(raw[RAW_RIP : RAW_RIP + 8], "little")
+            and tx.end_rsp == int.from_bytes(raw[RAW_RSP : RAW_RSP + 8], "little")
+            and tx.end_raw[RAW_KEPT:] == raw[RAW_KEPT:] and tx.redzone_after == exp.redzone(tx))

@@ -150,13 +150,12 @@ class ResumeWatch:
                 redzone = tx.redzone_before  # as it is now, if every write into it stored what it held
                 if redzone is None or tx.redzone_changed:
                     redzone = tracker.raw.mem(tx.redzone_base, RED_ZONE)
-                word = None if redzone is None else redzone[offset : offset + 8]
+                target = None if redzone is None else int.from_bytes(redzone[offset : offset + 8], "little")
             else:
-                word = tracker.raw.mem(rsp, 8)
-            if word is None:
+                target = tracker.raw.u64(rsp)
+            if target is None:
                 tracker.abandon()  # the ret faults: SIGSEGV, no resume
                 return
-            (target,) = struct.unpack("<Q", word)
             if self._guest_side(target):
                 tracker.finish(target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
             else:

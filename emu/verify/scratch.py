@@ -1,116 +1,153 @@
-"""Runs one original instruction for real on a scratch CPU: the reference a probed site must match."""
+"""Runs one original instruction for real on a scratch CPU: the reference a probed site must match.
+
+This runs on every hit of a probe on an instruction that is not a NOP, so it is built for its cost
+(measured per hit of the INT3 + emulated push row, benchmarks/probe_hits.py): the state goes in
+and out as raw bytes in one C call each, Unicorn stops after one instruction by itself (``count``),
+and only the pages an earlier execution at the same site used are brought up to date beforehand;
+any other page is unmapped, so that a first touch faults it in fresh from the guest.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from emu.abi import PAGE_SIZE, Prot, page_down
-from emu.cpu import BadAccess, Cpu, RawState, StopReason
+from emu.cpu import BadAccess, Cpu, RawState, StopReason, add_raw_mem_read_hook, add_raw_mem_write_hook
 from emu.memory import Memory
-from emu.verify.state import ExtendedState, decode_extended, decode_state, encode_state
+from emu.verify.state import ExtendedState, decode_extended, decode_state
 
-KEPT_PAGES = 8  # pages kept mapped between instructions (mapping one costs more than copying it)
+MAX_PAGES = 8  # an instruction touching more pages than this (at one site, over time) starts afresh
+_U64 = (1 << 64) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class Reference:
-    """Registers after the instruction (read_user_state order), extended state, and its memory writes."""
+class Reference(NamedTuple):
+    """The state after the instruction (a RawState snapshot, rip included), and its memory accesses."""
 
-    state: list[int]
-    extended: ExtendedState
-    writes: dict[int, int] = field(default_factory=dict)  # address -> byte value
+    raw: bytes
+    stores: tuple[tuple[int, bytes], ...] = ()  # (address, bytes stored there), in order
     faulted: bool = False
+    reads: tuple[tuple[int, bytes], ...] | None = ()  # (address, bytes read there), in order; None: not all known
+
+
+def reference_state(ref: Reference) -> tuple[list[int], ExtendedState]:
+    return decode_state(ref.raw), decode_extended(ref.raw)
+
+
+@dataclass(slots=True)
+class _Page:
+    guest: bytes  # the guest's bytes this copy was made from
+    patched: tuple[int, bytes] | None  # the site whose original bytes it holds, if any
+    stored: list[tuple[int, int]] = field(default_factory=list)  # (offset, end) the scratch's own stores changed
 
 
 class ScratchCpu:
-    """One reusable CPU. Pages are copied from the guest on first touch, and again before each
-    later instruction while they stay mapped here (the most recently used KEPT_PAGES); the probe
-    site gets its original bytes back (the guest's copy holds the patch)."""
+    """One reusable CPU. A page is copied from the guest when first touched, and brought up to date
+    before a later execution at a site that used it last time: written again only if the guest's
+    bytes changed, else only where the scratch's own stores changed it. The probe site gets its
+    original bytes back (the guest's copy holds the patch)."""
 
     def __init__(self, mem: Memory) -> None:
         self.mem = mem
         self.cpu = Cpu()
         self.raw = RawState(self.cpu)
         self.cpu.on_unmapped = self._fault_in
-        self.cpu.add_mem_write_hook(self._record, 1, (1 << 64) - 1)
-        # Stops before the second instruction: Cpu.step would drop every translated block first.
-        self.cpu.add_code_hook(self._count, 1, (1 << 64) - 1)
-        self._executed = 0
-        self._pages: list[int] = []  # mapped here, least recently used first
-        self._copied: dict[int, bytes] = {}  # page -> the guest's bytes last copied, while it holds them
-        self._used: set[int] = set()
-        self._writes: dict[int, int] = {}
-        self._site = 0
-        self._original = b""
+        add_raw_mem_write_hook(self.cpu, self._record, 1, _U64)
+        add_raw_mem_read_hook(self.cpu, self._record_read, 1, _U64)
+        self._pages: dict[int, _Page] = {}  # mapped here
+        self._site_pages: dict[tuple[int, bytes], frozenset[int]] = {}  # pages the last execution there used
+        self._faulted: set[int] = set()
+        self._stores: list[tuple[int, int, int]] = []  # (address, size, value) of this execution
+        self._loads: list[tuple[int, bytes]] = []
+        self._loads_known = True  # every load's value was reported (Unicorn reports up to 8 bytes)
+        self._site: tuple[int, bytes] = (0, b"")
 
-    def execute(self, site: int, original: bytes, state: list[int], extended: ExtendedState) -> Reference:
-        if (site, original) != (self._site, self._original):
-            for page in {page_down(self._site), page_down(self._site + len(self._original) - 1)}:
-                self._copied.pop(page, None)  # it holds the last site's original bytes: copy it again
-        self._site, self._original, self._writes = site, original, {}
-        self._refresh()
-        self.raw.write(encode_state(state, extended), write_rip=True)
-        try:
-            self._executed = 0
-            reason = self.cpu.run(site)
-            raw = self.raw.read()
-            return Reference(decode_state(raw), decode_extended(raw), self._writes, reason is not StopReason.FINISHED)
-        finally:
-            self._trim()
+    def execute(self, site: int, original: bytes, raw: bytes) -> Reference:
+        """Run ``original`` at ``site`` from the RawState snapshot ``raw`` (its rip is ignored)."""
+        key = self._site = (site, original)
+        predicted = self._site_pages.get(key, frozenset())
+        self._prepare(predicted)
+        self._stores, self._loads, self._loads_known, self._faulted = [], [], True, set()
+        self.raw.write(raw, write_rip=False)
+        reason = self.cpu.run(site, count=1)
+        used = predicted | self._faulted
+        self._site_pages[key] = used if len(used) <= MAX_PAGES else frozenset(self._faulted)
+        faulted = reason is not StopReason.FINISHED
+        reads = tuple(self._loads) if self._loads_known else None
+        return Reference(self.raw.read(), self._take_stores(), faulted, reads)
 
-    def _refresh(self) -> None:
-        """Bring the kept pages up to date with the guest (or drop those it no longer maps)."""
-        self._used = set()
-        for page in list(self._pages):
+    def _prepare(self, predicted: frozenset[int]) -> None:
+        """Map exactly the predicted pages, each holding the guest's bytes now (a page the guest no
+        longer maps is left out: touching it faults, as in the guest)."""
+        for page in [p for p in self._pages if p not in predicted]:
+            self._unmap(page)
+        for page in predicted:
             if self.mem.find(page) is None:
-                self._drop(page)
+                if page in self._pages:
+                    self._unmap(page)
             else:
                 self._copy(page)
 
-    def _trim(self) -> None:
-        """Keep the pages this instruction used, most recent last, up to KEPT_PAGES."""
-        self._pages = [p for p in self._pages if p not in self._used] + [p for p in self._pages if p in self._used]
-        while len(self._pages) > KEPT_PAGES:
-            self._drop(self._pages[0])
-
-    def _drop(self, page: int) -> None:
+    def _unmap(self, page: int) -> None:
         self.cpu.mem_unmap(page, PAGE_SIZE)
-        self._pages.remove(page)
-        self._copied.pop(page, None)
+        del self._pages[page]
+
+    def _site_on(self, page: int) -> tuple[int, bytes] | None:
+        site, original = self._site
+        return self._site if page_down(site) <= page <= page_down(site + len(original) - 1) else None
 
     def _copy(self, page: int) -> None:
-        """Copy the guest's page, with the site's original bytes put back, unless this one holds
-        that already (rewriting a page of code, even with the same bytes, makes Unicorn translate
-        it again)."""
+        """Bring the page up to date with the guest, mapping it if needed."""
         data = self.mem.read(page, PAGE_SIZE)
-        if self._copied.get(page) == data:
+        held = self._pages.get(page)
+        patched = self._site_on(page)
+        if held is not None and held.guest == data and held.patched == patched:
+            for lo, hi in held.stored:  # only what the scratch's stores changed
+                self.cpu.mem_write(page + lo, data[lo:hi])
+            if held.stored and patched is not None:
+                self.cpu.flush_code(page, page + PAGE_SIZE)
+            held.stored.clear()
             return
-        self.cpu.mem_write(page, data)
-        self._copied[page] = data
-        for i, byte in enumerate(self._original):
-            if page <= self._site + i < page + PAGE_SIZE:
-                self.cpu.mem_write(self._site + i, bytes([byte]))
-        self.cpu.flush_code(page, page + PAGE_SIZE)  # uc_mem_write leaves code translated from the old bytes
+        if held is None:
+            self.cpu.mem_map(page, PAGE_SIZE, Prot.READ | Prot.WRITE | Prot.EXEC)
+        if patched is None:
+            self.cpu.mem_write(page, data)  # no code runs here: nothing translated to drop
+        else:
+            site, original = patched
+            buf = bytearray(data)
+            for i, byte in enumerate(original):
+                if page <= site + i < page + PAGE_SIZE:
+                    buf[site + i - page] = byte
+            self.cpu.mem_write(page, bytes(buf))
+            self.cpu.flush_code(page, page + PAGE_SIZE)  # uc_mem_write leaves code translated from the old bytes
+        self._pages[page] = _Page(data, patched)
 
     def _fault_in(self, bad: BadAccess) -> bool:
         page = page_down(bad.address)
         if self.mem.find(page) is None or page in self._pages:
             return False
-        self.cpu.mem_map(page, PAGE_SIZE, Prot.READ | Prot.WRITE | Prot.EXEC)
-        self._pages.append(page)
-        self._used.add(page)
+        self._faulted.add(page)
         self._copy(page)
         return True
 
-    def _count(self, _addr: int, _size: int) -> None:
-        self._executed += 1
-        if self._executed > 1:
-            self.cpu.stop()
+    def _record(self, _uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
+        """Raw write hook: the instruction's stores (taken apart after the run)."""
+        self._stores.append((addr, size, value))
+        return True
 
-    def _record(self, addr: int, size: int, value: int) -> None:
-        page = addr & ~(PAGE_SIZE - 1)
-        self._used.add(page)
-        self._copied.pop(page, None)  # no longer the guest's bytes (a store across pages: both, below)
-        self._copied.pop((addr + size - 1) & ~(PAGE_SIZE - 1), None)
-        for i in range(size):
-            self._writes[addr + i] = (value >> (8 * i)) & 0xFF
+    def _record_read(self, _uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
+        """Raw read hook (after the read): what the instruction loaded."""
+        if size > 8:
+            self._loads_known = False
+        else:
+            self._loads.append((addr, (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")))
+        return True
+
+    def _take_stores(self) -> tuple[tuple[int, bytes], ...]:
+        """This execution's stores; each page they changed remembers where."""
+        for addr, size, _value in self._stores:
+            for page in {page_down(addr), page_down(addr + size - 1)}:
+                held = self._pages.get(page)
+                if held is not None:
+                    held.stored.append((max(addr - page, 0), min(addr + size - page, PAGE_SIZE)))
+        return tuple((addr, (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")) for addr, size, value in self._stores)

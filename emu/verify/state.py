@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import struct
 
-from emu.cpu import STATE_BYTES, STATE_FLAGS_OFFSET, STATE_XMM_OFFSET
+from emu.cpu import STATE_BYTES, STATE_FLAGS_OFFSET, STATE_REGS, STATE_XMM_OFFSET
 
 ExtendedState = tuple[int, int, bytes, int]  # fs base, gs base, xmm0-15 raw, mxcsr
 
 RAW_RIP = 0  # offsets in a snapshot
 RAW_RSP = 8
 RAW_KEPT = 16  # from here on, a snapshot holds what a probe hit must leave as it was (rflags exactly)
+# Each register's bytes in a snapshot, by name (the order of emu.cpu.STATE_REGS).
+_SLOT_NAMES = ("rip", "rsp", "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", *(f"r{i}" for i in range(8, 16)),
+               "rflags", "fs_base", "gs_base", "mxcsr")
+SLOTS: dict[str, tuple[int, int]] = {name: (8 * i, 8 * i + 8) for i, name in enumerate(_SLOT_NAMES)}
+SLOTS |= {f"xmm{i}": (STATE_XMM_OFFSET + 16 * i, STATE_XMM_OFFSET + 16 * i + 16) for i in range(16)}
+assert len(SLOTS) == len(STATE_REGS) and SLOTS["xmm15"][1] == STATE_BYTES
 _GPRS = struct.Struct("<18Q")  # rip, rsp, rax rbx rcx rdx rsi rdi rbp, r8-r15, rflags
 _EXT = struct.Struct("<3Q")  # fs base, gs base, mxcsr
 
