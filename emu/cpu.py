@@ -201,6 +201,9 @@ class Cpu:
         self._counting = False  # the last run counted instructions (translated code carries the count hook)
         self.last_bad_access: BadAccess | None = None
         self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
+        # Run after the syscall and interrupt handlers (add_syscall_hook); each catches its own exceptions.
+        self.after_syscall: list[Callable[[], None]] = []
+        self.after_interrupt: list[Callable[[int], None]] = []
         self._add_hook(_HOOK_MEM_INVALID, _MEM_CB(self._on_invalid_mem), 1, 0)
 
     # ---------------------------------------------------------------- registers
@@ -359,6 +362,10 @@ class Cpu:
         self._callbacks.pop(hook.value, None)
 
     def add_syscall_hook(self, callback: Callable[[], None]) -> HookHandle:
+        """``callback`` handles the syscall; then each of ``after_syscall`` runs, in the same frame,
+        whether it returned or raised (a raw hook of their own would cost a C callback per syscall)."""
+        after = self.after_syscall
+
         def on_syscall(_uc: object, _ud: object) -> None:  # one Python frame: the syscall hot path
             try:
                 callback()
@@ -366,12 +373,22 @@ class Cpu:
                 if self._hook_error is None:
                     self._hook_error = exc
                 uclib.uc_emu_stop(self._uch)
+            for observer in after:
+                observer()
 
         return self._add_hook(unicorn.UC_HOOK_INSN, _SYSCALL_CB(on_syscall), 1, 0, x86.UC_X86_INS_SYSCALL)
 
     def add_interrupt_hook(self, callback: Callable[[int], None]) -> HookHandle:
+        """As add_syscall_hook, with ``after_interrupt``."""
         guarded = self._guard(callback)
-        return self._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(lambda _uc, intno, _ud: guarded(intno)), 1, 0)
+        after = self.after_interrupt
+
+        def on_interrupt(_uc: object, intno: int, _ud: object) -> None:
+            guarded(intno)
+            for observer in after:
+                observer(intno)
+
+        return self._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(on_interrupt), 1, 0)
 
     def add_code_hook(self, callback: Callable[[int, int], None], begin: int, end: int) -> HookHandle:
         """Fires before each instruction in [begin, end] (inclusive; Unicorn's convention)."""
@@ -534,8 +551,6 @@ def flush_all_code(cpu: Cpu) -> None:
 # own exceptions and hand them to hook_raised, which stops the run; Cpu.run re-raises them.
 RawCodeHook = Callable[[object, int, int, object], None]  # (uc, address, size, user data)
 RawWriteHook = Callable[[object, int, int, int, int, object], bool]  # (uc, access, address, size, value, user data)
-RawInterruptHook = Callable[[object, int, object], None]  # (uc, interrupt number, user data)
-RawSyscallHook = Callable[[object, object], None]  # (uc, user data)
 
 
 def add_raw_code_hook(cpu: Cpu, callback: RawCodeHook, begin: int, end: int) -> HookHandle:
@@ -549,14 +564,6 @@ def add_raw_mem_write_hook(cpu: Cpu, callback: RawWriteHook, begin: int, end: in
 def add_raw_mem_read_hook(cpu: Cpu, callback: RawWriteHook, begin: int, end: int) -> HookHandle:
     """Called after each read, with the value read (same arguments as a write hook)."""
     return cpu._add_hook(unicorn.UC_HOOK_MEM_READ_AFTER, _MEM_CB(callback), begin, end)
-
-
-def add_raw_interrupt_hook(cpu: Cpu, callback: RawInterruptHook) -> HookHandle:
-    return cpu._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(callback), 1, 0)
-
-
-def add_raw_syscall_hook(cpu: Cpu, callback: RawSyscallHook) -> HookHandle:
-    return cpu._add_hook(unicorn.UC_HOOK_INSN, _SYSCALL_CB(callback), 1, 0, x86.UC_X86_INS_SYSCALL)
 
 
 def hook_raised(cpu: Cpu, exc: BaseException) -> None:

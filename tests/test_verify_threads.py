@@ -19,16 +19,18 @@ import pytest
 from emu import cli
 from emu.abi import RED_ZONE
 from emu.check import CheckRequest, DesignReport, run_check
+from emu.cpu import STATE_BYTES
 from emu.designs import DESIGNS as DESIGNS_TABLE
 from emu.designs import Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.sched import Scheduler
 from emu.kernel.signal import SignalState
 from emu.kernel.tasks import Task, TaskState
+from emu.kernel.uprobes.core import Uprobe
 from emu.machine import Machine, RunOptions
 from emu.verify.lockstep import Observed, SyscallLog, first_divergence
 from emu.verify.session import Verifier, VerifySession
-from emu.verify.transaction import Transaction, TransactionTracker, others_folded_in
+from emu.verify.transaction import ProbeSite, Transaction, TransactionTracker, others_folded_in
 from emu.verify.violations import Check
 
 THREADS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "threads")
@@ -95,7 +97,9 @@ def _tracker_with_open_transaction() -> tuple[TransactionTracker, Transaction]:
     rsp = m.entry_sp - 4096  # a red zone inside [stack], as a thread's would be on its own stack
     m.mem.write(rsp - RED_ZONE, bytes(RED_ZONE))
     m.uprobes.stats.exits["sysret"] = 3  # exits before the hit, by any thread
-    tx = Transaction("uprobe:probed", 0x401B70, b"\x0f\x1f\x44\x00\x00", 1, True, b"", rsp, {"sysret": 3})
+    nop5 = b"\x0f\x1f\x44\x00\x00"
+    at = ProbeSite("uprobe:probed", cast(Uprobe, None), 0x401B70, nop5, True, 0x401B70 + 5)
+    tx = Transaction(at, bytes(8) + rsp.to_bytes(8, "little") + bytes(STATE_BYTES - 16), {"sysret": 3})
     tracker.active = tx
     return tracker, tx
 

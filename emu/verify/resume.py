@@ -4,8 +4,9 @@ Control leaves the kernel's side (the kernel itself, and the pages it maps: [upr
 with its jmp slots, [uprobes]) in one of three ways, each seen at the moment it happens:
 
 * the kernel returns to user mode (INT3 handled, a syscall left by SYSRET or IRET): this
-  module's interrupt and syscall hooks are added after the kernel's, so they run once the kernel
-  has set the registers, and rip is where it returns (for a syscall, rip + 2: Unicorn adds 2);
+  module's observers run right after the kernel's interrupt and syscall handlers (Cpu.after_syscall,
+  Cpu.after_interrupt), once the kernel has set the registers, and rip is where it returns (for
+  a syscall, rip + 2: Unicorn adds 2);
 * a ``ret`` at the end of straight-line trampoline code: an exact-address hook on that ``ret``,
   added the first time the kernel returns into that code (before it is translated again), reads
   the return address; a ``ret`` changes rip and rsp and nothing else, so the state the guest
@@ -25,7 +26,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
-from emu.cpu import add_raw_code_hook, add_raw_interrupt_hook, add_raw_syscall_hook, flush_all_code, hook_failed, hook_raised
+from emu.cpu import add_raw_code_hook, flush_all_code, hook_failed, hook_raised
 from emu.disasm import cs64
 from emu.kernel.uprobes.regs import ExitPath
 from emu.verify.state import RAW_RIP, RAW_RSP
@@ -42,6 +43,7 @@ _BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "in
                        "sysret", "sysretq", "retf", "retfq", "hlt", "ud0", "ud1", "ud2"})
 _KERNEL_ENTRIES = frozenset({"syscall", "int3"})  # the kernel's own exit is seen by the hooks here
 _IRET = ExitPath.IRET.value  # its count in the kernel's exit record (UprobeStats.exits)
+_U64 = struct.Struct("<Q")
 
 
 class ResumeWatch:
@@ -57,8 +59,8 @@ class ResumeWatch:
         self._tail_ret: dict[int, int] = {}  # followed kernel-side address -> the hooked ret ending it
         self._sysret_watched: set[int] = set()  # probe sites whose code after SYSRET is watched
         self.watching_blocks = False  # the fallback is on (it stays on)
-        add_raw_interrupt_hook(self.cpu, self._after_interrupt)
-        add_raw_syscall_hook(self.cpu, self._after_syscall)
+        self.cpu.after_interrupt.append(self._after_interrupt)
+        self.cpu.after_syscall.append(self._after_syscall)
 
     def lost_track(self) -> None:
         """The guest resumed without any of the hooks here seeing it: watch blocks from now on."""
@@ -66,14 +68,14 @@ class ResumeWatch:
         self._watch_blocks()
 
     # ----------------------------------------------------------- the kernel's exits
-    def _after_interrupt(self, _uc: object, _intno: int, _ud: object) -> None:
+    def _after_interrupt(self, _intno: int) -> None:
         try:
             if self.tracker.active is not None:
                 self._kernel_returns(0)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
 
-    def _after_syscall(self, _uc: object, _ud: object) -> None:
+    def _after_syscall(self) -> None:
         try:
             tx = self.tracker.active
             if tx is None:
@@ -92,7 +94,7 @@ class ResumeWatch:
             self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
             return False
         raw = self.tracker.raw.read()
-        addr = (struct.unpack_from("<Q", raw, RAW_RIP)[0] + rip_advance) & U64
+        addr = (_U64.unpack_from(raw, RAW_RIP)[0] + rip_advance) & U64
         if self._guest_side(addr):
             self.tracker.finish(addr, raw)
             return False
@@ -104,7 +106,7 @@ class ResumeWatch:
     def _guest_side(self, addr: int) -> bool:
         """Not in the kernel's pages (right after the probed instruction, the common case, is not)."""
         tx = self.tracker.active
-        if tx is not None and addr == tx.site + len(tx.original):
+        if tx is not None and addr == tx.at.next:
             return True
         vma = self.mem.find(addr)
         return vma is None or vma.name not in KERNEL_SIDE
@@ -140,10 +142,10 @@ class ResumeWatch:
         try:
             tracker = self.tracker
             tx = tracker.active
-            if tx is None or self.up.stepping:
+            if tx is None or self.up.task.stepping:
                 return
             raw = tracker.raw.read()
-            (rsp,) = struct.unpack_from("<Q", raw, RAW_RSP)
+            rsp = _U64.unpack_from(raw, RAW_RSP)[0]
             redzone = None
             offset = rsp - tx.redzone_base
             if 0 <= offset <= RED_ZONE - 8:  # the 6.18 trampoline returns from the red zone
@@ -156,7 +158,7 @@ class ResumeWatch:
             if target is None:
                 tracker.abandon()  # the ret faults: SIGSEGV, no resume
                 return
-            if self._guest_side(target):
+            if target == tx.at.next or self._guest_side(target):
                 tracker.finish(target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
             else:
                 self._follow(target)

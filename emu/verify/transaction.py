@@ -74,6 +74,19 @@ class GuestWrite:
     value: int
 
 
+@dataclass(slots=True)
+class ProbeSite:
+    """A watched probe site: what every transaction there shares."""
+
+    name: str  # the probe spec's text
+    uprobe: Uprobe
+    address: int
+    original: bytes
+    nop: bool  # a NOP-class instruction (its whole effect is ip += length)
+    next: int  # the address right after it: where the guest resumes, in the common case
+    hits: int = 0
+
+
 class Transaction:
     """One probe hit. ``start_raw``/``end_raw`` are RawState snapshots; the decoded views are
     computed on first use (only a transaction that is not obviously clean needs them). A plain
@@ -91,17 +104,24 @@ class Transaction:
     redzone_after = b""
     exits_after: Mapping[str, int] = MappingProxyType({})
 
-    def __init__(self, probe: str, site: int, original: bytes, hit: int, nop: bool, start_raw: bytes,
-                 start_rsp: int, exits_before: Mapping[str, int]) -> None:
-        self.probe = probe
-        self.site = site
-        self.original = original
-        self.hit = hit
-        self.nop = nop
+    def __init__(self, at: ProbeSite, start_raw: bytes, exits_before: Mapping[str, int]) -> None:
+        at.hits += 1
+        self.at = at
+        self.site = at.address
+        self.nop = at.nop
+        self.hit = at.hits
         self.start_raw = start_raw
-        self.start_rsp = start_rsp
-        self.redzone_base = start_rsp - RED_ZONE
+        self.start_rsp = rsp = _U64.unpack_from(start_raw, RAW_RSP)[0]
+        self.redzone_base = rsp - RED_ZONE
         self.exits_before = exits_before
+
+    @property
+    def probe(self) -> str:
+        return self.at.name
+
+    @property
+    def original(self) -> bytes:
+        return self.at.original
 
     def add_write(self, write: GuestWrite) -> None:
         self.guest_writes = (*self.guest_writes, write)
@@ -168,8 +188,7 @@ class TransactionTracker:
         self.on_finished = on_finished
         self.active: Transaction | None = None
         self.count = 0
-        self._by_site: dict[int, tuple[str, Uprobe, bool]] = {}  # site -> probe name, uprobe, NOP-class
-        self._hits: dict[int, int] = {}
+        self._by_site: dict[int, ProbeSite] = {}
         self._site_hooks: list[HookHandle] = []
         self._suspended: dict[int, _Suspended] = {}  # tid -> its transaction, while another thread runs
         self.bind(attachments)
@@ -199,11 +218,14 @@ class TransactionTracker:
         serves a process whose probes are detached and attached again (the fuzzer's reuse)."""
         for hook in self._site_hooks:
             self.cpu.remove_hook(hook)
-        self._by_site, self._hits, self._site_hooks, self.active = {}, {}, [], None
+        self._by_site, self._site_hooks, self.active = {}, [], None
         self._suspended.clear()
         for att in attachments:
-            uprobe = att.uprobe
-            self._by_site.setdefault(att.address, (att.resolved.spec.text, uprobe, uprobe.insn.kind is Kind.NOP))
+            uprobe, addr = att.uprobe, att.address
+            if addr not in self._by_site:
+                original = uprobe.insn.raw
+                self._by_site[addr] = ProbeSite(att.resolved.spec.text, uprobe, addr, original,
+                                                uprobe.insn.kind is Kind.NOP, addr + len(original))
         for site in self._by_site:
             self._site_hooks.append(add_raw_code_hook(self.cpu, self._on_site, site, site))
 
@@ -213,15 +235,12 @@ class TransactionTracker:
             if self.active is not None:
                 self.resume.lost_track()  # the guest resumed unseen (not expected): watch blocks
                 self.abandon()
-            name, probe, nop = self._by_site[addr]
-            if self._up.probes.get(addr) is not probe:
+            at = self._by_site[addr]
+            if self._up.probes.get(addr) is not at.uprobe:
                 return  # detached: the original instruction runs, nothing to verify
-            raw = self.raw.read()
-            rsp = _U64.unpack_from(raw, RAW_RSP)[0]
-            base = rsp - RED_ZONE
-            hit = self._hits[addr] = self._hits.get(addr, 0) + 1
-            self.active = Transaction(name, addr, probe.insn.raw, hit, nop, raw, rsp, dict(self._exits))
+            tx = self.active = Transaction(at, self.raw.read(), dict(self._exits))
             if self._writes is not None:  # _window(base), inline: a call costs on every hit
+                base = tx.redzone_base
                 self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
@@ -265,14 +284,16 @@ class TransactionTracker:
         tx = self.active
         if tx is None:
             return
-        self.abandon()
+        self.active = None  # abandon(), inline
+        if self._writes is not None:
+            self._writes.close()
         self.count += 1
         if rsp is None:
             rsp = _U64.unpack_from(raw, RAW_RSP)[0]
         before = tx.redzone_before
         if redzone is None and before is not None:
             redzone = self._redzone(tx.redzone_base) if tx.redzone_changed else before
-        if (tx.nop and resume == tx.site + len(tx.original) and rsp == tx.start_rsp and tx.chain is None
+        if (tx.nop and resume == tx.at.next and rsp == tx.start_rsp and tx.chain is None
                 and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and redzone == before):
             # A NOP-class site, no consumer could change anything, the guest resumed right after
             # it with every register (rflags exactly), the extended state and the red zone as they
