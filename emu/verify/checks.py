@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from emu.abi import RED_ZONE
-from emu.verify.expected import STATE_INDEX, Expected
+from emu.verify.expected import STATE_INDEX, Expected, resume_address, same_registers
 from emu.verify.transaction import RIP_INDEX, Transaction
 from emu.verify.violations import Check, Violation
 
@@ -20,7 +20,7 @@ def _violation(kind: Check, tx: Transaction, summary: str, **detail: object) -> 
 
 
 def check_regs(tx: Transaction, exp: Expected) -> list[Violation]:
-    if _same_regs(exp.state, tx.end_state) and exp.extended == tx.end_ext:
+    if same_registers(tx, exp) or _same_regs(exp.state, tx.end_state) and exp.extended == tx.end_ext:
         return []
     diffs: dict[str, str] = {}
     for i in range(18):
@@ -52,7 +52,7 @@ def _same_regs(want: list[int], got: list[int]) -> bool:
 
 
 def check_resume(tx: Transaction, exp: Expected) -> list[Violation]:
-    want, got = exp.state[RIP_INDEX], tx.end_addr
+    want, got = resume_address(exp), tx.end_addr
     if want == got:
         return []
     where = ""
@@ -75,33 +75,37 @@ def check_redzone(tx: Transaction, exp: Expected, describe: Callable[[int], str]
     out: list[Violation] = []
     for w in reversed(tx.guest_writes):  # the last store to a byte is the one that left it
         lo, hi = max(w.addr - base, 0), min(w.addr + w.size - base, RED_ZONE)
-        if not any(i in wrong for i in range(lo, hi)):
+        bytes_written = ((1 << hi - lo) - 1) << lo if hi > lo else 0
+        if not wrong & bytes_written:
             continue
-        wrong -= set(range(lo, hi))
+        wrong &= ~bytes_written
         out.append(_redzone(tx, lo, hi, expected, f"guest code at {w.pc:#x}: {describe(w.pc)}"))
-    for lo, hi in _runs(sorted(wrong)):
+    for lo, hi in _runs(wrong):
         out.append(_redzone(tx, lo, hi, expected, "the fake kernel (copy_to_user)"))
     return sorted(out, key=lambda v: v.detail["offset"])
 
 
-def _differing(a: bytes, b: bytes) -> set[int]:
-    """Offsets of the bytes that differ (a loop over the differing bits, not over every byte)."""
+def _differing(a: bytes, b: bytes) -> int:
+    """A mask with bit i set where byte i differs."""
     diff = int.from_bytes(a, "little") ^ int.from_bytes(b, "little")
-    out = set()
+    mask = 0
     while diff:
         i = ((diff & -diff).bit_length() - 1) >> 3
-        out.add(i)
+        mask |= 1 << i
         diff &= ~(0xFF << (8 * i))
-    return out
+    return mask
 
 
-def _runs(indices: list[int]) -> list[tuple[int, int]]:
+def _runs(mask: int) -> list[tuple[int, int]]:
+    """The runs of set bits of ``mask``, as [lo, hi) pairs, lowest first."""
     runs: list[tuple[int, int]] = []
-    for i in indices:
-        if runs and runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], i + 1)
-        else:
-            runs.append((i, i + 1))
+    while mask:
+        lo = (mask & -mask).bit_length() - 1
+        hi = lo
+        while mask >> hi & 1:
+            hi += 1
+        runs.append((lo, hi))
+        mask &= ~(((1 << hi - lo) - 1) << lo)
     return runs
 
 

@@ -57,10 +57,12 @@ def consumer_changes(tx: Transaction) -> dict[str, int]:
 
 
 def expected_outcome(tx: Transaction, references: ReferenceCache) -> Expected:
-    changes = consumer_changes(tx)
-    if not changes and not tx.nop:  # the common case: the scratch CPU's snapshot is the reference
-        ref = references.reference(tx.site, tx.original, tx.start_raw)
+    if tx.chain is None and not tx.nop:  # the common case: the scratch CPU's snapshot is the reference
+        ref = references.reference(tx.site, tx.at.original, tx.start_raw)
         return Expected(ref.raw, ref.stores, False, ())
+    if tx.chain is None:  # a NOP, nothing changed: the start state with ip moved past it
+        return Expected(tx.at.next.to_bytes(8, "little") + tx.start_raw[8:], (), False, ())
+    changes = consumer_changes(tx)
     state = list(tx.start_state)
     for name, value in changes.items():
         state[STATE_INDEX[name]] = value
@@ -73,10 +75,17 @@ def expected_outcome(tx: Transaction, references: ReferenceCache) -> Expected:
     return Expected(ref.raw, ref.stores, False, tuple(changes))
 
 
+def resume_address(exp: Expected) -> int:
+    return int.from_bytes(exp.raw[RAW_RIP : RAW_RIP + 8], "little")
+
+
+def same_registers(tx: Transaction, exp: Expected) -> bool:
+    """Every register but rip (rflags exactly) and the extended state as in the reference."""
+    return tx.end_raw[RAW_KEPT:] == exp.raw[RAW_KEPT:] and tx.end_rsp == int.from_bytes(
+        exp.raw[RAW_RSP : RAW_RSP + 8], "little")
+
+
 def matches_exactly(tx: Transaction, exp: Expected) -> bool:
     """The guest resumed where the reference says, with every register (rflags exactly), the
     extended state and the red zone byte for byte as in the reference: no check can find anything."""
-    raw = exp.raw
-    return (tx.end_addr == int.from_bytes(raw[RAW_RIP : RAW_RIP + 8], "little")
-            and tx.end_rsp == int.from_bytes(raw[RAW_RSP : RAW_RSP + 8], "little")
-            and tx.end_raw[RAW_KEPT:] == raw[RAW_KEPT:] and tx.redzone_after == exp.redzone(tx))
+    return tx.end_addr == resume_address(exp) and same_registers(tx, exp) and tx.redzone_after == exp.redzone(tx)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from itertools import chain
 
 from emu.verify.scratch import Reference, ScratchCpu
@@ -108,34 +109,41 @@ class _Effect:
         return b"".join(chain.from_iterable(zip(self._kept(raw), self._values, strict=False)))
 
 
+@dataclass(slots=True)
+class _Site:
+    key: InputKey | None  # None: run every time
+    effects: dict[tuple[bytes, ...], _Effect] = field(default_factory=dict)
+
+
 class ReferenceCache:
     def __init__(self, scratch: ScratchCpu, read_guest: Callable[[int, int], bytes | None]) -> None:
         """``read_guest(addr, size)``: the guest's bytes, or None if unmapped."""
         self.scratch = scratch
         self.read_guest = read_guest
-        self._inputs: dict[tuple[int, bytes], InputKey | None] = {}
-        self._effects: dict[tuple[int, bytes], dict[tuple[bytes, ...], _Effect]] = {}
+        self._sites: dict[tuple[int, bytes], _Site] = {}
         self.runs = 0  # scratch runs (the rest were answered from the cache)
 
     def reference(self, site: int, original: bytes, raw: bytes) -> Reference:
         """What ``original`` at ``site`` does from the snapshot ``raw``, as ScratchCpu.execute says."""
-        where = (site, original)
-        if where not in self._inputs:
-            self._inputs[where] = input_key(original, site)
-        inputs = self._inputs[where]
-        if inputs is None:
+        at = self._sites.get((site, original))
+        if at is None:
+            at = self._sites[(site, original)] = _Site(input_key(original, site))
+        if at.key is None:
             return self._run(site, original, raw)
-        key = inputs(raw)
-        effects = self._effects.setdefault(where, {})
-        effect = effects.get(key)
-        if effect is not None and all(self.read_guest(addr, len(data)) == data for addr, data in effect.reads):
+        key = at.key(raw)
+        effect = at.effects.get(key)
+        if effect is not None and (not effect.reads or self._still_read(effect.reads)):
             return Reference(effect.apply(raw), effect.stores, False, effect.reads)
         ref = self._run(site, original, raw)
         if not ref.faulted and ref.reads is not None:
-            if len(effects) >= MAX_KEYS:
-                effects.clear()
-            effects[key] = _Effect(raw, ref)
+            if len(at.effects) >= MAX_KEYS:
+                at.effects.clear()
+            at.effects[key] = _Effect(raw, ref)
         return ref
+
+    def _still_read(self, reads: tuple[tuple[int, bytes], ...]) -> bool:
+        """The guest's memory still holds what the cached run loaded."""
+        return all(self.read_guest(addr, len(data)) == data for addr, data in reads)
 
     def _run(self, site: int, original: bytes, raw: bytes) -> Reference:
         self.runs += 1
