@@ -476,7 +476,8 @@ STATE_XMM_OFFSET = 8 * 21  # after rflags, fs base, gs base, mxcsr (8 bytes each
 STATE_BYTES = STATE_XMM_OFFSET + 16 * 16
 
 # Bound through PyDLL: these calls keep the GIL (releasing and taking it back costs more than they
-# do; they never call back into Python). No argtypes: their conversion costs more than the call.
+# do; they never call back into Python). No argtypes: their conversion costs more than the call;
+# a size goes as a C int, sign-extended to size_t (no single copy comes near 2 GiB).
 _gil_held = ctypes.PyDLL(uclib._name, handle=uclib._handle)
 _state_read_batch, _mem_read_raw, _mem_write_raw = (
     _gil_held.uc_reg_read_batch, _gil_held.uc_mem_read, _gil_held.uc_mem_write)
