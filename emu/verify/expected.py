@@ -22,11 +22,10 @@ class Expected:
     instruction makes (in order), and what the consumers changed. Decoded views are computed on first use:
     a hit that matches byte for byte needs none."""
 
-    def __init__(self, raw: bytes, stores: tuple[tuple[int, bytes], ...], redirected: bool,
-                 consumer_changes: tuple[str, ...]) -> None:
+    def __init__(self, raw: bytes, stores: tuple[tuple[int, bytes], ...] = (),
+                 consumer_changes: tuple[str, ...] = ()) -> None:
         self.raw = raw
         self.stores = stores
-        self.redirected = redirected
         self.consumer_changes = consumer_changes
 
     @cached_property
@@ -59,20 +58,20 @@ def consumer_changes(tx: Transaction) -> dict[str, int]:
 def expected_outcome(tx: Transaction, references: ReferenceCache) -> Expected:
     if tx.chain is None and not tx.nop:  # the common case: the scratch CPU's snapshot is the reference
         ref = references.reference(tx.site, tx.at.original, tx.start_raw)
-        return Expected(ref.raw, ref.stores, False, ())
+        return Expected(ref.raw, ref.stores)
     if tx.chain is None:  # a NOP, nothing changed: the start state with ip moved past it
-        return Expected(tx.at.next.to_bytes(8, "little") + tx.start_raw[8:], (), False, ())
+        return Expected(tx.at.next.to_bytes(8, "little") + tx.start_raw[8:])
     changes = consumer_changes(tx)
     state = list(tx.start_state)
     for name, value in changes.items():
         state[STATE_INDEX[name]] = value
     if state[RIP_INDEX] != tx.site:
-        return Expected(encode_state(state, tx.start_ext), (), True, tuple(changes))
+        return Expected(encode_state(state, tx.start_ext), (), tuple(changes))
     if tx.nop:  # a NOP's whole effect is ip += length: no need to run it
-        state[RIP_INDEX] = tx.site + len(tx.original)
-        return Expected(encode_state(state, tx.start_ext), (), False, tuple(changes))
-    ref = references.reference(tx.site, tx.original, encode_state(state, tx.start_ext))
-    return Expected(ref.raw, ref.stores, False, tuple(changes))
+        state[RIP_INDEX] = tx.at.next
+        return Expected(encode_state(state, tx.start_ext), (), tuple(changes))
+    ref = references.reference(tx.site, tx.at.original, encode_state(state, tx.start_ext))
+    return Expected(ref.raw, ref.stores, tuple(changes))
 
 
 def resume_address(exp: Expected) -> int:

@@ -15,7 +15,6 @@ from typing import NamedTuple
 from emu.abi import PAGE_SIZE, Prot, page_down
 from emu.cpu import BadAccess, Cpu, RawState, StopReason, add_raw_mem_read_hook, add_raw_mem_write_hook
 from emu.memory import Memory
-from emu.verify.state import ExtendedState, decode_extended, decode_state
 
 MAX_PAGES = 8  # an instruction touching more pages than this (at one site, over time) starts afresh
 _U64 = (1 << 64) - 1
@@ -28,10 +27,6 @@ class Reference(NamedTuple):
     stores: tuple[tuple[int, bytes], ...] = ()  # (address, bytes stored there), in order
     faulted: bool = False
     reads: tuple[tuple[int, bytes], ...] | None = ()  # (address, bytes read there), in order; None: not all known
-
-
-def reference_state(ref: Reference) -> tuple[list[int], ExtendedState]:
-    return decode_state(ref.raw), decode_extended(ref.raw)
 
 
 @dataclass(slots=True)
