@@ -346,10 +346,10 @@ class Cpu:
 
         return wrapper
 
-    def _add_hook(self, kind: int, cfunc: Any, begin: int, end: int, *extra: int) -> HookHandle:
+    def _add_hook(self, kind: int, cfunc: Any, begin: int, end: int, *extra: int, user_data: int | None = None) -> HookHandle:
         handle = ctypes.c_size_t()
         status = uclib.uc_hook_add(
-            self._uch, ctypes.byref(handle), kind, ctypes.cast(cfunc, ctypes.c_void_p), None,
+            self._uch, ctypes.byref(handle), kind, ctypes.cast(cfunc, ctypes.c_void_p), user_data,
             ctypes.c_uint64(begin), ctypes.c_uint64(end), *[ctypes.c_int(e) for e in extra],
         )
         if status != unicorn.UC_ERR_OK:
@@ -560,6 +560,19 @@ def add_raw_code_hook(cpu: Cpu, callback: RawCodeHook, begin: int, end: int) -> 
 
 def add_raw_mem_write_hook(cpu: Cpu, callback: RawWriteHook, begin: int, end: int) -> HookHandle:
     return cpu._add_hook(unicorn.UC_HOOK_MEM_WRITE, _MEM_CB(callback), begin, end)
+
+
+def add_native_mem_write_hook(cpu: Cpu, function: int, user_data: int, begin: int, end: int) -> HookHandle:
+    """A write hook whose callback is machine code at ``function`` (Unicorn's signature), called
+    with ``user_data``: it never enters Python."""
+    return cpu._add_hook(unicorn.UC_HOOK_MEM_WRITE, ctypes.c_void_p(function), begin, end, user_data=user_data)
+
+
+def native_function(name: str) -> int:
+    """The address of one of libunicorn's functions (for machine code that calls it)."""
+    address = ctypes.cast(getattr(_raw, name), ctypes.c_void_p).value
+    assert address is not None
+    return address
 
 
 def add_raw_mem_read_hook(cpu: Cpu, callback: RawWriteHook, begin: int, end: int) -> HookHandle:

@@ -80,8 +80,11 @@ def check_redzone(tx: Transaction, exp: Expected, describe: Callable[[int], str]
             continue
         wrong &= ~bytes_written
         out.append(_redzone(tx, lo, hi, expected, f"guest code at {w.pc:#x}: {describe(w.pc)}"))
+    rest = "the fake kernel (copy_to_user)"
+    if tx.unrecorded:
+        rest = "one of the guest stores past the write log's capacity, or " + rest
     for lo, hi in _runs(wrong):
-        out.append(_redzone(tx, lo, hi, expected, "the fake kernel (copy_to_user)"))
+        out.append(_redzone(tx, lo, hi, expected, rest))
     return sorted(out, key=lambda v: v.detail["offset"])
 
 

@@ -149,6 +149,7 @@ class ResumeWatch:
             redzone = None
             offset = rsp - tx.redzone_base
             if 0 <= offset <= RED_ZONE - 8:  # the 6.18 trampoline returns from the red zone
+                tracker.fold_log(tx)
                 redzone = tx.redzone_before  # as it is now, if every write into it stored what it held
                 if redzone is None or tx.redzone_changed:
                     redzone = tracker.raw.mem(tx.redzone_base, RED_ZONE)

@@ -29,7 +29,7 @@ has exited, gets no verdict (as for one thread).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
@@ -53,6 +53,8 @@ from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.kernel_writes import WatchedBackend
 from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
+from emu.verify.write_log import WriteLog
+from emu.verify.write_log import entries as log_entries
 
 if TYPE_CHECKING:
     from emu.kernel.tasks import Task
@@ -93,7 +95,8 @@ class Transaction:
     class whose constructor sets only what every hit needs: it is built inside a hook, on every
     hit; the rest are class-level defaults until set."""
 
-    guest_writes: Sequence[GuestWrite] = ()  # guest stores into the red zone (few: a new tuple each)
+    logged: tuple[bytes, ...] = ()  # raw WriteLog entries of the guest's stores into the window
+    unrecorded = False  # more stores than the log holds: some guest stores are not in guest_writes
     chain: tuple[PtRegs, PtRegs] | None = None  # pt_regs before and after the consumers
     path: Path | None = None
     end_addr = 0
@@ -123,8 +126,23 @@ class Transaction:
     def original(self) -> bytes:
         return self.at.original
 
-    def add_write(self, write: GuestWrite) -> None:
-        self.guest_writes = (*self.guest_writes, write)
+    @cached_property
+    def guest_writes(self) -> list[GuestWrite]:
+        """The guest's stores into the red zone, in order; for a NOP, not those that stored what the
+        red zone held before (its reference red zone is that snapshot: such a store leaves no
+        difference of its own, and a byte found changed later was changed by a later store or by
+        the kernel)."""
+        before = self.redzone_before
+        out = []
+        for chunk in self.logged:
+            for pc, addr, size, value in log_entries(chunk):
+                offset = addr - self.redzone_base
+                if offset + size <= 0 or offset >= RED_ZONE:
+                    continue
+                if not (self.nop and before is not None and 0 <= offset <= RED_ZONE - size
+                        and (value & ((1 << 8 * size) - 1)).to_bytes(size, "little") == before[offset : offset + size]):
+                    out.append(GuestWrite(pc, addr, size, value))
+        return out
 
     @cached_property
     def start_state(self) -> list[int]:
@@ -192,6 +210,7 @@ class TransactionTracker:
         self._site_hooks: list[HookHandle] = []
         self._suspended: dict[int, _Suspended] = {}  # tid -> its transaction, while another thread runs
         self.bind(attachments)
+        self.log = WriteLog()
         self._writes = self._red_zone_window()
         machine.kernel.sched.switch_observers.append(self.switch)
         machine.uprobes.chain_observers.append(self._on_chain)
@@ -202,7 +221,7 @@ class TransactionTracker:
         """The write hook, closed (opened on the red zone during each transaction). Where its range
         cannot be moved (HookRange's layout check), a hook over ``[stack]`` filtered here instead:
         then only the main thread's red zone is watched."""
-        hook = add_raw_mem_write_hook(self.cpu, self._on_write, 0, ADDRESS_SPACE_END)
+        hook, _native = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self._on_write)
         window = hook_range(hook, 0, ADDRESS_SPACE_END)
         if window is not None:
             window.close()
@@ -239,8 +258,9 @@ class TransactionTracker:
             if self._up.probes.get(addr) is not at.uprobe:
                 return  # detached: the original instruction runs, nothing to verify
             tx = self.active = Transaction(at, self.raw.read(), dict(self._exits))
+            base = tx.redzone_base
+            self.log.start(base, snapshot_wanted=True)
             if self._writes is not None:  # _window(base), inline: a call costs on every hit
-                base = tx.redzone_base
                 self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
@@ -249,6 +269,8 @@ class TransactionTracker:
     def switch(self, prev: Task, nxt: Task) -> None:
         """Scheduler observer: suspend ``prev``'s transaction, resume ``nxt``'s (see the module doc)."""
         tx = self.active
+        if tx is not None:
+            self.keep_log(tx)
         self.abandon()
         if tx is not None and prev.alive:
             self._suspended[prev.tid] = _Suspended(tx, dict(self._exits), self._redzone_if_touched(tx))
@@ -268,6 +290,7 @@ class TransactionTracker:
             if current != held.redzone:  # another thread stored there: not this transaction's doing
                 tx.redzone_before = others_folded_in(tx.redzone_before, held.redzone, current)
         self.active = tx
+        self.log.start(tx.redzone_base, snapshot_wanted=tx.redzone_before is None)
         if self._writes is not None:
             self._writes.set(*_window(tx.redzone_base))
 
@@ -287,6 +310,7 @@ class TransactionTracker:
         self.active = None  # abandon(), inline
         if self._writes is not None:
             self._writes.close()
+        self.fold_log(tx)
         self.count += 1
         if rsp is None:
             rsp = _U64.unpack_from(raw, RAW_RSP)[0]
@@ -304,6 +328,7 @@ class TransactionTracker:
         tx.redzone_before = redzone if before is None else before  # None: nothing wrote into it
         tx.end_raw, tx.end_addr, tx.end_rsp, tx.redzone_after = raw, resume, rsp, redzone
         tx.exits_after = dict(self._exits)
+        self.keep_log(tx)
         self.on_finished(tx)
 
     def _redzone(self, base: int) -> bytes:
@@ -313,6 +338,7 @@ class TransactionTracker:
         """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it."""
         tx = self.active
         if tx is not None and addr < tx.redzone_base + RED_ZONE and addr + size > tx.redzone_base:
+            self.fold_log(tx)  # the guest's stores so far, and the red zone before the first
             if tx.redzone_before is None:
                 tx.redzone_before = self._redzone(tx.redzone_base)
             tx.redzone_changed = True
@@ -323,8 +349,27 @@ class TransactionTracker:
         if self._writes is not None:
             self._writes.close()
 
+    def fold_log(self, tx: Transaction) -> None:
+        """The write log has stores of ``tx``'s: the red zone as it was before the first one
+        becomes its reference, if none was taken yet, and it may have changed (whoever needs it
+        now reads it). The stores stay in the log until keep_log()."""
+        if self.log.count:
+            if tx.redzone_before is None:
+                tx.redzone_before = self.log.snapshot()
+            tx.redzone_changed = True
+
+    def keep_log(self, tx: Transaction) -> None:
+        """Move the stores the write log holds into ``tx`` (before the log serves another hit, or
+        the checks read them)."""
+        if self.log.count:
+            self.fold_log(tx)
+            entries, overflowed = self.log.take()
+            tx.logged += (entries,)
+            tx.unrecorded |= overflowed
+
     def _on_write(self, _uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
-        """Raw write hook, open on the active transaction's red zone only (HookRange)."""
+        """Raw write hook, where the machine-code one cannot be mapped (emu/verify/write_log.py):
+        the same log, from Python, for the active transaction's red zone only."""
         try:
             tx = self.active
             if tx is None:
@@ -332,18 +377,10 @@ class TransactionTracker:
             offset = addr - tx.redzone_base
             if offset + size <= 0 or offset >= RED_ZONE:
                 return True
-            if tx.redzone_before is None:  # the first store into it, not landed yet: the red zone as it was
-                tx.redzone_before = self._redzone(tx.redzone_base)
-            if tx.nop and 0 <= offset <= RED_ZONE - size:
-                stored = (value & ((1 << 8 * size) - 1)).to_bytes(size, "little")
-                if stored == tx.redzone_before[offset : offset + size]:
-                    # Stores what the snapshot holds (the 6.18 trampoline's saves, from the second
-                    # optimized hit on). A NOP's reference red zone is the snapshot, so this store
-                    # leaves no difference of its own: a byte found changed later was changed by a
-                    # later store (recorded) or by the kernel.
-                    return True
-            tx.redzone_changed = True
-            tx.add_write(GuestWrite(self.cpu.read(Reg.RIP), addr, size, value))
+            log = self.log
+            if log.snapshot_pending:  # the first store into it, not landed yet: the red zone as it was
+                log.set_snapshot(self._redzone(tx.redzone_base))
+            log.record(self.cpu.read(Reg.RIP), addr, size, value)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
         return True
