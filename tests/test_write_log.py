@@ -107,3 +107,15 @@ def test_verdicts_with_the_machine_code_hook_match_the_python_ones(monkeypatch: 
     finally:
         write_log._native_hook.cache_clear()
     assert native and native == python
+
+
+def test_a_window_that_cannot_be_read_gives_no_snapshot() -> None:
+    log = WriteLog()
+    cpu = Cpu()
+    cpu.mem_map(CODE, 0x1000, Prot.READ | Prot.WRITE | Prot.EXEC)
+    cpu.mem_map(DATA, 0x1000, Prot.READ | Prot.WRITE)
+    cpu.mem_write(CODE, bytes.fromhex("48890425" "08000800" "f4"))  # mov %rax,0x80008; hlt
+    log.add_hook(cpu, DATA, DATA + 0xFFF, lambda *_: True)
+    log.start(DATA - 64, snapshot_wanted=True)  # the window starts on the unmapped page below
+    cpu.run(CODE)
+    assert log.count == 1 and log.snapshot() is None

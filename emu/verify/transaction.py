@@ -354,8 +354,8 @@ class TransactionTracker:
         becomes its reference, if none was taken yet, and it may have changed (whoever needs it
         now reads it). The stores stay in the log until keep_log()."""
         if self.log.count:
-            if tx.redzone_before is None:
-                tx.redzone_before = self.log.snapshot()
+            if tx.redzone_before is None:  # unreadable then: read now (unmapped still: Memory's error)
+                tx.redzone_before = self.log.snapshot() or self._redzone(tx.redzone_base)
             tx.redzone_changed = True
 
     def keep_log(self, tx: Transaction) -> None:

@@ -19,7 +19,8 @@ Buffer layout (64-bit words, then bytes):
   3 window length
   4, 5: uc_mem_read, uc_reg_read (function pointers the machine code calls)
   6 taken: the snapshot is taken (or not wanted)
-  7.. snapshot (WINDOW bytes), then the entries (pc, address, size, value), 32 bytes each
+  7 snapshot status: what uc_mem_read returned (0: the window was mapped)
+  8.. snapshot (WINDOW bytes), then the entries (pc, address, size, value), 32 bytes each
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ import unicorn.x86_const as x86
 from emu.abi import RED_ZONE
 from emu.cpu import Cpu, HookHandle, RawWriteHook, add_native_mem_write_hook, add_raw_mem_write_hook, native_function
 
-COUNT, CAPACITY, BASE, LENGTH, MEM_READ, REG_READ, TAKEN = range(7)
-SNAPSHOT_OFFSET = 8 * 7
+COUNT, CAPACITY, BASE, LENGTH, MEM_READ, REG_READ, TAKEN, STATUS = range(8)
+SNAPSHOT_OFFSET = 8 * 8
 WINDOW = RED_ZONE
 ENTRIES_OFFSET = SNAPSHOT_OFFSET + WINDOW
 ENTRY = struct.Struct("<QQQq")  # pc, address, size, value (as Unicorn passes it: signed)
@@ -51,6 +52,7 @@ jne snapshot_taken
 movq $1, {8 * TAKEN}(%rbx)
 mov %r12, %rdi; mov {8 * BASE}(%rbx), %rsi; lea {SNAPSHOT_OFFSET}(%rbx), %rdx; mov {8 * LENGTH}(%rbx), %rcx
 call *{8 * MEM_READ}(%rbx)
+mov %rax, {8 * STATUS}(%rbx)
 snapshot_taken:
 mov {8 * COUNT}(%rbx), %rax
 cmp {8 * CAPACITY}(%rbx), %rax
@@ -74,7 +76,7 @@ def _native_hook() -> int | None:
     from emu.asm import AsmError, assemble
 
     try:
-        code = assemble(";".join(line for line in HOOK_SOURCE.strip().splitlines()))
+        code = assemble(";".join(HOOK_SOURCE.strip().splitlines()))
         page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
     except (AsmError, OSError):
         return None
@@ -112,12 +114,16 @@ class WriteLog:
         words[COUNT] = 0
         words[BASE] = base
         words[TAKEN] = 0 if snapshot_wanted else 1
+        words[STATUS] = 0
 
     @property
     def count(self) -> int:
         return self._words[COUNT]
 
-    def snapshot(self) -> bytes:
+    def snapshot(self) -> bytes | None:
+        """The window as it was before the first store; None if it could not be read (unmapped)."""
+        if self._words[STATUS] & 0xFFFFFFFF:
+            return None
         return self._bytes[SNAPSHOT_OFFSET:ENTRIES_OFFSET].tobytes()
 
     def take(self) -> tuple[bytes, bool]:
