@@ -181,6 +181,7 @@ class Cpu:
         _Engines.adopt(self, self._uc)
         self._uch = self._uc._uch
         self._callbacks: dict[int, object] = {}
+        self._keep: list[object] = []  # C callbacks handed to machine code (raw_code_hook_address)
         self._hook_error: BaseException | None = None
         self._one = ctypes.c_uint64()
         self._one_ref = ctypes.byref(self._one)
@@ -202,7 +203,9 @@ class Cpu:
         self.last_bad_access: BadAccess | None = None
         self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
         # Run after the syscall and interrupt handlers (add_syscall_hook); each catches its own exceptions.
+        self.before_syscall: list[Callable[[], None]] = []
         self.after_syscall: list[Callable[[], None]] = []
+        self.before_interrupt: list[Callable[[int], None]] = []
         self.after_interrupt: list[Callable[[int], None]] = []
         self._add_hook(_HOOK_MEM_INVALID, _MEM_CB(self._on_invalid_mem), 1, 0)
 
@@ -362,29 +365,34 @@ class Cpu:
         self._callbacks.pop(hook.value, None)
 
     def add_syscall_hook(self, callback: Callable[[], None]) -> HookHandle:
-        """``callback`` handles the syscall; then each of ``after_syscall`` runs, in the same frame,
-        whether it returned or raised (a raw hook of their own would cost a C callback per syscall)."""
-        after = self.after_syscall
+        """``callback`` handles the syscall, with each of ``before_syscall`` run first and each of
+        ``after_syscall`` after, in the same frame, whether it returned or raised (a raw hook of
+        their own would cost a C callback per syscall)."""
+        before, after = self.before_syscall, self.after_syscall
 
         def on_syscall(_uc: object, _ud: object) -> None:  # one Python frame: the syscall hot path
             try:
+                for observer in before:
+                    observer()
                 callback()
-            except BaseException as exc:  # re-raised by run()
-                if self._hook_error is None:
-                    self._hook_error = exc
-                uclib.uc_emu_stop(self._uch)
+            except BaseException as exc:
+                hook_raised(self, exc)
             for observer in after:
                 observer()
 
         return self._add_hook(unicorn.UC_HOOK_INSN, _SYSCALL_CB(on_syscall), 1, 0, x86.UC_X86_INS_SYSCALL)
 
     def add_interrupt_hook(self, callback: Callable[[int], None]) -> HookHandle:
-        """As add_syscall_hook, with ``after_interrupt``."""
-        guarded = self._guard(callback)
-        after = self.after_interrupt
+        """As add_syscall_hook, with ``before_interrupt`` and ``after_interrupt``."""
+        before, after = self.before_interrupt, self.after_interrupt
 
         def on_interrupt(_uc: object, intno: int, _ud: object) -> None:
-            guarded(intno)
+            try:
+                for observer in before:
+                    observer(intno)
+                callback(intno)
+            except BaseException as exc:
+                hook_raised(self, exc)
             for observer in after:
                 observer(intno)
 
@@ -474,6 +482,8 @@ STATE_REGS: tuple[int, ...] = (
 STATE_FLAGS_OFFSET = 8 * 17  # rip, rsp, the 15 other GPRs in GPRS order, then rflags
 STATE_XMM_OFFSET = 8 * 21  # after rflags, fs base, gs base, mxcsr (8 bytes each); then xmm0-15
 STATE_BYTES = STATE_XMM_OFFSET + 16 * 16
+STATE_OFFSETS: tuple[int, ...] = tuple(8 * i for i in range(21)) + tuple(STATE_XMM_OFFSET + 16 * i for i in range(16))
+"""Where each of STATE_REGS lies in a snapshot."""
 
 # Bound through PyDLL: these calls keep the GIL (releasing and taking it back costs more than they
 # do; they never call back into Python). No argtypes: their conversion costs more than the call;
@@ -493,7 +503,7 @@ class RawState:
         self._uch = cpu._uch
         self._buf = ctypes.create_string_buffer(STATE_BYTES)
         base = ctypes.addressof(self._buf)
-        offsets = [8 * i for i in range(21)] + [STATE_XMM_OFFSET + 16 * i for i in range(16)]
+        offsets = STATE_OFFSETS
         n = len(STATE_REGS)
         self._all = ((ctypes.c_int * n)(*STATE_REGS), (ctypes.c_void_p * n)(*[base + o for o in offsets]), n)
         keep = [i for i in range(n) if STATE_REGS[i] != Reg.RIP]
@@ -568,6 +578,21 @@ def add_native_mem_write_hook(cpu: Cpu, function: int, user_data: int, begin: in
     return cpu._add_hook(unicorn.UC_HOOK_MEM_WRITE, ctypes.c_void_p(function), begin, end, user_data=user_data)
 
 
+def add_native_code_hook(cpu: Cpu, function: int, user_data: int, begin: int, end: int) -> HookHandle:
+    """As add_native_mem_write_hook, for a code hook."""
+    return cpu._add_hook(unicorn.UC_HOOK_CODE, ctypes.c_void_p(function), begin, end, user_data=user_data)
+
+
+def raw_code_hook_address(cpu: Cpu, callback: RawCodeHook) -> int:
+    """A C function pointer that calls ``callback`` (for machine code that hands a hit to Python);
+    it lives as long as ``cpu``."""
+    cfunc = _CODE_CB(callback)
+    cpu._keep.append(cfunc)
+    address = ctypes.cast(cfunc, ctypes.c_void_p).value
+    assert address is not None
+    return address
+
+
 def native_function(name: str) -> int:
     """The address of one of libunicorn's functions (for machine code that calls it)."""
     address = ctypes.cast(getattr(_raw, name), ctypes.c_void_p).value
@@ -601,7 +626,8 @@ class HookRange:
     _BEGIN_OFFSET = 24
 
     def __init__(self, hook: HookHandle) -> None:
-        self._range = memoryview((ctypes.c_char * 16).from_address(hook.value + self._BEGIN_OFFSET)).cast("B").cast("Q")
+        self.address = hook.value + self._BEGIN_OFFSET  # where begin and end lie (for machine code that moves them)
+        self._range = memoryview((ctypes.c_char * 16).from_address(self.address)).cast("B").cast("Q")
 
     def set(self, begin: int, end: int) -> None:
         """Fire for accesses starting in [begin, end] (inclusive; begin <= end)."""

@@ -11,7 +11,7 @@ from emu.abi import Prot
 from emu.cpu import Cpu, Reg
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
-from emu.verify import write_log
+from emu.verify import machine_code
 from emu.verify.session import VerifySession
 from emu.verify.write_log import WriteLog, entries
 
@@ -24,10 +24,10 @@ STORES = bytes.fromhex("48890425" "08010800" "48890425" "00020800" "c60425010108
 @pytest.fixture
 def python_hook_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """As on a host that refuses executable mappings."""
-    write_log._native_hook.cache_clear()
-    monkeypatch.setattr(write_log.mmap, "mmap", _refuse)
+    machine_code.mapped.cache_clear()
+    monkeypatch.setattr(machine_code.mmap, "mmap", _refuse)
     yield
-    write_log._native_hook.cache_clear()
+    machine_code.mapped.cache_clear()
 
 
 def _refuse(*_args: object, **_kwargs: object) -> object:
@@ -100,12 +100,12 @@ def _verdicts(design: str) -> list[tuple[int, int, str, str, str]]:
 
 def test_verdicts_with_the_machine_code_hook_match_the_python_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     native = _verdicts("linux-6.18")
-    write_log._native_hook.cache_clear()
-    monkeypatch.setattr(write_log.mmap, "mmap", _refuse)
+    machine_code.mapped.cache_clear()
+    monkeypatch.setattr(machine_code.mmap, "mmap", _refuse)
     try:
         python = _verdicts("linux-6.18")
     finally:
-        write_log._native_hook.cache_clear()
+        machine_code.mapped.cache_clear()
     assert native and native == python
 
 

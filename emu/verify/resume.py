@@ -58,13 +58,18 @@ class ResumeWatch:
         self._rets: dict[int, int] = {}  # hooked ret -> its immediate (bytes popped after the address)
         self._tail_ret: dict[int, int] = {}  # followed kernel-side address -> the hooked ret ending it
         self._sysret_watched: set[int] = set()  # probe sites whose code after SYSRET is watched
+        self._armable: dict[int, int] = {}  # ... and ends in this ret, whose hook is machine code (emu/verify/native_edges.py)
+        self._native_rets: set[int] = set()  # hooked rets whose hook is machine code
         self.watching_blocks = False  # the fallback is on (it stays on)
         self.cpu.after_interrupt.append(self._after_interrupt)
         self.cpu.after_syscall.append(self._after_syscall)
+        if tracker.edges is not None:
+            tracker.edges.set_ret_fallback(self._on_ret)
 
     def lost_track(self) -> None:
         """The guest resumed without any of the hooks here seeing it: watch blocks from now on."""
         self._sysret_watched.clear()
+        self._armable.clear()
         self._watch_blocks()
 
     # ----------------------------------------------------------- the kernel's exits
@@ -82,26 +87,34 @@ class ResumeWatch:
                 return
             irets = self._exits.get(_IRET, 0) - tx.exits_before.get(_IRET, 0)
             if not irets and tx.site in self._sysret_watched and not hook_failed(self.cpu):
+                ret = self._armable.get(tx.site)
+                if ret is not None:
+                    self.tracker.arm(tx, ret, 8 + self._rets[ret])
                 return  # SYSRET into the trampoline code watched for this site
-            if self._kernel_returns(2) and not irets:
+            followed = self._kernel_returns(2)
+            if followed is not None and not irets:
                 self._sysret_watched.add(tx.site)
+                ret = self._tail_ret[followed]
+                if ret in self._native_rets:
+                    self._armable[tx.site] = ret
         except BaseException as exc:
             hook_raised(self.cpu, exc)
 
-    def _kernel_returns(self, rip_advance: int) -> bool:
-        """The kernel returns to rip + ``rip_advance``. True: into straight-line code now watched."""
+    def _kernel_returns(self, rip_advance: int) -> int | None:
+        """The kernel returns to rip + ``rip_advance``; that address if it is straight-line code now
+        watched to its ``ret``."""
         if hook_failed(self.cpu):
             self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
-            return False
+            return None
         raw = self.tracker.raw.read()
         addr = (_U64.unpack_from(raw, RAW_RIP)[0] + rip_advance) & U64
         if self._guest_side(addr):
             self.tracker.finish(addr, raw)
-            return False
+            return None
         if self.machine.kernel.deferred:
             self._watch_blocks()  # an out-of-line step: the kernel runs it between two CPU runs
-            return False
-        return self._follow(addr)
+            return None
+        return addr if self._follow(addr) else None
 
     def _guest_side(self, addr: int) -> bool:
         """Not in the kernel's pages (right after the probed instruction, the common case, is not)."""
@@ -121,12 +134,20 @@ class ResumeWatch:
             if end is not None and end[2] == "ret":
                 pc, size, _word, op_str = end
                 self._rets[pc] = int(op_str, 0) if op_str else 0
-                add_raw_code_hook(self.cpu, self._on_ret, pc, pc)
+                self._hook_ret(pc)
                 self.cpu.flush_code(addr, pc + size)
                 self._tail_ret[addr] = pc
             elif end is None or end[2] not in _KERNEL_ENTRIES:
                 self._watch_blocks()  # else the kernel is entered again: the hooks here see its exit
         return addr in self._tail_ret and not self.watching_blocks
+
+    def _hook_ret(self, pc: int) -> None:
+        edges = self.tracker.edges
+        if edges is not None:
+            edges.add_ret_hook(pc)
+            self._native_rets.add(pc)
+        else:
+            add_raw_code_hook(self.cpu, self._on_ret, pc, pc)
 
     def _straight_line_end(self, addr: int) -> tuple[int, int, str, str] | None:
         vma = self.mem.find(addr)

@@ -51,6 +51,7 @@ from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.kernel_writes import WatchedBackend
+from emu.verify.native_edges import ACTIVE, ARMED, IDLE, PENDING, SITE, STATE, NativeEdges
 from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
 from emu.verify.write_log import WriteLog
@@ -204,14 +205,18 @@ class TransactionTracker:
         self._up = machine.uprobes
         self._exits = machine.uprobes.stats.exits
         self.on_finished = on_finished
-        self.active: Transaction | None = None
-        self.count = 0
+        self._active: Transaction | None = None
+        self._count = 0
         self._by_site: dict[int, ProbeSite] = {}
         self._site_hooks: list[HookHandle] = []
         self._suspended: dict[int, _Suspended] = {}  # tid -> its transaction, while another thread runs
-        self.bind(attachments)
         self.log = WriteLog()
+        self._native_log = False
         self._writes = self._red_zone_window()
+        self.edges = self._native_edges()
+        self._edge_words = None if self.edges is None else self.edges.words
+        self._native_tx: Transaction | None = None  # the transaction whose start state the edges' buffer holds
+        self.bind(attachments)
         machine.kernel.sched.switch_observers.append(self.switch)
         machine.uprobes.chain_observers.append(self._on_chain)
         self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
@@ -221,7 +226,7 @@ class TransactionTracker:
         """The write hook, closed (opened on the red zone during each transaction). Where its range
         cannot be moved (HookRange's layout check), a hook over ``[stack]`` filtered here instead:
         then only the main thread's red zone is watched."""
-        hook, _native = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self._on_write)
+        hook, self._native_log = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self._on_write)
         window = hook_range(hook, 0, ADDRESS_SPACE_END)
         if window is not None:
             window.close()
@@ -231,6 +236,76 @@ class TransactionTracker:
         if stack is not None:
             add_raw_mem_write_hook(self.cpu, self._on_write, stack.start, stack.end - 1)
         return None
+
+    def _native_edges(self) -> NativeEdges | None:
+        """The machine-code site and ret hooks (emu/verify/native_edges.py), where the write log is
+        machine code too and the window can be moved; None: Python hooks do their work."""
+        if self._writes is None or not self._native_log:
+            return None
+        edges = NativeEdges.create(self.cpu, self.log, self._writes, self._on_site)
+        if edges is not None:
+            self.cpu.before_syscall.append(self._before_kernel)
+            self.cpu.before_interrupt.append(self._before_kernel)
+        return edges
+
+    @property
+    def active(self) -> Transaction | None:
+        """The running thread's open transaction (one the site hook left pending becomes a
+        Transaction here; one the ret hook settled is gone)."""
+        words = self._edge_words
+        if words is None:
+            return self._active
+        state = words[STATE]
+        if state >= ACTIVE:
+            return self._active
+        return self._materialize() if state == PENDING else None
+
+    @active.setter
+    def active(self, tx: Transaction | None) -> None:
+        self._active = tx
+        if self._edge_words is not None:
+            self._edge_words[STATE] = IDLE if tx is None else ACTIVE
+
+    @property
+    def count(self) -> int:
+        """Transactions that got a verdict."""
+        return self._count + (0 if self.edges is None else self.edges.finished)
+
+    def _materialize(self) -> Transaction | None:
+        """The transaction the site hook left pending, as a Transaction (none if its probe was detached)."""
+        edges, words = self.edges, self._edge_words
+        assert edges is not None and words is not None
+        addr = words[SITE]
+        at = self._by_site.get(addr)
+        if at is None or self._up.probes.get(addr) is not at.uprobe:
+            self._native_tx = None
+            self.abandon()  # detached: the original instruction ran, nothing to verify
+            return None
+        tx = self._active = self._native_tx = Transaction(at, edges.start_raw(), dict(self._exits))
+        words[STATE] = ACTIVE
+        return tx
+
+    def _before_kernel(self, *_args: object) -> None:
+        """The kernel is entered: a pending transaction becomes a Transaction first (its exit
+        counts start here), and an armed one is disarmed (the kernel may change anything)."""
+        words = self._edge_words
+        assert words is not None
+        state = words[STATE]
+        if state == PENDING:
+            self._materialize()
+        elif state == ARMED:
+            words[STATE] = ACTIVE
+
+    def arm(self, tx: Transaction, ret: int, popped: int) -> None:
+        """The guest is about to leave straight-line trampoline code by the ``ret`` at ``ret``
+        (popping ``popped`` bytes), whose hook is machine code: let it settle ``tx`` if the hit
+        left everything as it found it. Only a hit the Python fast path in :meth:`finish` would
+        settle alike: a NOP-class site whose start state the hook's buffer holds, no consumer that
+        could change a register, nothing written into the red zone by the kernel, no step out of
+        line."""
+        if (tx is self._native_tx and tx.nop and tx.chain is None and tx.redzone_before is None
+                and not tx.logged and not self._up.task.stepping and self.edges is not None):
+            self.edges.arm(ret, popped, tx.at.next)
 
     def bind(self, attachments: list[Attachment]) -> None:
         """Watch these attachments' sites, forgetting earlier ones and their hit counts: one tracker
@@ -246,10 +321,14 @@ class TransactionTracker:
                 self._by_site[addr] = ProbeSite(att.resolved.spec.text, uprobe, addr, original,
                                                 uprobe.insn.kind is Kind.NOP, addr + len(original))
         for site in self._by_site:
-            self._site_hooks.append(add_raw_code_hook(self.cpu, self._on_site, site, site))
+            if self.edges is not None:
+                self._site_hooks.append(self.edges.add_site_hook(site))
+            else:
+                self._site_hooks.append(add_raw_code_hook(self.cpu, self._on_site, site, site))
 
     def _on_site(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
-        """Raw code hook at each probe site (its body is inline: a frame costs on every hit)."""
+        """Raw code hook at each probe site (its body is inline: a frame costs on every hit); with
+        the machine-code site hook, called by it only when a transaction is already open."""
         try:
             if self.active is not None:
                 self.resume.lost_track()  # the guest resumed unseen (not expected): watch blocks
@@ -311,7 +390,7 @@ class TransactionTracker:
         if self._writes is not None:
             self._writes.close()
         self.fold_log(tx)
-        self.count += 1
+        self._count += 1
         if rsp is None:
             rsp = _U64.unpack_from(raw, RAW_RSP)[0]
         before = tx.redzone_before

@@ -4,8 +4,8 @@ one buffer that the verifiers read only when they need them.
 The 6.18 trampoline stores four words into the red zone on every hit, and a memory hook that
 enters Python costs ~1.6 us a store (a ctypes callback, then a C call to read rip), as much as
 the rest of a verified hit. So the hook is a few instructions of machine code, assembled with
-keystone on first use and mapped executable: before the first store lands it copies the window
-(``uc_mem_read``), then it appends (pc, address, size, value) of each store (``uc_reg_read`` of
+keystone on first use and mapped executable (emu/verify/machine_code.py): before the first store
+lands it copies the window (``uc_mem_read``), then it appends (pc, address, size, value) of each store (``uc_reg_read`` of
 rip), and returns to Unicorn without entering Python. The tracker folds the log into its
 transaction when it next looks (emu/verify/transaction.py).
 
@@ -26,14 +26,13 @@ Buffer layout (64-bit words, then bytes):
 from __future__ import annotations
 
 import ctypes
-import functools
-import mmap
 import struct
 
 import unicorn.x86_const as x86
 
 from emu.abi import RED_ZONE
 from emu.cpu import Cpu, HookHandle, RawWriteHook, add_native_mem_write_hook, add_raw_mem_write_hook, native_function
+from emu.verify.machine_code import mapped
 
 COUNT, CAPACITY, BASE, LENGTH, MEM_READ, REG_READ, TAKEN, STATUS = range(8)
 SNAPSHOT_OFFSET = 8 * 8
@@ -70,24 +69,6 @@ ret
 """
 
 
-@functools.cache
-def _native_hook() -> int | None:
-    """The hook's address, mapped executable once per process; None where that is refused."""
-    from emu.asm import AsmError, assemble
-
-    try:
-        code = assemble(";".join(HOOK_SOURCE.strip().splitlines()))
-        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-    except (AsmError, OSError):
-        return None
-    page.write(code)
-    _KEEP.append(page)
-    return ctypes.addressof(ctypes.c_char.from_buffer(page))
-
-
-_KEEP: list[mmap.mmap] = []  # the mapped hook lives as long as the process
-
-
 class WriteLog:
     def __init__(self, capacity: int = CAPACITY_ENTRIES) -> None:
         self._buf = ctypes.create_string_buffer(ENTRIES_OFFSET + ENTRY.size * capacity)
@@ -102,10 +83,15 @@ class WriteLog:
     def add_hook(self, cpu: Cpu, begin: int, end: int, fallback: RawWriteHook) -> tuple[HookHandle, bool]:
         """The machine-code hook over [begin, end], or ``fallback`` (which calls :meth:`record`)
         where it cannot be mapped. True: native."""
-        native = _native_hook()
+        native = mapped(HOOK_SOURCE)
         if native is None:
             return add_raw_mem_write_hook(cpu, fallback, begin, end), False
         return add_native_mem_write_hook(cpu, native, ctypes.addressof(self._buf), begin, end), True
+
+    @property
+    def address(self) -> int:
+        """Where the buffer lies (for machine code that starts the log itself)."""
+        return ctypes.addressof(self._buf)
 
     def start(self, base: int, snapshot_wanted: bool) -> None:
         """A transaction (re)starts watching the window at ``base``: no stores logged yet; the

@@ -1,0 +1,256 @@
+"""Machine-code hooks at the two edges of an optimized probe hit: the probe site, and the ``ret``
+that ends the trampoline's straight line after its syscall.
+
+In Python, these two hooks cost more than the hit they watch (~10 us for an optimized hit; each
+hook is a ctypes callback plus a state read through ctypes, ~4-8 us). In machine code:
+
+* the **site hook** reads the whole state (``uc_reg_read_batch``, the RawState layout) into the
+  control block, starts the write log and opens the red-zone window, and marks a transaction
+  *pending*. The tracker turns it into a Transaction the first time Python looks (the kernel's
+  entry, a context switch, any reader of ``TransactionTracker.active``).
+* the **ret hook** settles an *armed* transaction without Python when the hit provably left
+  everything as it found it: the ``ret`` is the one it was armed for, it returns to the address right after the site, rsp comes
+  back to where it was, every other register (rflags exactly) and the extended state are byte for
+  byte the start state, and the red zone is either untouched or byte for byte its snapshot. The
+  tracker arms a transaction (emu/verify/resume.py) only when nothing else can change the verdict:
+  a NOP-class site, no consumer that could change a register, no kernel write into the red zone,
+  no out-of-line step. That is the tracker's own fast path (TransactionTracker.finish), moved.
+
+Anything else is handed to the Python hook unchanged (a tail jump with Unicorn's arguments): a
+site hit while a transaction is open, a ``ret`` of a transaction that is not armed, or an armed one
+that fails any test above. Handing over disarms it.
+
+Control block layout (64-bit words), then the buffers:
+  0 state: IDLE, PENDING, ACTIVE (Python tracks it) or ARMED
+  1 site: the pending transaction's site    2 next: the armed transaction's resume address
+  3 finished: transactions the ret hook settled
+  4, 5: uc_reg_read_batch, uc_mem_read      6, 7: the Python site and ret hooks
+  8 the write log's buffer                  9 the red-zone window's range (HookRange)
+  10 the register count   11-13 the register ids, start and end pointer arrays   14 a word read
+  15 the ret the armed transaction leaves by   16 the bytes it pops (8 + its immediate)
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from emu.abi import RED_ZONE
+from emu.cpu import (
+    STATE_BYTES,
+    STATE_OFFSETS,
+    STATE_REGS,
+    Cpu,
+    HookHandle,
+    HookRange,
+    RawCodeHook,
+    add_native_code_hook,
+    native_function,
+    raw_code_hook_address,
+)
+from emu.verify.machine_code import mapped
+from emu.verify.state import RAW_KEPT, RAW_RSP
+from emu.verify.write_log import BASE, COUNT, SNAPSHOT_OFFSET, STATUS, TAKEN, WriteLog
+
+(STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, WINDOW, NREGS, IDS, START_PTRS, END_PTRS,
+ WORD, RET_PC, POPPED) = range(17)
+START = 18 * 8  # byte offsets of the buffers
+END = START + STATE_BYTES
+REDZONE = END + STATE_BYTES
+IDS_AT = REDZONE + RED_ZONE
+START_PTRS_AT = IDS_AT + (4 * len(STATE_REGS) + 7) // 8 * 8
+END_PTRS_AT = START_PTRS_AT + 8 * len(STATE_REGS)
+BLOCK_BYTES = END_PTRS_AT + 8 * len(STATE_REGS)
+MAX_STORE = 8  # as in emu/verify/transaction.py: a store starting 7 bytes below the red zone reaches it
+
+
+# The state word (plain ints: the tracker compares it on every hit, and an enum costs ~0.1 us more).
+IDLE = 0
+PENDING = 1  # the site hook took the start state; no Transaction yet
+ACTIVE = 2  # Python tracks the transaction
+ARMED = 3  # ... and the ret hook may settle it
+
+
+# (uc=rdi, address=rsi, size=edx, block=rcx). Three pushes align rsp for the call.
+SITE_SOURCE = f"""
+cmpq $0, {8 * STATE}(%rcx)
+jne to_python
+push %rbx
+push %r12
+push %r13
+mov %rcx, %rbx
+mov %rsi, %r12
+mov {8 * IDS}(%rbx), %rsi
+mov {8 * START_PTRS}(%rbx), %rdx
+mov {8 * NREGS}(%rbx), %ecx
+call *{8 * REG_BATCH}(%rbx)
+mov %r12, {8 * SITE}(%rbx)
+movq ${PENDING}, {8 * STATE}(%rbx)
+mov {START + RAW_RSP}(%rbx), %rax
+sub ${RED_ZONE}, %rax
+mov {8 * LOG}(%rbx), %rdx
+movq $0, {8 * COUNT}(%rdx)
+mov %rax, {8 * BASE}(%rdx)
+movq $0, {8 * TAKEN}(%rdx)
+movq $0, {8 * STATUS}(%rdx)
+mov {8 * WINDOW}(%rbx), %rdx
+lea {RED_ZONE - 1}(%rax), %rcx
+mov %rcx, 8(%rdx)
+xor %ecx, %ecx
+lea -{MAX_STORE - 1}(%rax), %r8
+cmp ${MAX_STORE}, %rax
+cmovae %r8, %rcx
+mov %rcx, (%rdx)
+pop %r13
+pop %r12
+pop %rbx
+ret
+to_python:
+jmp *{8 * PY_SITE}(%rcx)
+"""
+
+# Five pushes align rsp for the calls.
+RET_SOURCE = f"""
+mov {8 * STATE}(%rcx), %rax
+test %rax, %rax
+je idle
+cmp ${ARMED}, %rax
+jne to_python
+cmp {8 * RET_PC}(%rcx), %rsi
+jne disarm
+push %rbx
+push %r12
+push %r13
+push %r14
+push %r15
+mov %rcx, %rbx
+mov %rdi, %r12
+mov %rsi, %r13
+mov %edx, %r14d
+mov {8 * IDS}(%rbx), %rsi
+mov {8 * END_PTRS}(%rbx), %rdx
+mov {8 * NREGS}(%rbx), %ecx
+call *{8 * REG_BATCH}(%rbx)
+mov {END + RAW_RSP}(%rbx), %rsi
+mov %rsi, %rax
+add {8 * POPPED}(%rbx), %rax
+cmp {START + RAW_RSP}(%rbx), %rax
+jne slow
+mov %r12, %rdi
+lea {8 * WORD}(%rbx), %rdx
+mov $8, %ecx
+call *{8 * MEM_READ}(%rbx)
+test %eax, %eax
+jne slow
+mov {8 * WORD}(%rbx), %rax
+cmp {8 * NEXT}(%rbx), %rax
+jne slow
+lea {START + RAW_KEPT}(%rbx), %rsi
+lea {END + RAW_KEPT}(%rbx), %rdi
+mov ${(STATE_BYTES - RAW_KEPT) // 8}, %ecx
+repe cmpsq
+jne slow
+mov {8 * LOG}(%rbx), %r15
+cmpq $0, {8 * COUNT}(%r15)
+je clean
+cmpl $0, {8 * STATUS}(%r15)
+jne slow
+mov %r12, %rdi
+mov {8 * BASE}(%r15), %rsi
+lea {REDZONE}(%rbx), %rdx
+mov ${RED_ZONE}, %ecx
+call *{8 * MEM_READ}(%rbx)
+test %eax, %eax
+jne slow
+lea {SNAPSHOT_OFFSET}(%r15), %rsi
+lea {REDZONE}(%rbx), %rdi
+mov ${RED_ZONE // 8}, %ecx
+repe cmpsq
+jne slow
+clean:
+movq ${IDLE}, {8 * STATE}(%rbx)
+incq {8 * FINISHED}(%rbx)
+mov {8 * WINDOW}(%rbx), %rax
+movq $0, (%rax)
+movq $0, 8(%rax)
+pop %r15
+pop %r14
+pop %r13
+pop %r12
+pop %rbx
+ret
+slow:
+movq ${ACTIVE}, {8 * STATE}(%rbx)
+mov %r12, %rdi
+mov %r13, %rsi
+mov %r14d, %edx
+mov %rbx, %rcx
+pop %r15
+pop %r14
+pop %r13
+pop %r12
+pop %rbx
+jmp *{8 * PY_RET}(%rcx)
+disarm:
+movq ${ACTIVE}, {8 * STATE}(%rcx)
+to_python:
+jmp *{8 * PY_RET}(%rcx)
+idle:
+ret
+"""
+assert STATE_BYTES % 8 == 0 and RAW_KEPT % 8 == 0 and RED_ZONE % 8 == 0
+
+
+class NativeEdges:
+    """The control block and the two hooks of one tracker. :meth:`create` returns None where machine
+    code cannot be mapped: the tracker's Python hooks do the same work then."""
+
+    def __init__(self, cpu: Cpu, site_code: int, ret_code: int, log: WriteLog, window: HookRange,
+                 on_site: RawCodeHook) -> None:
+        self.cpu = cpu
+        self._site_code, self._ret_code = site_code, ret_code
+        self._block = ctypes.create_string_buffer(BLOCK_BYTES)
+        self._bytes = memoryview(self._block).cast("B")
+        self.words = self._bytes.cast("Q")
+        base = ctypes.addressof(self._block)
+        n = len(STATE_REGS)
+        (ctypes.c_int * n).from_address(base + IDS_AT)[:] = list(STATE_REGS)
+        (ctypes.c_uint64 * n).from_address(base + START_PTRS_AT)[:] = [base + START + o for o in STATE_OFFSETS]
+        (ctypes.c_uint64 * n).from_address(base + END_PTRS_AT)[:] = [base + END + o for o in STATE_OFFSETS]
+        w = self.words
+        w[REG_BATCH], w[MEM_READ] = native_function("uc_reg_read_batch"), native_function("uc_mem_read")
+        w[PY_SITE] = raw_code_hook_address(cpu, on_site)
+        w[LOG], w[WINDOW] = log.address, window.address
+        w[NREGS], w[IDS], w[START_PTRS], w[END_PTRS] = n, base + IDS_AT, base + START_PTRS_AT, base + END_PTRS_AT
+
+    @classmethod
+    def create(cls, cpu: Cpu, log: WriteLog, window: HookRange, on_site: RawCodeHook) -> NativeEdges | None:
+        site_code, ret_code = mapped(SITE_SOURCE), mapped(RET_SOURCE)
+        if site_code is None or ret_code is None:
+            return None
+        return cls(cpu, site_code, ret_code, log, window, on_site)
+
+    def add_site_hook(self, address: int) -> HookHandle:
+        return add_native_code_hook(self.cpu, self._site_code, ctypes.addressof(self._block), address, address)
+
+    def set_ret_fallback(self, on_ret: RawCodeHook) -> None:
+        """The Python hook every ``ret`` hook hands over to."""
+        self.words[PY_RET] = raw_code_hook_address(self.cpu, on_ret)
+
+    def add_ret_hook(self, address: int) -> HookHandle:
+        """A hook on a ``ret``; it settles only a transaction armed for that ``ret``."""
+        assert self.words[PY_RET], "set_ret_fallback first"
+        return add_native_code_hook(self.cpu, self._ret_code, ctypes.addressof(self._block), address, address)
+
+    def start_raw(self) -> bytes:
+        """The state the site hook read (the RawState layout)."""
+        return self._bytes[START:END].tobytes()
+
+    def arm(self, ret: int, popped: int, resume: int) -> None:
+        """Let the hook on the ``ret`` at ``ret`` (which pops ``popped`` bytes) settle the active
+        transaction if it returns to ``resume`` with everything as the site hook found it."""
+        w = self.words
+        w[RET_PC], w[POPPED], w[NEXT], w[STATE] = ret, popped, resume, ARMED
+
+    @property
+    def finished(self) -> int:
+        return self.words[FINISHED]

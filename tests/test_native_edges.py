@@ -1,0 +1,93 @@
+"""The machine-code site and ret hooks (emu/verify/native_edges.py): they settle the clean optimized
+hits without Python, and every verdict is the one the Python hooks give."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from emu.designs import DESIGNS, Design, Trampoline
+from emu.guestio import GuestIO
+from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.machine import Machine, RunOptions
+from emu.verify import transaction
+from emu.verify.session import VerifySession
+from emu.verify.violations import Check
+
+SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
+TARGETS = str(SAMPLES / "probe_targets")
+TRIG = str(SAMPLES / "trig")
+ITERATIONS = 10
+NOP10_RESTORE = "push %rcx; push %r11; push %rax; movq $336,%rax; syscall; pop %rax; pop %r11; pop %rcx"
+
+
+def _nop10_variant(name: str, after_restore: str) -> Design:
+    """The nop10 design with ``after_restore`` run between the trampoline's last pop and its ret."""
+    return replace(DESIGNS["nop10"], name=name,
+                   trampoline=Trampoline(f"{NOP10_RESTORE}; {after_restore}; ret $128; int3"))
+
+
+BROKEN = {
+    Check.REGS: _nop10_variant("bumps-rcx", "lea 1(%rcx),%rcx"),
+    Check.REDZONE: _nop10_variant("flips-a-red-zone-byte", "notb 8(%rsp)"),
+}
+
+
+def _run(path: str, args: list[str], spec: str, design: str | Design, python_only: bool,
+         consumer: Consumer | None = None) -> VerifySession:
+    m = Machine(path, [path, *args], {}, RunOptions(design=design), GuestIO.captured())
+    m.attach(spec, consumer)
+    session = VerifySession(m)
+    assert (session.tracker.edges is None) == python_only
+    m.run()
+    return session
+
+
+def _verdicts(monkeypatch: pytest.MonkeyPatch, path: str, args: list[str], spec: str, design: str | Design,
+              consumer: Consumer | None = None) -> tuple[tuple[int, list[tuple[str, int, str]]], ...]:
+    """(transactions, violations) with the machine-code hooks, then with Python hooks alone."""
+    out = []
+    for python_only in (False, True):
+        if python_only:
+            monkeypatch.setattr(transaction.NativeEdges, "create", classmethod(lambda *_a: None))
+        session = _run(path, args, spec, design, python_only, consumer)
+        out.append((session.transactions, [(v.kind.value, v.hit, v.summary) for v in session.violations]))
+    return tuple(out)
+
+
+@pytest.mark.parametrize(("design", "workload"), [("linux-6.18", "nop5"), ("nop10", "nop10")])
+def test_clean_optimized_hits_are_settled_without_python(design: str, workload: str) -> None:
+    session = _run(TRIG, [workload, "200"], f"uprobe:uprobe_target_{workload}", design, python_only=False)
+    assert session.transactions == 200
+    edges = session.tracker.edges
+    assert edges is not None and edges.finished >= 190  # all but the INT3 hit and the first trampoline hits
+
+
+@pytest.mark.parametrize(("design", "spec"), [
+    ("linux-6.18", "uprobe:t_nop5"), ("nop10", "uprobe:t_nop10"), ("jmp-slots", "uprobe:t_nop5"),
+    ("int3", "uprobe:t_push"), ("linux-6.18", "uprobe:t_ret"), ("nop10", "uprobe:t_jne"),
+])
+def test_verdicts_match_the_python_hooks(monkeypatch: pytest.MonkeyPatch, design: str, spec: str) -> None:
+    native, python = _verdicts(monkeypatch, TARGETS, [str(ITERATIONS)], spec, design)
+    assert native == python
+    assert native[0] >= ITERATIONS
+
+
+@pytest.mark.parametrize("kind", list(BROKEN))
+def test_a_broken_trampoline_is_handed_to_python_and_caught(monkeypatch: pytest.MonkeyPatch, kind: Check) -> None:
+    native, python = _verdicts(monkeypatch, TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", BROKEN[kind])
+    assert native == python
+    caught = [hit for found, hit, _ in native[1] if found == kind.value]
+    assert sorted(set(caught)) == list(range(2, ITERATIONS + 1))  # every trampoline hit (hit 1 is INT3)
+
+
+def test_a_consumer_that_changes_registers_is_never_armed(monkeypatch: pytest.MonkeyPatch) -> None:
+    def change(hit: Hit) -> None:
+        hit.regs.cx ^= 1  # a consumer's change: expected, not a violation
+
+    session = _run(TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", "nop10", False, Consumer(handler=change))
+    assert session.tracker.edges is not None and session.tracker.edges.finished == 0
+    native, python = _verdicts(monkeypatch, TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", "nop10", Consumer(handler=change))
+    assert native == python and native[1] == []
