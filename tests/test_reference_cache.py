@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from emu.abi import RED_ZONE
 from emu.cpu import RawState
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
-from emu.verify.reference_cache import ReferenceCache, input_key
+from emu.verify.expected import expected_outcome, matches_exactly
+from emu.verify.reference_cache import ReferenceCache, input_key, stored_into
 from emu.verify.scratch import ScratchCpu
-from emu.verify.state import SLOTS, decode_state, encode_state
+from emu.verify.state import RAW_KEPT, SLOTS, decode_state, encode_state
 
 TARGETS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "probe_targets")
 MXCSR_DEFAULT = 0x1F80
@@ -142,3 +145,36 @@ def test_cached_and_fresh_agree_on_random_states(guest: Machine, index: int, rax
     cached = cache.reference(guest.exe.entry, original, raw)
     fresh = ScratchCpu(guest.mem).execute(guest.exe.entry, original, raw)
     assert (cached.raw, cached.stores) == (fresh.raw, fresh.stores)
+
+
+STORING = [("55", "push %rbp"), ("48894424f0", "mov %rax,-0x10(%rsp)"), ("f30f7f4424e0", "movdqu %xmm0,-0x20(%rsp)"),
+           ("4883c001", "add $1,%rax")]
+PERTURB = ["none", "register", "resume", "rsp", "redzone"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(index=st.integers(0, len(STORING) - 1), rax=st.integers(0, 2**64 - 1), perturb=st.sampled_from(PERTURB),
+       where=st.integers(0, 10**6), redzone=st.binary(min_size=RED_ZONE, max_size=RED_ZONE))
+def test_settles_says_what_matches_exactly_says(guest: Machine, index: int, rax: int, perturb: str, where: int,
+                                                redzone: bytes) -> None:
+    """The cached hit's shortcut gives the verdict of the full comparison, for a hit that did what
+    the reference did and for one that differs in one byte or address."""
+    original = bytes.fromhex(STORING[index][0])
+    cache = _cache(guest)
+    start = _raw(guest, {0: rax})
+    ref = cache.reference(guest.exe.entry, original, start)
+    rsp, base = guest.entry_sp, guest.entry_sp - RED_ZONE
+    end, end_addr, end_rsp = bytearray(ref.raw), int.from_bytes(ref.raw[:8], "little"), int.from_bytes(ref.raw[8:16], "little")
+    after = bytearray(stored_into(redzone, base, ref.stores))
+    if perturb == "register":
+        end[RAW_KEPT + where % (len(end) - RAW_KEPT)] ^= 1 << where % 8
+    elif perturb == "redzone":
+        after[where % RED_ZONE] ^= 1 << where % 8
+    end_addr += perturb == "resume"
+    end_rsp -= 8 * (perturb == "rsp")
+    tx = SimpleNamespace(site=guest.exe.entry, at=SimpleNamespace(original=original), start_raw=start, start_rsp=rsp,
+                         nop=False, chain=None, end_raw=bytes(end), end_addr=end_addr, end_rsp=end_rsp,
+                         redzone_base=base, redzone_before=redzone, redzone_after=bytes(after))
+    exact = matches_exactly(tx, expected_outcome(tx, cache))  # type: ignore[arg-type]
+    assert cache.settles(tx) == exact  # type: ignore[arg-type]
+    assert exact == (perturb == "none")

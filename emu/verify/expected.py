@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from functools import cached_property
 
-from emu.abi import RED_ZONE
-from emu.verify.reference_cache import ReferenceCache
+from emu.verify.reference_cache import ReferenceCache, stored_into
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, ExtendedState, decode_extended, decode_state, encode_state
 from emu.verify.transaction import RIP_INDEX, Transaction
 
@@ -39,13 +38,7 @@ class Expected:
     def redzone(self, tx: Transaction) -> bytes:
         """The red zone the guest must resume with: as it was, plus the instruction's own stores."""
         assert tx.redzone_before is not None  # the tracker fills it in before reporting
-        base = tx.redzone_base
-        expected = tx.redzone_before
-        for addr, data in self.stores:
-            lo, hi = max(addr - base, 0), min(addr + len(data) - base, RED_ZONE)
-            if lo < hi:
-                expected = expected[:lo] + data[lo + base - addr : hi + base - addr] + expected[hi:]
-        return expected
+        return stored_into(tx.redzone_before, tx.redzone_base, self.stores) if self.stores else tx.redzone_before
 
 
 def consumer_changes(tx: Transaction) -> dict[str, int]:

@@ -25,9 +25,13 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import TYPE_CHECKING
 
 from emu.verify.scratch import Reference, ScratchCpu
-from emu.verify.state import SLOTS
+from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, SLOTS
+
+if TYPE_CHECKING:
+    from emu.verify.transaction import Transaction
 
 MAX_KEYS = 256  # per site; a site whose inputs keep changing starts afresh past this
 ALWAYS_READ = ("rflags", "fs_base", "gs_base", "mxcsr")
@@ -57,6 +61,38 @@ def _register_names() -> dict[str, str]:
 REGISTER_SLOT = _register_names()
 
 InputKey = Callable[[bytes], tuple[bytes, ...]]
+WindowSlices = Callable[[bytes], tuple[bytes, ...]]
+WindowPlan = tuple[WindowSlices, WindowSlices, tuple[bytes, ...]]  # see _window_plan
+MAX_PLANS = 16  # red-zone bases an effect keeps a plan for
+
+
+def stored_into(window: bytes, base: int, stores: tuple[tuple[int, bytes], ...]) -> bytes:
+    """``window`` (the bytes at ``base``) with the parts of ``stores`` that fall inside it."""
+    out = bytearray(window)
+    for addr, data in stores:
+        lo, hi = max(addr - base, 0), min(addr + len(data) - base, len(window))
+        if lo < hi:
+            out[lo:hi] = data[lo + base - addr : hi + base - addr]
+    return bytes(out)
+
+
+def _window_plan(base: int, size: int, stores: tuple[tuple[int, bytes], ...]) -> WindowPlan:
+    """How ``stores`` change the ``size`` bytes at ``base``: the spans they leave alone, the spans
+    they write, and what those hold afterwards."""
+    final = stored_into(bytes(size), base, stores)
+    written = stored_into(b"\0" * size, base, tuple((addr, b"\1" * len(data)) for addr, data in stores))
+    spans: list[list[int]] = []  # [lo, hi, written]
+    for i, w in enumerate(written):
+        if spans and spans[-1][2] == w:
+            spans[-1][1] = i + 1
+        else:
+            spans.append([i, i + 1, w])
+    stored = [(lo, hi) for lo, hi, w in spans if w]
+    return _slices([(lo, hi) for lo, hi, w in spans if not w]), _slices(stored), tuple(final[lo:hi] for lo, hi in stored) + (b"",)
+
+
+def _slices(spans: list[tuple[int, int]]) -> Callable[[bytes], tuple[bytes, ...]]:
+    return operator.itemgetter(*(slice(lo, hi) for lo, hi in spans), slice(0, 0))
 
 
 def _merged(slices: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -94,19 +130,53 @@ def input_key(original: bytes, site: int) -> InputKey | None:
 
 class _Effect:
     """What one run changed: register slots, stores, and the loads it depended on. ``apply`` gives
-    another start snapshot the same changes, in a few C calls (it runs on every cached hit)."""
+    another start snapshot the same changes, and ``settles`` compares a hit with them, each in a
+    few C calls (they run on every cached hit)."""
 
     def __init__(self, before: bytes, ref: Reference) -> None:
         after = ref.raw
         changed = _merged([(lo, hi) for lo, hi in SLOTS.values() if after[lo:hi] != before[lo:hi]])
         kept = [0] + [edge for lo, hi in changed for edge in (lo, hi)] + [len(after)]
-        self._kept = operator.itemgetter(*(slice(kept[i], kept[i + 1]) for i in range(0, len(kept), 2)), slice(0, 0))
+        self._kept = _slices([(kept[i], kept[i + 1]) for i in range(0, len(kept), 2)])
         self._values = tuple(after[lo:hi] for lo, hi in changed) + (b"",)
         self.stores = ref.stores
         self.reads = ref.reads or ()
+        # For settles(): rip and rsp apart (a hit's end snapshot may hold them as they were before
+        # a ret), then the rest, changed and unchanged.
+        self.rip = int.from_bytes(after[RAW_RIP : RAW_RIP + 8], "little")
+        rsp = after[RAW_RSP : RAW_RSP + 8]
+        self.rsp = None if rsp == before[RAW_RSP : RAW_RSP + 8] else int.from_bytes(rsp, "little")
+        rest = [(lo, hi) for lo, hi in SLOTS.values() if lo >= RAW_KEPT]
+        self._changed_rest = _slices(_merged([(lo, hi) for lo, hi in rest if after[lo:hi] != before[lo:hi]]))
+        self._same_rest = _slices(_merged([(lo, hi) for lo, hi in rest if after[lo:hi] == before[lo:hi]]))
+        self._changed_values = self._changed_rest(after)
+        self._redzone_plans: dict[int, WindowPlan] = {}
 
     def apply(self, raw: bytes) -> bytes:
         return b"".join(chain.from_iterable(zip(self._kept(raw), self._values, strict=False)))
+
+    def settles(self, tx: Transaction) -> bool:
+        """``tx`` resumed where this run did, with the registers (rflags exactly), the extended
+        state and the red zone as it leaves them: what matches_exactly() says of the reference
+        apply() gives, without building it."""
+        end, before = tx.end_raw, tx.redzone_before
+        return (before is not None and tx.end_addr == self.rip
+                and tx.end_rsp == (tx.start_rsp if self.rsp is None else self.rsp)
+                and self._changed_rest(end) == self._changed_values
+                and self._same_rest(end) == self._same_rest(tx.start_raw)
+                and self._same_redzone(tx.redzone_base, before, tx.redzone_after))
+
+    def _same_redzone(self, base: int, before: bytes, after: bytes) -> bool:
+        """``after`` is ``before`` with this run's stores."""
+        if not self.stores:
+            return after == before
+        plan = self._redzone_plans.get(base)
+        if plan is None:
+            if len(self._redzone_plans) >= MAX_PLANS:
+                self._redzone_plans.clear()
+            plan = self._redzone_plans[base] = _window_plan(base, len(before), self.stores)
+        untouched, stored, values = plan
+        return stored(after) == values and untouched(after) == untouched(before)
 
 
 @dataclass(slots=True)
@@ -140,6 +210,16 @@ class ReferenceCache:
                 at.effects.clear()
             at.effects[key] = _Effect(raw, ref)
         return ref
+
+    def settles(self, tx: Transaction) -> bool:
+        """True if a cached reference applies to ``tx`` (no consumer changed anything) and ``tx``
+        matches it exactly: no check can find anything. False says nothing."""
+        at = self._sites.get((tx.site, tx.at.original))
+        if at is None or at.key is None:
+            return False
+        effect = at.effects.get(at.key(tx.start_raw))
+        return (effect is not None and (not effect.reads or self._still_read(effect.reads))
+                and effect.settles(tx))
 
     def _still_read(self, reads: tuple[tuple[int, bytes], ...]) -> bool:
         """The guest's memory still holds what the cached run loaded."""

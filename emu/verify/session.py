@@ -90,6 +90,8 @@ class VerifySession:
             self.rsb.probe_hit(name)
 
     def _finished(self, tx: Transaction) -> None:
+        if tx.chain is None and not tx.nop and self.references.settles(tx):
+            return  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
         if matches_exactly(tx, exp):
             return
