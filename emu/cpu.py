@@ -593,6 +593,11 @@ def raw_code_hook_address(cpu: Cpu, callback: RawCodeHook) -> int:
     return address
 
 
+def cpu_handle(cpu: Cpu) -> Any:
+    """The ``uc_engine *`` of ``cpu``, as a ctypes object (for a call into machine code)."""
+    return cpu._uch
+
+
 def native_function(name: str) -> int:
     """The address of one of libunicorn's functions (for machine code that calls it)."""
     address = ctypes.cast(getattr(_raw, name), ctypes.c_void_p).value

@@ -21,6 +21,7 @@ from emu.verify import resume
 from emu.verify.scratch import ScratchCpu
 from emu.verify.session import VerifySession
 from emu.verify.state import decode_state, encode_state
+from emu.verify.transaction import Transaction
 from emu.verify.violations import Check
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
@@ -236,11 +237,11 @@ def test_a_resume_the_hooks_miss_switches_to_watching_blocks(monkeypatch: pytest
     original = resume.ResumeWatch._kernel_returns
     missed: list[bool] = []
 
-    def miss_first(self: resume.ResumeWatch, rip_advance: int) -> bool:
+    def miss_first(self: resume.ResumeWatch, tx: Transaction, rip_advance: int) -> int | None:
         if not missed:
             missed.append(True)  # as if the kernel's exit went unseen
-            return False
-        return original(self, rip_advance)
+            return None
+        return original(self, tx, rip_advance)
 
     monkeypatch.setattr(resume.ResumeWatch, "_kernel_returns", miss_first)
     session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")

@@ -4,8 +4,8 @@ that ends the trampoline's straight line after its syscall.
 In Python, these two hooks cost more than the hit they watch (~10 us for an optimized hit; each
 hook is a ctypes callback plus a state read through ctypes, ~4-8 us). In machine code:
 
-* the **site hook** reads the whole state (``uc_reg_read_batch``, the RawState layout) into the
-  control block, starts the write log and opens the red-zone window, and marks a transaction
+* the **site hook** reads the whole state (``uc_reg_read_batch``, the RawState layout) and the
+  red zone into the control block, starts the write log and opens the red-zone window, and marks a transaction
   *pending*. The tracker turns it into a Transaction the first time Python looks (the kernel's
   entry, a context switch, any reader of ``TransactionTracker.active``).
 * the **ret hook** settles an *armed* transaction without Python when the hit provably left
@@ -28,6 +28,7 @@ Control block layout (64-bit words), then the buffers:
   8 the write log's buffer                  9 the red-zone window's range (HookRange)
   10 the register count   11-13 the register ids, start and end pointer arrays   14 a word read
   15 the ret the armed transaction leaves by   16 the bytes it pops (8 + its immediate)
+  17 what uc_mem_read returned for the red zone at the site (0: read)
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from emu.cpu import (
     HookRange,
     RawCodeHook,
     add_native_code_hook,
+    cpu_handle,
     native_function,
     raw_code_hook_address,
 )
@@ -52,11 +54,12 @@ from emu.verify.state import RAW_KEPT, RAW_RSP
 from emu.verify.write_log import BASE, COUNT, SNAPSHOT_OFFSET, STATUS, TAKEN, WriteLog
 
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, WINDOW, NREGS, IDS, START_PTRS, END_PTRS,
- WORD, RET_PC, POPPED) = range(17)
+ WORD, RET_PC, POPPED, START_REDZONE_STATUS) = range(18)
 START = 18 * 8  # byte offsets of the buffers
 END = START + STATE_BYTES
 REDZONE = END + STATE_BYTES
-IDS_AT = REDZONE + RED_ZONE
+START_REDZONE = REDZONE + RED_ZONE
+IDS_AT = START_REDZONE + RED_ZONE
 START_PTRS_AT = IDS_AT + (4 * len(STATE_REGS) + 7) // 8 * 8
 END_PTRS_AT = START_PTRS_AT + 8 * len(STATE_REGS)
 BLOCK_BYTES = END_PTRS_AT + 8 * len(STATE_REGS)
@@ -79,10 +82,18 @@ push %r12
 push %r13
 mov %rcx, %rbx
 mov %rsi, %r12
+mov %rdi, %r13
 mov {8 * IDS}(%rbx), %rsi
 mov {8 * START_PTRS}(%rbx), %rdx
 mov {8 * NREGS}(%rbx), %ecx
 call *{8 * REG_BATCH}(%rbx)
+mov %r13, %rdi
+mov {START + RAW_RSP}(%rbx), %rsi
+sub ${RED_ZONE}, %rsi
+lea {START_REDZONE}(%rbx), %rdx
+mov ${RED_ZONE}, %ecx
+call *{8 * MEM_READ}(%rbx)
+mov %rax, {8 * START_REDZONE_STATUS}(%rbx)
 mov %r12, {8 * SITE}(%rbx)
 movq ${PENDING}, {8 * STATE}(%rbx)
 mov {START + RAW_RSP}(%rbx), %rax
@@ -197,21 +208,52 @@ jmp *{8 * PY_RET}(%rcx)
 idle:
 ret
 """
+# read_end(uc=rdi, block=rsi, red-zone base=rdx) -> what uc_mem_read returned: the state into the
+# end buffer and the red zone into its buffer, for a transaction that ends in Python (one C call
+# from Python instead of two).
+READ_END_SOURCE = f"""
+push %rbx
+push %r12
+push %r13
+mov %rdi, %r12
+mov %rsi, %rbx
+mov %rdx, %r13
+mov {8 * IDS}(%rbx), %rsi
+mov {8 * END_PTRS}(%rbx), %rdx
+mov {8 * NREGS}(%rbx), %ecx
+call *{8 * REG_BATCH}(%rbx)
+mov %r12, %rdi
+mov %r13, %rsi
+lea {REDZONE}(%rbx), %rdx
+mov ${RED_ZONE}, %ecx
+call *{8 * MEM_READ}(%rbx)
+pop %r13
+pop %r12
+pop %rbx
+ret
+"""
 assert STATE_BYTES % 8 == 0 and RAW_KEPT % 8 == 0 and RED_ZONE % 8 == 0
+
+
+_READ_END = ctypes.PYFUNCTYPE(ctypes.c_int)  # no argument conversion: each argument is a ctypes object
 
 
 class NativeEdges:
     """The control block and the two hooks of one tracker. :meth:`create` returns None where machine
     code cannot be mapped: the tracker's Python hooks do the same work then."""
 
-    def __init__(self, cpu: Cpu, site_code: int, ret_code: int, log: WriteLog, window: HookRange,
+    def __init__(self, cpu: Cpu, code: tuple[int, int, int], log: WriteLog, window: HookRange,
                  on_site: RawCodeHook) -> None:
+        """``code``: where the site hook, the ret hook and read_end are mapped."""
         self.cpu = cpu
-        self._site_code, self._ret_code = site_code, ret_code
+        self._site_code, self._ret_code, read_end = code
+        self._read_end = _READ_END(read_end)
+        self._read_end_args = (cpu_handle(cpu), ctypes.c_void_p(0), ctypes.c_uint64(0))
         self._block = ctypes.create_string_buffer(BLOCK_BYTES)
         self._bytes = memoryview(self._block).cast("B")
         self.words = self._bytes.cast("Q")
         base = ctypes.addressof(self._block)
+        self._read_end_args[1].value = base
         n = len(STATE_REGS)
         (ctypes.c_int * n).from_address(base + IDS_AT)[:] = list(STATE_REGS)
         (ctypes.c_uint64 * n).from_address(base + START_PTRS_AT)[:] = [base + START + o for o in STATE_OFFSETS]
@@ -224,10 +266,10 @@ class NativeEdges:
 
     @classmethod
     def create(cls, cpu: Cpu, log: WriteLog, window: HookRange, on_site: RawCodeHook) -> NativeEdges | None:
-        site_code, ret_code = mapped(SITE_SOURCE), mapped(RET_SOURCE)
-        if site_code is None or ret_code is None:
+        site_code, ret_code, read_end = mapped(SITE_SOURCE), mapped(RET_SOURCE), mapped(READ_END_SOURCE)
+        if site_code is None or ret_code is None or read_end is None:
             return None
-        return cls(cpu, site_code, ret_code, log, window, on_site)
+        return cls(cpu, (site_code, ret_code, read_end), log, window, on_site)
 
     def add_site_hook(self, address: int) -> HookHandle:
         return add_native_code_hook(self.cpu, self._site_code, ctypes.addressof(self._block), address, address)
@@ -244,6 +286,20 @@ class NativeEdges:
     def start_raw(self) -> bytes:
         """The state the site hook read (the RawState layout)."""
         return self._bytes[START:END].tobytes()
+
+    def read_end(self, base: int) -> tuple[bytes, bytes | None]:
+        """The state now (the RawState layout) and the red zone at ``base`` (None: unmapped), in
+        one C call."""
+        uch, block, base_arg = self._read_end_args
+        base_arg.value = base
+        status = self._read_end(uch, block, base_arg)
+        return self._bytes[END:REDZONE].tobytes(), None if status else self._bytes[REDZONE:START_REDZONE].tobytes()
+
+    def start_redzone(self) -> bytes | None:
+        """The red zone as the site hook found it; None if it could not be read (unmapped)."""
+        if self.words[START_REDZONE_STATUS] & 0xFFFFFFFF:
+            return None
+        return self._bytes[START_REDZONE:IDS_AT].tobytes()
 
     def arm(self, ret: int, popped: int, resume: int) -> None:
         """Let the hook on the ``ret`` at ``ret`` (which pops ``popped`` bytes) settle the active

@@ -33,7 +33,7 @@ from emu.verify.state import RAW_RIP, RAW_RSP
 
 if TYPE_CHECKING:
     from emu.machine import Machine
-    from emu.verify.transaction import TransactionTracker
+    from emu.verify.transaction import Transaction, TransactionTracker
 
 KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
 U64 = (1 << 64) - 1
@@ -75,8 +75,9 @@ class ResumeWatch:
     # ----------------------------------------------------------- the kernel's exits
     def _after_interrupt(self, _intno: int) -> None:
         try:
-            if self.tracker.active is not None:
-                self._kernel_returns(0)
+            tx = self.tracker.active
+            if tx is not None:
+                self._kernel_returns(tx, 0)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
 
@@ -91,7 +92,7 @@ class ResumeWatch:
                 if ret is not None:
                     self.tracker.arm(tx, ret, 8 + self._rets[ret])
                 return  # SYSRET into the trampoline code watched for this site
-            followed = self._kernel_returns(2)
+            followed = self._kernel_returns(tx, 2)
             if followed is not None and not irets:
                 self._sysret_watched.add(tx.site)
                 ret = self._tail_ret[followed]
@@ -100,26 +101,25 @@ class ResumeWatch:
         except BaseException as exc:
             hook_raised(self.cpu, exc)
 
-    def _kernel_returns(self, rip_advance: int) -> int | None:
-        """The kernel returns to rip + ``rip_advance``; that address if it is straight-line code now
-        watched to its ``ret``."""
+    def _kernel_returns(self, tx: Transaction, rip_advance: int) -> int | None:
+        """The kernel returns to rip + ``rip_advance`` during ``tx``; that address if it is
+        straight-line code now watched to its ``ret``."""
         if hook_failed(self.cpu):
             self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
             return None
-        raw = self.tracker.raw.read()
+        raw, redzone = self.tracker.read_end(tx)
         addr = (_U64.unpack_from(raw, RAW_RIP)[0] + rip_advance) & U64
-        if self._guest_side(addr):
-            self.tracker.finish(addr, raw)
+        if self._guest_side(tx, addr):
+            self.tracker.finish(tx, addr, raw, redzone=redzone)
             return None
         if self.machine.kernel.deferred:
             self._watch_blocks()  # an out-of-line step: the kernel runs it between two CPU runs
             return None
         return addr if self._follow(addr) else None
 
-    def _guest_side(self, addr: int) -> bool:
-        """Not in the kernel's pages (right after the probed instruction, the common case, is not)."""
-        tx = self.tracker.active
-        if tx is not None and addr == tx.at.next:
+    def _guest_side(self, tx: Transaction, addr: int) -> bool:
+        """Not in the kernel's pages (right after ``tx``'s probed instruction, the common case, is not)."""
+        if addr == tx.at.next:
             return True
         vma = self.mem.find(addr)
         return vma is None or vma.name not in KERNEL_SIDE
@@ -180,8 +180,8 @@ class ResumeWatch:
             if target is None:
                 tracker.abandon()  # the ret faults: SIGSEGV, no resume
                 return
-            if target == tx.at.next or self._guest_side(target):
-                tracker.finish(target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
+            if self._guest_side(tx, target):
+                tracker.finish(tx, target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
             else:
                 self._follow(target)
         except BaseException as exc:
@@ -201,5 +201,5 @@ class ResumeWatch:
         tx = self.tracker.active
         if tx is None or addr == tx.site and tx.chain is None or self.up.stepping:
             return
-        if self._guest_side(addr):
-            self.tracker.finish(addr, self.tracker.raw.read())
+        if self._guest_side(tx, addr):
+            self.tracker.finish(tx, addr, self.tracker.raw.read())

@@ -350,6 +350,7 @@ class TransactionTracker:
         tx = self.active
         if tx is not None:
             self.keep_log(tx)
+            self._native_tx = None  # what the edges' buffers hold of it goes stale (and may be overwritten)
         self.abandon()
         if tx is not None and prev.alive:
             self._suspended[prev.tid] = _Suspended(tx, dict(self._exits), self._redzone_if_touched(tx))
@@ -378,18 +379,20 @@ class TransactionTracker:
         snapshot is taken at its first write, which already sees what other threads stored)."""
         return None if tx.redzone_before is None else self._redzone(tx.redzone_base)
 
-    def finish(self, resume: int, raw: bytes, rsp: int | None = None, redzone: bytes | None = None) -> None:
-        """The guest resumes at ``resume`` with the state ``raw`` (just read), except ``rsp`` when
-        given (a ``ret`` about to run moves rsp and rip, nothing else); ``redzone``: its bytes now,
-        if the caller has just read them. A hit that provably left everything as it found it is
-        counted here; the others go to ``on_finished``, for the checks."""
-        tx = self.active
-        if tx is None:
-            return
-        self.active = None  # abandon(), inline
+    def finish(self, tx: Transaction, resume: int, raw: bytes, rsp: int | None = None,
+               redzone: bytes | None = None) -> None:
+        """The active transaction ``tx`` ends: the guest resumes at ``resume`` with the state ``raw``
+        (just read), except ``rsp`` when given (a ``ret`` about to run moves rsp and rip, nothing
+        else); ``redzone``: its bytes now, if the caller has just read them. A hit that provably
+        left everything as it found it is counted here; the others go to ``on_finished``, for the
+        checks."""
+        self._active = None  # abandon(), inline
+        if self._edge_words is not None:
+            self._edge_words[STATE] = IDLE
         if self._writes is not None:
             self._writes.close()
-        self.fold_log(tx)
+        if self.log.count:
+            self.keep_log(tx)
         self._count += 1
         if rsp is None:
             rsp = _U64.unpack_from(raw, RAW_RSP)[0]
@@ -397,7 +400,7 @@ class TransactionTracker:
         if redzone is None and before is not None:
             redzone = self._redzone(tx.redzone_base) if tx.redzone_changed else before
         if (tx.nop and resume == tx.at.next and rsp == tx.start_rsp and tx.chain is None
-                and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and redzone == before):
+                and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and (before is None or redzone == before)):
             # A NOP-class site, no consumer could change anything, the guest resumed right after
             # it with every register (rflags exactly), the extended state and the red zone as they
             # were: the reference is the start state with rip moved, no check can find anything.
@@ -407,8 +410,23 @@ class TransactionTracker:
         tx.redzone_before = redzone if before is None else before  # None: nothing wrote into it
         tx.end_raw, tx.end_addr, tx.end_rsp, tx.redzone_after = raw, resume, rsp, redzone
         tx.exits_after = dict(self._exits)
-        self.keep_log(tx)
         self.on_finished(tx)
+
+    def read_end(self, tx: Transaction) -> tuple[bytes, bytes | None]:
+        """The state now, and ``tx``'s red zone now if it was read in the same C call (else None:
+        finish() reads it if it needs it)."""
+        if self.edges is None:
+            return self.raw.read(), None
+        return self.edges.read_end(tx.redzone_base)
+
+    def _redzone_at_start(self, tx: Transaction) -> bytes:
+        """The red zone before anything wrote into it: the machine-code site hook's copy, if it
+        started ``tx`` and ``tx`` was never suspended, else read now (no write has reached it yet)."""
+        if tx is self._native_tx and self.edges is not None:
+            start = self.edges.start_redzone()
+            if start is not None:
+                return start
+        return self._redzone(tx.redzone_base)
 
     def _redzone(self, base: int) -> bytes:
         return self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
@@ -419,7 +437,7 @@ class TransactionTracker:
         if tx is not None and addr < tx.redzone_base + RED_ZONE and addr + size > tx.redzone_base:
             self.fold_log(tx)  # the guest's stores so far, and the red zone before the first
             if tx.redzone_before is None:
-                tx.redzone_before = self._redzone(tx.redzone_base)
+                tx.redzone_before = self._redzone_at_start(tx)
             tx.redzone_changed = True
 
     def abandon(self) -> None:
