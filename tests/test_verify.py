@@ -21,7 +21,6 @@ from emu.verify import resume
 from emu.verify.scratch import ScratchCpu
 from emu.verify.session import VerifySession
 from emu.verify.state import decode_state, encode_state
-from emu.verify.transaction import Transaction
 from emu.verify.violations import Check
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
@@ -234,16 +233,16 @@ def test_write_hook_window_moves() -> None:
 
 
 def test_a_resume_the_hooks_miss_switches_to_watching_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = resume.ResumeWatch._kernel_returns
+    original = resume.ResumeWatch._after_syscall
     missed: list[bool] = []
 
-    def miss_first(self: resume.ResumeWatch, tx: Transaction, rip_advance: int) -> int | None:
-        if not missed:
+    def miss_first(self: resume.ResumeWatch) -> None:
+        if not missed and self.tracker.opened() is not None:
             missed.append(True)  # as if the kernel's exit went unseen
-            return None
-        return original(self, tx, rip_advance)
+            return
+        original(self)
 
-    monkeypatch.setattr(resume.ResumeWatch, "_kernel_returns", miss_first)
+    monkeypatch.setattr(resume.ResumeWatch, "_after_syscall", miss_first)
     session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
     assert missed and session.tracker.resume.watching_blocks
     assert session.transactions == 2 and session.violations == []  # the lost hit has no verdict; the others do

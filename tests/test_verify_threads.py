@@ -98,8 +98,8 @@ def _tracker_with_open_transaction() -> tuple[TransactionTracker, Transaction]:
     m.mem.write(rsp - RED_ZONE, bytes(RED_ZONE))
     m.uprobes.stats.exits["sysret"] = 3  # exits before the hit, by any thread
     nop5 = b"\x0f\x1f\x44\x00\x00"
-    at = ProbeSite("uprobe:probed", cast(Uprobe, None), 0x401B70, nop5, True, 0x401B70 + 5)
-    tx = Transaction(at, bytes(8) + rsp.to_bytes(8, "little") + bytes(STATE_BYTES - 16), {"sysret": 3})
+    at = ProbeSite("uprobe:probed", cast(Uprobe, None), 0x401B70, nop5, True, 0x401B70 + 5, 0)
+    tx = Transaction(at, 1, bytes(8) + rsp.to_bytes(8, "little") + bytes(STATE_BYTES - 16), {"sysret": 3})
     tracker.active = tx
     return tracker, tx
 

@@ -50,12 +50,12 @@ from emu.cpu import (
     raw_code_hook_address,
 )
 from emu.verify.machine_code import mapped
-from emu.verify.state import RAW_KEPT, RAW_RSP
-from emu.verify.write_log import BASE, COUNT, SNAPSHOT_OFFSET, STATUS, TAKEN, WriteLog
+from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP
+from emu.verify.write_log import BASE, COUNT, STATUS, TAKEN, WriteLog
 
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, WINDOW, NREGS, IDS, START_PTRS, END_PTRS,
- WORD, RET_PC, POPPED, START_REDZONE_STATUS) = range(18)
-START = 18 * 8  # byte offsets of the buffers
+ WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ) = range(19)
+START = 20 * 8  # byte offsets of the buffers
 END = START + STATE_BYTES
 REDZONE = END + STATE_BYTES
 START_REDZONE = REDZONE + RED_ZONE
@@ -63,39 +63,90 @@ IDS_AT = START_REDZONE + RED_ZONE
 START_PTRS_AT = IDS_AT + (4 * len(STATE_REGS) + 7) // 8 * 8
 END_PTRS_AT = START_PTRS_AT + 8 * len(STATE_REGS)
 BLOCK_BYTES = END_PTRS_AT + 8 * len(STATE_REGS)
+START_RSP = (START + RAW_RSP) // 8  # the word of the start state's rsp
 MAX_STORE = 8  # as in emu/verify/transaction.py: a store starting 7 bytes below the red zone reaches it
 
 
 # The state word (plain ints: the tracker compares it on every hit, and an enum costs ~0.1 us more).
 IDLE = 0
-PENDING = 1  # the site hook took the start state; no Transaction yet
-ACTIVE = 2  # Python tracks the transaction
-ARMED = 3  # ... and the ret hook may settle it
+OPEN = 1  # a transaction is open (the site hook's, numbered SEQ, or one the tracker started)
+ARMED = 2  # ... and the ret hook may settle it
 
 
-# (uc=rdi, address=rsi, size=edx, block=rcx). Three pushes align rsp for the call.
+def _same_as_start(differs: str) -> str:
+    """Machine code that jumps to ``differs`` unless the end buffer (just read) holds every register
+    but rip and rsp, rflags exactly and the extended state as the start buffer, and the red zone
+    now is the site hook's copy; with rbx = the block, r12 = the engine."""
+    return f"""
+lea {START + RAW_KEPT}(%rbx), %rsi
+lea {END + RAW_KEPT}(%rbx), %rdi
+mov ${(STATE_BYTES - RAW_KEPT) // 8}, %ecx
+repe cmpsq
+jne {differs}
+cmpl $0, {8 * START_REDZONE_STATUS}(%rbx)
+jne {differs}
+mov %r12, %rdi
+mov {START + RAW_RSP}(%rbx), %rsi
+sub ${RED_ZONE}, %rsi
+lea {REDZONE}(%rbx), %rdx
+mov ${RED_ZONE}, %ecx
+call *{8 * MEM_READ}(%rbx)
+test %eax, %eax
+jne {differs}
+lea {START_REDZONE}(%rbx), %rsi
+lea {REDZONE}(%rbx), %rdi
+mov ${RED_ZONE // 8}, %ecx
+repe cmpsq
+jne {differs}
+"""
+
+
+def _read_end_state() -> str:
+    """Machine code: the state into the end buffer; rbx = the block, r12 = the engine."""
+    return f"""
+mov %r12, %rdi
+mov {8 * IDS}(%rbx), %rsi
+mov {8 * END_PTRS}(%rbx), %rdx
+mov {8 * NREGS}(%rbx), %ecx
+call *{8 * REG_BATCH}(%rbx)
+"""
+
+
+# The transaction is settled: no verdict needed, the window closes; rbx = the block.
+_SETTLE = f"""
+movq ${IDLE}, {8 * STATE}(%rbx)
+incq {8 * FINISHED}(%rbx)
+mov {8 * WINDOW}(%rbx), %rax
+movq $0, (%rax)
+movq $0, 8(%rax)
+"""
+_SAVE = "push %rbx\npush %r12\npush %r13\npush %r14\npush %r15"  # five: rsp 16-byte aligned for the calls
+_RESTORE = "pop %r15\npop %r14\npop %r13\npop %r12\npop %rbx"
+
+# The site hook: (uc=rdi, address=rsi, size=edx, site record=rcx: the block, then the site's hits).
 SITE_SOURCE = f"""
-cmpq $0, {8 * STATE}(%rcx)
+mov (%rcx), %rax
+cmpq $0, {8 * STATE}(%rax)
 jne to_python
-push %rbx
-push %r12
-push %r13
-mov %rcx, %rbx
-mov %rsi, %r12
-mov %rdi, %r13
+incq 8(%rcx)
+{_SAVE}
+mov %rax, %rbx
+mov %rdi, %r12
+mov %rsi, %r13
 mov {8 * IDS}(%rbx), %rsi
 mov {8 * START_PTRS}(%rbx), %rdx
 mov {8 * NREGS}(%rbx), %ecx
 call *{8 * REG_BATCH}(%rbx)
-mov %r13, %rdi
+mov %r12, %rdi
 mov {START + RAW_RSP}(%rbx), %rsi
 sub ${RED_ZONE}, %rsi
 lea {START_REDZONE}(%rbx), %rdx
 mov ${RED_ZONE}, %ecx
 call *{8 * MEM_READ}(%rbx)
 mov %rax, {8 * START_REDZONE_STATUS}(%rbx)
-mov %r12, {8 * SITE}(%rbx)
-movq ${PENDING}, {8 * STATE}(%rbx)
+mov %r13, {8 * SITE}(%rbx)
+incq {8 * SEQ}(%rbx)
+movq ${OPEN}, {8 * STATE}(%rbx)
 mov {START + RAW_RSP}(%rbx), %rax
 sub ${RED_ZONE}, %rax
 mov {8 * LOG}(%rbx), %rdx
@@ -111,15 +162,14 @@ lea -{MAX_STORE - 1}(%rax), %r8
 cmp ${MAX_STORE}, %rax
 cmovae %r8, %rcx
 mov %rcx, (%rdx)
-pop %r13
-pop %r12
-pop %rbx
+{_RESTORE}
 ret
 to_python:
+mov %rax, %rcx
 jmp *{8 * PY_SITE}(%rcx)
 """
 
-# Five pushes align rsp for the calls.
+# The ret hook: (uc=rdi, address=rsi, size=edx, block=rcx).
 RET_SOURCE = f"""
 mov {8 * STATE}(%rcx), %rax
 test %rax, %rax
@@ -128,19 +178,12 @@ cmp ${ARMED}, %rax
 jne to_python
 cmp {8 * RET_PC}(%rcx), %rsi
 jne disarm
-push %rbx
-push %r12
-push %r13
-push %r14
-push %r15
+{_SAVE}
 mov %rcx, %rbx
 mov %rdi, %r12
 mov %rsi, %r13
 mov %edx, %r14d
-mov {8 * IDS}(%rbx), %rsi
-mov {8 * END_PTRS}(%rbx), %rdx
-mov {8 * NREGS}(%rbx), %ecx
-call *{8 * REG_BATCH}(%rbx)
+{_read_end_state()}
 mov {END + RAW_RSP}(%rbx), %rsi
 mov %rsi, %rax
 add {8 * POPPED}(%rbx), %rax
@@ -155,105 +198,112 @@ jne slow
 mov {8 * WORD}(%rbx), %rax
 cmp {8 * NEXT}(%rbx), %rax
 jne slow
-lea {START + RAW_KEPT}(%rbx), %rsi
-lea {END + RAW_KEPT}(%rbx), %rdi
-mov ${(STATE_BYTES - RAW_KEPT) // 8}, %ecx
-repe cmpsq
-jne slow
-mov {8 * LOG}(%rbx), %r15
-cmpq $0, {8 * COUNT}(%r15)
-je clean
-cmpl $0, {8 * STATUS}(%r15)
-jne slow
-mov %r12, %rdi
-mov {8 * BASE}(%r15), %rsi
-lea {REDZONE}(%rbx), %rdx
-mov ${RED_ZONE}, %ecx
-call *{8 * MEM_READ}(%rbx)
-test %eax, %eax
-jne slow
-lea {SNAPSHOT_OFFSET}(%r15), %rsi
-lea {REDZONE}(%rbx), %rdi
-mov ${RED_ZONE // 8}, %ecx
-repe cmpsq
-jne slow
-clean:
-movq ${IDLE}, {8 * STATE}(%rbx)
-incq {8 * FINISHED}(%rbx)
-mov {8 * WINDOW}(%rbx), %rax
-movq $0, (%rax)
-movq $0, 8(%rax)
-pop %r15
-pop %r14
-pop %r13
-pop %r12
-pop %rbx
+{_same_as_start("slow")}
+{_SETTLE}
+{_RESTORE}
 ret
 slow:
-movq ${ACTIVE}, {8 * STATE}(%rbx)
+movq ${OPEN}, {8 * STATE}(%rbx)
 mov %r12, %rdi
 mov %r13, %rsi
 mov %r14d, %edx
 mov %rbx, %rcx
-pop %r15
-pop %r14
-pop %r13
-pop %r12
-pop %rbx
+{_RESTORE}
 jmp *{8 * PY_RET}(%rcx)
 disarm:
-movq ${ACTIVE}, {8 * STATE}(%rcx)
+movq ${OPEN}, {8 * STATE}(%rcx)
 to_python:
 jmp *{8 * PY_RET}(%rcx)
 idle:
 ret
 """
+
+# settle_return(uc=rdi, block=rsi, rip_advance=rdx, resume=rcx) -> 1 if settled, else 0: the
+# kernel returns to user mode (rip + rip_advance) with everything as the site hook found it.
+SETTLE_RETURN_SOURCE = f"""
+{_SAVE}
+mov %rdi, %r12
+mov %rsi, %rbx
+mov %rdx, %r13
+mov %rcx, %r14
+{_read_end_state()}
+mov {END + RAW_RIP}(%rbx), %rax
+add %r13, %rax
+cmp %r14, %rax
+jne differs
+mov {END + RAW_RSP}(%rbx), %rax
+cmp {START + RAW_RSP}(%rbx), %rax
+jne differs
+{_same_as_start("differs")}
+{_SETTLE}
+mov $1, %eax
+jmp done
+differs:
+xor %eax, %eax
+done:
+{_RESTORE}
+ret
+"""
+
 # read_end(uc=rdi, block=rsi, red-zone base=rdx) -> what uc_mem_read returned: the state into the
 # end buffer and the red zone into its buffer, for a transaction that ends in Python (one C call
 # from Python instead of two).
 READ_END_SOURCE = f"""
-push %rbx
-push %r12
-push %r13
+{_SAVE}
 mov %rdi, %r12
 mov %rsi, %rbx
 mov %rdx, %r13
-mov {8 * IDS}(%rbx), %rsi
-mov {8 * END_PTRS}(%rbx), %rdx
-mov {8 * NREGS}(%rbx), %ecx
-call *{8 * REG_BATCH}(%rbx)
+{_read_end_state()}
 mov %r12, %rdi
 mov %r13, %rsi
 lea {REDZONE}(%rbx), %rdx
 mov ${RED_ZONE}, %ecx
 call *{8 * MEM_READ}(%rbx)
-pop %r13
-pop %r12
-pop %rbx
+{_RESTORE}
 ret
 """
 assert STATE_BYTES % 8 == 0 and RAW_KEPT % 8 == 0 and RED_ZONE % 8 == 0
 
 
-_READ_END = ctypes.PYFUNCTYPE(ctypes.c_int)  # no argument conversion: each argument is a ctypes object
+_NATIVE_CALL = ctypes.PYFUNCTYPE(ctypes.c_int)  # no argument conversion: each argument is a ctypes object
+
+
+class SiteCounters:
+    """Per probe site: the record its machine-code hook gets (the control block's address, then the
+    site's hit count, which the hook counts itself)."""
+
+    def __init__(self, count: int, block: int) -> None:
+        self._records = (ctypes.c_uint64 * (2 * count))(*[block, 0] * count)
+        self._words = memoryview(self._records).cast("B").cast("Q")
+
+    def record(self, index: int) -> int:
+        return ctypes.addressof(self._records) + 16 * index
+
+    def hits(self, index: int) -> int:
+        return self._words[2 * index + 1]
+
+    def count_hit(self, index: int) -> int:
+        """One more hit (one the machine code did not see); the hit's number."""
+        words = self._words
+        words[2 * index + 1] += 1
+        return words[2 * index + 1]
 
 
 class NativeEdges:
-    """The control block and the two hooks of one tracker. :meth:`create` returns None where machine
-    code cannot be mapped: the tracker's Python hooks do the same work then."""
+    """The control block and the machine code of one tracker. :meth:`create` returns None where
+    machine code cannot be mapped: the tracker's Python hooks do the same work then."""
 
-    def __init__(self, cpu: Cpu, code: tuple[int, int, int], log: WriteLog, window: HookRange,
+    def __init__(self, cpu: Cpu, code: tuple[int, int, int, int], log: WriteLog, window: HookRange,
                  on_site: RawCodeHook) -> None:
-        """``code``: where the site hook, the ret hook and read_end are mapped."""
+        """``code``: where the site hook, the ret hook, settle_return and read_end are mapped."""
         self.cpu = cpu
-        self._site_code, self._ret_code, read_end = code
-        self._read_end = _READ_END(read_end)
-        self._read_end_args = (cpu_handle(cpu), ctypes.c_void_p(0), ctypes.c_uint64(0))
+        self._site_code, self._ret_code, settle_return, read_end = code
         self._block = ctypes.create_string_buffer(BLOCK_BYTES)
         self._bytes = memoryview(self._block).cast("B")
         self.words = self._bytes.cast("Q")
-        base = ctypes.addressof(self._block)
-        self._read_end_args[1].value = base
+        base = self.address = ctypes.addressof(self._block)
+        self._settle_return, self._read_end = _NATIVE_CALL(settle_return), _NATIVE_CALL(read_end)
+        self._args = (cpu_handle(cpu), ctypes.c_void_p(base), ctypes.c_uint64(0), ctypes.c_uint64(0))
         n = len(STATE_REGS)
         (ctypes.c_int * n).from_address(base + IDS_AT)[:] = list(STATE_REGS)
         (ctypes.c_uint64 * n).from_address(base + START_PTRS_AT)[:] = [base + START + o for o in STATE_OFFSETS]
@@ -266,13 +316,14 @@ class NativeEdges:
 
     @classmethod
     def create(cls, cpu: Cpu, log: WriteLog, window: HookRange, on_site: RawCodeHook) -> NativeEdges | None:
-        site_code, ret_code, read_end = mapped(SITE_SOURCE), mapped(RET_SOURCE), mapped(READ_END_SOURCE)
-        if site_code is None or ret_code is None or read_end is None:
+        code = tuple(mapped(source) for source in (SITE_SOURCE, RET_SOURCE, SETTLE_RETURN_SOURCE, READ_END_SOURCE))
+        if None in code:
             return None
-        return cls(cpu, (site_code, ret_code, read_end), log, window, on_site)
+        return cls(cpu, code, log, window, on_site)  # type: ignore[arg-type]
 
-    def add_site_hook(self, address: int) -> HookHandle:
-        return add_native_code_hook(self.cpu, self._site_code, ctypes.addressof(self._block), address, address)
+    def add_site_hook(self, address: int, record: int) -> HookHandle:
+        """The machine-code hook at a probe site; ``record``: the site's in SiteCounters."""
+        return add_native_code_hook(self.cpu, self._site_code, record, address, address)
 
     def set_ret_fallback(self, on_ret: RawCodeHook) -> None:
         """The Python hook every ``ret`` hook hands over to."""
@@ -281,19 +332,11 @@ class NativeEdges:
     def add_ret_hook(self, address: int) -> HookHandle:
         """A hook on a ``ret``; it settles only a transaction armed for that ``ret``."""
         assert self.words[PY_RET], "set_ret_fallback first"
-        return add_native_code_hook(self.cpu, self._ret_code, ctypes.addressof(self._block), address, address)
+        return add_native_code_hook(self.cpu, self._ret_code, self.address, address, address)
 
     def start_raw(self) -> bytes:
         """The state the site hook read (the RawState layout)."""
         return self._bytes[START:END].tobytes()
-
-    def read_end(self, base: int) -> tuple[bytes, bytes | None]:
-        """The state now (the RawState layout) and the red zone at ``base`` (None: unmapped), in
-        one C call."""
-        uch, block, base_arg = self._read_end_args
-        base_arg.value = base
-        status = self._read_end(uch, block, base_arg)
-        return self._bytes[END:REDZONE].tobytes(), None if status else self._bytes[REDZONE:START_REDZONE].tobytes()
 
     def start_redzone(self) -> bytes | None:
         """The red zone as the site hook found it; None if it could not be read (unmapped)."""
@@ -301,8 +344,23 @@ class NativeEdges:
             return None
         return self._bytes[START_REDZONE:IDS_AT].tobytes()
 
+    def read_end(self, base: int) -> tuple[bytes, bytes | None]:
+        """The state now (the RawState layout) and the red zone at ``base`` (None: unmapped), in
+        one C call."""
+        uch, block, arg, _ = self._args
+        arg.value = base
+        status = self._read_end(uch, block, arg)
+        return self._bytes[END:REDZONE].tobytes(), None if status else self._bytes[REDZONE:START_REDZONE].tobytes()
+
+    def settle_return(self, rip_advance: int, resume: int) -> bool:
+        """The kernel returns to user mode at rip + ``rip_advance``: settle the site hook's open
+        transaction (True) if that is ``resume`` and everything is as the site hook found it."""
+        uch, block, advance, target = self._args
+        advance.value, target.value = rip_advance, resume
+        return bool(self._settle_return(uch, block, advance, target))
+
     def arm(self, ret: int, popped: int, resume: int) -> None:
-        """Let the hook on the ``ret`` at ``ret`` (which pops ``popped`` bytes) settle the active
+        """Let the hook on the ``ret`` at ``ret`` (which pops ``popped`` bytes) settle the open
         transaction if it returns to ``resume`` with everything as the site hook found it."""
         w = self.words
         w[RET_PC], w[POPPED], w[NEXT], w[STATE] = ret, popped, resume, ARMED

@@ -75,6 +75,8 @@ class ResumeWatch:
     # ----------------------------------------------------------- the kernel's exits
     def _after_interrupt(self, _intno: int) -> None:
         try:
+            if self.tracker.settle_at_kernel_return(0):
+                return
             tx = self.tracker.active
             if tx is not None:
                 self._kernel_returns(tx, 0)
@@ -83,15 +85,21 @@ class ResumeWatch:
 
     def _after_syscall(self) -> None:
         try:
+            opened = self.tracker.opened()
+            if opened is None:
+                return
+            at, exits_before = opened
+            irets = self._exits.get(_IRET, 0) - exits_before.get(_IRET, 0)
+            if not irets and at.address in self._sysret_watched and not hook_failed(self.cpu):
+                ret = self._armable.get(at.address)
+                if ret is not None:
+                    self.tracker.arm(ret, 8 + self._rets[ret])
+                return  # SYSRET into the trampoline code watched for this site
+            if self.tracker.settle_at_kernel_return(2):
+                return
             tx = self.tracker.active
             if tx is None:
                 return
-            irets = self._exits.get(_IRET, 0) - tx.exits_before.get(_IRET, 0)
-            if not irets and tx.site in self._sysret_watched and not hook_failed(self.cpu):
-                ret = self._armable.get(tx.site)
-                if ret is not None:
-                    self.tracker.arm(tx, ret, 8 + self._rets[ret])
-                return  # SYSRET into the trampoline code watched for this site
             followed = self._kernel_returns(tx, 2)
             if followed is not None and not irets:
                 self._sysret_watched.add(tx.site)

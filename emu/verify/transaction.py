@@ -43,6 +43,7 @@ from emu.cpu import (
     Reg,
     add_raw_code_hook,
     add_raw_mem_write_hook,
+    hook_failed,
     hook_raised,
     hook_range,
 )
@@ -51,7 +52,7 @@ from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.kernel_writes import WatchedBackend
-from emu.verify.native_edges import ACTIVE, ARMED, IDLE, PENDING, SITE, STATE, NativeEdges
+from emu.verify.native_edges import ARMED, IDLE, OPEN, SEQ, SITE, START_RSP, STATE, NativeEdges, SiteCounters
 from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
 from emu.verify.write_log import WriteLog
@@ -87,7 +88,7 @@ class ProbeSite:
     original: bytes
     nop: bool  # a NOP-class instruction (its whole effect is ip += length)
     next: int  # the address right after it: where the guest resumes, in the common case
-    hits: int = 0
+    index: int  # in the tracker's SiteCounters
 
 
 class Transaction:
@@ -108,12 +109,11 @@ class Transaction:
     redzone_after = b""
     exits_after: Mapping[str, int] = MappingProxyType({})
 
-    def __init__(self, at: ProbeSite, start_raw: bytes, exits_before: Mapping[str, int]) -> None:
-        at.hits += 1
+    def __init__(self, at: ProbeSite, hit: int, start_raw: bytes, exits_before: Mapping[str, int]) -> None:
         self.at = at
         self.site = at.address
         self.nop = at.nop
-        self.hit = at.hits
+        self.hit = hit
         self.start_raw = start_raw
         self.start_rsp = rsp = _U64.unpack_from(start_raw, RAW_RSP)[0]
         self.redzone_base = rsp - RED_ZONE
@@ -216,6 +216,12 @@ class TransactionTracker:
         self.edges = self._native_edges()
         self._edge_words = None if self.edges is None else self.edges.words
         self._native_tx: Transaction | None = None  # the transaction whose start state the edges' buffer holds
+        # The site hook's transactions are numbered (SEQ); the tracker's Transaction is the open one
+        # if _seq is its number. What one still without a Transaction met in the kernel:
+        self._seq = self._entry_seq = self._path_seq = 0
+        self._entry_exits: Mapping[str, int] = {}  # the exit counts when it entered the kernel
+        self._entry_path: Path | None = None  # the path the handler chain took
+        self._counters = SiteCounters(0, 0)
         self.bind(attachments)
         machine.kernel.sched.switch_observers.append(self.switch)
         machine.uprobes.chain_observers.append(self._on_chain)
@@ -250,21 +256,37 @@ class TransactionTracker:
 
     @property
     def active(self) -> Transaction | None:
-        """The running thread's open transaction (one the site hook left pending becomes a
-        Transaction here; one the ret hook settled is gone)."""
+        """The running thread's open transaction (one the site hook opened becomes a Transaction
+        here; one the machine code settled is gone)."""
         words = self._edge_words
         if words is None:
             return self._active
-        state = words[STATE]
-        if state >= ACTIVE:
-            return self._active
-        return self._materialize() if state == PENDING else None
+        if not words[STATE]:
+            return None
+        return self._active if words[SEQ] == self._seq else self._materialize()
 
     @active.setter
     def active(self, tx: Transaction | None) -> None:
         self._active = tx
         if self._edge_words is not None:
-            self._edge_words[STATE] = IDLE if tx is None else ACTIVE
+            self._edge_words[STATE] = IDLE if tx is None else OPEN
+            self._seq = self._edge_words[SEQ]
+
+    def _unmaterialized(self) -> bool:
+        """The site hook's open transaction has no Transaction yet."""
+        words = self._edge_words
+        return words is not None and words[STATE] != IDLE and words[SEQ] != self._seq
+
+    def opened(self) -> tuple[ProbeSite, Mapping[str, int]] | None:
+        """The open transaction's site and exit counts at its start, without making it a Transaction."""
+        if self._unmaterialized():
+            assert self._edge_words is not None
+            at = self._by_site.get(self._edge_words[SITE])
+            if at is None:
+                return None
+            return at, self._entry_exits if self._entry_seq == self._edge_words[SEQ] else self._exits
+        tx = self.active
+        return None if tx is None else (tx.at, tx.exits_before)
 
     @property
     def count(self) -> int:
@@ -275,37 +297,63 @@ class TransactionTracker:
         """The transaction the site hook left pending, as a Transaction (none if its probe was detached)."""
         edges, words = self.edges, self._edge_words
         assert edges is not None and words is not None
-        addr = words[SITE]
+        addr, seq = words[SITE], words[SEQ]
+        self._seq = seq
         at = self._by_site.get(addr)
         if at is None or self._up.probes.get(addr) is not at.uprobe:
             self._native_tx = None
             self.abandon()  # detached: the original instruction ran, nothing to verify
             return None
-        tx = self._active = self._native_tx = Transaction(at, edges.start_raw(), dict(self._exits))
-        words[STATE] = ACTIVE
+        exits = self._entry_exits if self._entry_seq == seq else dict(self._exits)
+        tx = self._active = self._native_tx = Transaction(at, self._counters.hits(at.index), edges.start_raw(), exits)
+        if self._path_seq == seq:
+            tx.path = self._entry_path
         return tx
 
     def _before_kernel(self, *_args: object) -> None:
-        """The kernel is entered: a pending transaction becomes a Transaction first (its exit
-        counts start here), and an armed one is disarmed (the kernel may change anything)."""
+        """The kernel is entered: an armed transaction is disarmed (the kernel may change anything);
+        for one still without a Transaction, the exit counts now are those at its start."""
         words = self._edge_words
         assert words is not None
         state = words[STATE]
-        if state == PENDING:
-            self._materialize()
-        elif state == ARMED:
-            words[STATE] = ACTIVE
+        if state == ARMED:
+            words[STATE] = OPEN
+        if state and words[SEQ] != self._seq and words[SEQ] != self._entry_seq:
+            self._entry_seq, self._entry_exits = words[SEQ], dict(self._exits)
 
-    def arm(self, tx: Transaction, ret: int, popped: int) -> None:
+    def arm(self, ret: int, popped: int) -> None:
         """The guest is about to leave straight-line trampoline code by the ``ret`` at ``ret``
-        (popping ``popped`` bytes), whose hook is machine code: let it settle ``tx`` if the hit
-        left everything as it found it. Only a hit the Python fast path in :meth:`finish` would
-        settle alike: a NOP-class site whose start state the hook's buffer holds, no consumer that
-        could change a register, nothing written into the red zone by the kernel, no step out of
-        line."""
-        if (tx is self._native_tx and tx.nop and tx.chain is None and tx.redzone_before is None
-                and not tx.logged and not self._up.task.stepping and self.edges is not None):
-            self.edges.arm(ret, popped, tx.at.next)
+        (popping ``popped`` bytes), whose hook is machine code: let it settle the open transaction
+        if the hit left everything as it found it. Only a hit the Python fast path in
+        :meth:`finish` would settle alike: a NOP-class site whose start state and red zone the
+        hook's buffers hold (the site hook's, never suspended), no consumer that could change a
+        register, no step out of line."""
+        at = self._settleable()
+        if at is not None:
+            assert self.edges is not None
+            self.edges.arm(ret, popped, at.next)
+
+    def _settleable(self) -> ProbeSite | None:
+        """The open transaction's site, if the machine code may settle it (see arm())."""
+        if self.edges is None or self._up.task.stepping:
+            return None
+        if self._unmaterialized():  # the site hook's, and no consumer with a handler ran (_on_chain)
+            at = self._by_site.get(self.edges.words[SITE])
+            return at if at is not None and at.nop and self._up.probes.get(at.address) is at.uprobe else None
+        tx = self.active
+        if tx is None or tx is not self._native_tx or not tx.nop or tx.chain is not None:
+            return None
+        return tx.at
+
+    def settle_at_kernel_return(self, rip_advance: int) -> bool:
+        """The kernel returns to user mode at rip + ``rip_advance``: True if the machine code found
+        the open transaction, one the site hook opened and Python has not needed since, done with
+        everything as it was (see arm())."""
+        if not self._unmaterialized() or hook_failed(self.cpu):
+            return False
+        at = self._settleable()
+        assert self.edges is not None
+        return at is not None and self.edges.settle_return(rip_advance, at.next)
 
     def bind(self, attachments: list[Attachment]) -> None:
         """Watch these attachments' sites, forgetting earlier ones and their hit counts: one tracker
@@ -319,10 +367,11 @@ class TransactionTracker:
             if addr not in self._by_site:
                 original = uprobe.insn.raw
                 self._by_site[addr] = ProbeSite(att.resolved.spec.text, uprobe, addr, original,
-                                                uprobe.insn.kind is Kind.NOP, addr + len(original))
-        for site in self._by_site:
+                                                uprobe.insn.kind is Kind.NOP, addr + len(original), len(self._by_site))
+        self._counters = SiteCounters(len(self._by_site), 0 if self.edges is None else self.edges.address)
+        for site, at in self._by_site.items():
             if self.edges is not None:
-                self._site_hooks.append(self.edges.add_site_hook(site))
+                self._site_hooks.append(self.edges.add_site_hook(site, self._counters.record(at.index)))
             else:
                 self._site_hooks.append(add_raw_code_hook(self.cpu, self._on_site, site, site))
 
@@ -336,7 +385,7 @@ class TransactionTracker:
             at = self._by_site[addr]
             if self._up.probes.get(addr) is not at.uprobe:
                 return  # detached: the original instruction runs, nothing to verify
-            tx = self.active = Transaction(at, self.raw.read(), dict(self._exits))
+            tx = self.active = Transaction(at, self._counters.count_hit(at.index), self.raw.read(), dict(self._exits))
             base = tx.redzone_base
             self.log.start(base, snapshot_wanted=True)
             if self._writes is not None:  # _window(base), inline: a call costs on every hit
@@ -405,17 +454,17 @@ class TransactionTracker:
             # it with every register (rflags exactly), the extended state and the red zone as they
             # were: the reference is the start state with rip moved, no check can find anything.
             return
-        if redzone is None:
-            redzone = self._redzone(tx.redzone_base)
-        tx.redzone_before = redzone if before is None else before  # None: nothing wrote into it
+        if redzone is None:  # nothing wrote into it, or nothing read it yet
+            redzone = self._redzone_at_start(tx) if before is None else self._redzone(tx.redzone_base)
+        tx.redzone_before = redzone if before is None else before
         tx.end_raw, tx.end_addr, tx.end_rsp, tx.redzone_after = raw, resume, rsp, redzone
         tx.exits_after = dict(self._exits)
         self.on_finished(tx)
 
     def read_end(self, tx: Transaction) -> tuple[bytes, bytes | None]:
-        """The state now, and ``tx``'s red zone now if it was read in the same C call (else None:
-        finish() reads it if it needs it)."""
-        if self.edges is None:
+        """The state now, and ``tx``'s red zone now if a write may have changed it, read in the
+        same C call where that can be done (else None: finish() reads it if it needs it)."""
+        if self.edges is None or not tx.redzone_changed:
             return self.raw.read(), None
         return self.edges.read_end(tx.redzone_base)
 
@@ -433,6 +482,11 @@ class TransactionTracker:
 
     def _on_kernel_write(self, addr: int, size: int) -> None:
         """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it."""
+        if self._unmaterialized():  # no Transaction yet: only a write into its red zone needs one
+            assert self._edge_words is not None
+            base = self._edge_words[START_RSP] - RED_ZONE
+            if not (addr < base + RED_ZONE and addr + size > base):
+                return
         tx = self.active
         if tx is not None and addr < tx.redzone_base + RED_ZONE and addr + size > tx.redzone_base:
             self.fold_log(tx)  # the guest's stores so far, and the red zone before the first
@@ -483,6 +537,13 @@ class TransactionTracker:
         return True
 
     def _on_chain(self, probe: Uprobe, regs: PtRegs | None, path: Path, after: bool) -> None:
+        words = self._edge_words
+        if self._unmaterialized() and words is not None:  # no Transaction yet: a handler needs one
+            if probe.vaddr != words[SITE]:
+                return
+            self._path_seq, self._entry_path = words[SEQ], path
+            if regs is None or after or all(c.handler is None for c in probe.consumers):
+                return
         tx = self.active
         if tx is None or probe.vaddr != tx.site:
             return
