@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from emu.abi import RED_ZONE
 from emu.verify.expected import STATE_INDEX, Expected, resume_address, same_registers
-from emu.verify.transaction import RIP_INDEX, Transaction
+from emu.verify.transaction import RIP_INDEX, Transaction, guest_writes
 from emu.verify.violations import Check, Violation
 
 # rflags bits a probe must preserve: CF PF AF ZF SF DF OF
 FLAGS_MASK = 0x1 | 0x4 | 0x10 | 0x40 | 0x80 | 0x400 | 0x800
 REG_NAMES = {i: ("r" + n if len(n) == 2 and not n[1].isdigit() else n) for n, i in STATE_INDEX.items()}
 REG_NAMES[17] = "rflags"
+Evidence = tuple[tuple[str, object], ...]  # a violation's detail, as items
 
 
 def _violation(kind: Check, tx: Transaction, summary: str, **detail: object) -> Violation:
@@ -67,36 +69,42 @@ def check_resume(tx: Transaction, exp: Expected) -> list[Violation]:
 def check_redzone(tx: Transaction, exp: Expected, describe: Callable[[int], str]) -> list[Violation]:
     """Every red-zone byte that differs from the reference, attributed to the guest store that
     wrote it (pc and disassembly) or, failing that, to the fake kernel's copy_to_user."""
-    base = tx.redzone_base
     expected = exp.redzone(tx)
     if tx.redzone_after == expected:
         return []
-    wrong = _differing(tx.redzone_after, expected)
-    out: list[Violation] = []
-    for w in reversed(tx.guest_writes):  # the last store to a byte is the one that left it
+    kernel = "the fake kernel (copy_to_user)"
+    if tx.unrecorded:
+        kernel = "one of the guest stores past the write log's capacity, or " + kernel
+    return [_redzone(tx, lo, hi, expected, kernel if pc is None else f"guest code at {pc:#x}: {describe(pc)}")
+            for lo, hi, pc in _blame(tx.redzone_base, expected, tx.redzone_after, tx.logged, tx.redzone_before, tx.nop)]
+
+
+@functools.lru_cache(maxsize=256)
+def _blame(base: int, expected: bytes, after: bytes, logged: tuple[bytes, ...], before: bytes | None,
+           nop: bool) -> tuple[tuple[int, int, int | None], ...]:
+    """Each run [lo, hi) of red-zone bytes that differ from ``expected``, by offset, with the pc of
+    the guest store that left it (None: no logged store did). Kept: a design that clobbers the red
+    zone does it the same way on every hit."""
+    wrong = _differing(after, expected)
+    out: list[tuple[int, int, int | None]] = []
+    for w in reversed(guest_writes(logged, base, before, nop)):  # the last store to a byte is the one that left it
         lo, hi = max(w.addr - base, 0), min(w.addr + w.size - base, RED_ZONE)
         bytes_written = ((1 << hi - lo) - 1) << lo if hi > lo else 0
-        if not wrong & bytes_written:
-            continue
-        wrong &= ~bytes_written
-        out.append(_redzone(tx, lo, hi, expected, f"guest code at {w.pc:#x}: {describe(w.pc)}"))
-    rest = "the fake kernel (copy_to_user)"
-    if tx.unrecorded:
-        rest = "one of the guest stores past the write log's capacity, or " + rest
-    for lo, hi in _runs(wrong):
-        out.append(_redzone(tx, lo, hi, expected, rest))
-    return sorted(out, key=lambda v: v.detail["offset"])
+        if wrong & bytes_written:
+            wrong &= ~bytes_written
+            out.append((lo, hi, w.pc))
+    out += [(lo, hi, None) for lo, hi in _runs(wrong)]
+    return tuple(sorted(out))
 
 
 def _differing(a: bytes, b: bytes) -> int:
-    """A mask with bit i set where byte i differs."""
-    diff = int.from_bytes(a, "little") ^ int.from_bytes(b, "little")
-    mask = 0
-    while diff:
-        i = ((diff & -diff).bit_length() - 1) >> 3
-        mask |= 1 << i
-        diff &= ~(0xFF << (8 * i))
-    return mask
+    """A mask with bit i set where byte i differs (in a few C calls: each differing byte becomes a
+    '1' digit, each equal one a '0', highest byte first)."""
+    diff = (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).to_bytes(len(a), "little")
+    return int(diff.translate(_DIFFERS_DIGIT)[::-1], 2)
+
+
+_DIFFERS_DIGIT = b"0" + b"1" * 255
 
 
 def _runs(mask: int) -> list[tuple[int, int]]:
@@ -113,11 +121,18 @@ def _runs(mask: int) -> list[tuple[int, int]]:
 
 
 def _redzone(tx: Transaction, lo: int, hi: int, expected: bytes, writer: str) -> Violation:
+    summary, detail = _redzone_evidence(lo, hi, bytes(expected[lo:hi]), tx.redzone_after[lo:hi], writer, _path(tx))
+    return Violation(Check.REDZONE, tx.probe, tx.site, summary, dict(detail), tx.hit)
+
+
+@functools.lru_cache(maxsize=1024)
+def _redzone_evidence(lo: int, hi: int, old: bytes, new: bytes, writer: str, path: str) -> tuple[str, Evidence]:
+    """The summary and detail of one red-zone violation (kept: a design that clobbers the red zone
+    does it the same way on every hit)."""
     offset = lo - RED_ZONE
-    old, new = bytes(expected[lo:hi]), tx.redzone_after[lo:hi]
     summary = f"rsp{offset:+d} ({hi - lo} bytes) {old.hex()} -> {new.hex()} by {writer}"
-    return _violation(Check.REDZONE, tx, summary, offset=offset, size=hi - lo, old=old.hex(), new=new.hex(),
-                      writer=writer, path=_path(tx))
+    detail = {"offset": offset, "size": hi - lo, "old": old.hex(), "new": new.hex(), "writer": writer, "path": path}
+    return summary, tuple(detail.items())
 
 
 def _path(tx: Transaction) -> str:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from emu.abi import RED_ZONE
 from emu.cpu import (
@@ -70,8 +70,7 @@ ADDRESS_SPACE_END = (1 << 64) - 1
 _U64 = struct.Struct("<Q")
 
 
-@dataclass(frozen=True, slots=True)
-class GuestWrite:
+class GuestWrite(NamedTuple):  # a NamedTuple: built for each logged store when a hit is checked
     pc: int
     addr: int
     size: int
@@ -128,24 +127,6 @@ class Transaction:
         return self.at.original
 
     @cached_property
-    def guest_writes(self) -> list[GuestWrite]:
-        """The guest's stores into the red zone, in order; for a NOP, not those that stored what the
-        red zone held before (its reference red zone is that snapshot: such a store leaves no
-        difference of its own, and a byte found changed later was changed by a later store or by
-        the kernel)."""
-        before = self.redzone_before
-        out = []
-        for chunk in self.logged:
-            for pc, addr, size, value in log_entries(chunk):
-                offset = addr - self.redzone_base
-                if offset + size <= 0 or offset >= RED_ZONE:
-                    continue
-                if not (self.nop and before is not None and 0 <= offset <= RED_ZONE - size
-                        and (value & ((1 << 8 * size) - 1)).to_bytes(size, "little") == before[offset : offset + size]):
-                    out.append(GuestWrite(pc, addr, size, value))
-        return out
-
-    @cached_property
     def start_state(self) -> list[int]:
         return decode_state(self.start_raw)
 
@@ -170,6 +151,23 @@ class Transaction:
         """SYSRET/IRET exits the kernel took during the transaction."""
         before, now = self.exits_before, self.exits_after
         return {k: now[k] - before.get(k, 0) for k in now if now[k] != before.get(k, 0)}
+
+
+def guest_writes(logged: tuple[bytes, ...], base: int, before: bytes | None, nop: bool) -> list[GuestWrite]:
+    """The guest's stores into the red zone at ``base`` in the raw write log ``logged``, in order;
+    for a NOP, not those that stored what the red zone held ``before`` (its reference red zone is
+    that snapshot: such a store leaves no difference of its own, and a byte found changed later was
+    changed by a later store or by the kernel)."""
+    out = []
+    for chunk in logged:
+        for pc, addr, size, value in log_entries(chunk):
+            offset = addr - base
+            if offset + size <= 0 or offset >= RED_ZONE:
+                continue
+            if not (nop and before is not None and 0 <= offset <= RED_ZONE - size
+                    and (value & ((1 << 8 * size) - 1)).to_bytes(size, "little") == before[offset : offset + size]):
+                out.append(GuestWrite(pc, addr, size, value))
+    return out
 
 
 Finished = Callable[[Transaction], None]
