@@ -172,7 +172,8 @@ def test_settles_says_what_matches_exactly_says(guest: Machine, index: int, rax:
         after[where % RED_ZONE] ^= 1 << where % 8
     end_addr += perturb == "resume"
     end_rsp -= 8 * (perturb == "rsp")
-    tx = SimpleNamespace(site=guest.exe.entry, at=SimpleNamespace(original=original), start_raw=start, start_rsp=rsp,
+    tx = SimpleNamespace(site=guest.exe.entry, original=original, at=SimpleNamespace(original=original), start_raw=start,
+                         start_rsp=rsp,
                          nop=False, chain=None, end_raw=bytes(end), end_addr=end_addr, end_rsp=end_rsp,
                          redzone_base=base, redzone_before=redzone, redzone_after=bytes(after))
     exact = matches_exactly(tx, expected_outcome(tx, cache))  # type: ignore[arg-type]

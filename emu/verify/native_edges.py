@@ -344,6 +344,10 @@ class NativeEdges:
             return None
         return self._bytes[START_REDZONE:IDS_AT].tobytes()
 
+    @property
+    def has_start_redzone(self) -> bool:
+        return not self.words[START_REDZONE_STATUS] & 0xFFFFFFFF
+
     def read_end(self, base: int) -> tuple[bytes, bytes | None]:
         """The state now (the RawState layout) and the red zone at ``base`` (None: unmapped), in
         one C call."""

@@ -53,6 +53,7 @@ from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.kernel_writes import WatchedBackend
 from emu.verify.native_edges import ARMED, IDLE, OPEN, SEQ, SITE, START_RSP, STATE, NativeEdges, SiteCounters
+from emu.verify.reference_cache import Outcome
 from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
 from emu.verify.write_log import WriteLog
@@ -173,6 +174,24 @@ def guest_writes(logged: tuple[bytes, ...], base: int, before: bytes | None, nop
 Finished = Callable[[Transaction], None]
 
 
+class _Ended(NamedTuple):
+    """How a hit the site hook opened ended, for ``settles`` (no Transaction needed)."""
+
+    site: int
+    original: bytes
+    start_raw: bytes
+    start_rsp: int
+    end_raw: bytes
+    end_addr: int
+    end_rsp: int
+    redzone_base: int
+    redzone_before: bytes
+    redzone_after: bytes
+
+
+_RIP_RSP = struct.Struct("<QQ")  # the first two words of a RawState snapshot
+
+
 def _window(base: int) -> tuple[int, int]:
     """The write hook's range for a red zone at ``base``: a store starting up to MAX_STORE - 1 bytes below reaches it."""
     return base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1
@@ -216,10 +235,11 @@ class TransactionTracker:
         self._native_tx: Transaction | None = None  # the transaction whose start state the edges' buffer holds
         # The site hook's transactions are numbered (SEQ); the tracker's Transaction is the open one
         # if _seq is its number. What one still without a Transaction met in the kernel:
-        self._seq = self._entry_seq = self._path_seq = 0
+        self._seq = self._entry_seq = self._path_seq = self._kernel_wrote_seq = 0
         self._entry_exits: Mapping[str, int] = {}  # the exit counts when it entered the kernel
         self._entry_path: Path | None = None  # the path the handler chain took
         self._counters = SiteCounters(0, 0)
+        self.settles: Callable[[Outcome], bool] | None = None  # the session's reference cache
         self.bind(attachments)
         machine.kernel.sched.switch_observers.append(self.switch)
         machine.uprobes.chain_observers.append(self._on_chain)
@@ -306,6 +326,8 @@ class TransactionTracker:
         tx = self._active = self._native_tx = Transaction(at, self._counters.hits(at.index), edges.start_raw(), exits)
         if self._path_seq == seq:
             tx.path = self._entry_path
+        if self._kernel_wrote_seq == seq:  # as _on_kernel_write() does for a Transaction
+            tx.redzone_before, tx.redzone_changed = self._redzone_at_start(tx), True
         return tx
 
     def _before_kernel(self, *_args: object) -> None:
@@ -327,31 +349,50 @@ class TransactionTracker:
         hook's buffers hold (the site hook's, never suspended), no consumer that could change a
         register, no step out of line."""
         at = self._settleable()
-        if at is not None:
+        if at is not None and at.nop:
             assert self.edges is not None
             self.edges.arm(ret, popped, at.next)
 
     def _settleable(self) -> ProbeSite | None:
-        """The open transaction's site, if the machine code may settle it (see arm())."""
+        """The open transaction's site, if it may be settled outside Python's Transaction (see
+        arm(); a site that is not a NOP needs a reference too)."""
         if self.edges is None or self._up.task.stepping:
             return None
         if self._unmaterialized():  # the site hook's, and no consumer with a handler ran (_on_chain)
             at = self._by_site.get(self.edges.words[SITE])
-            return at if at is not None and at.nop and self._up.probes.get(at.address) is at.uprobe else None
+            return at if at is not None and self._up.probes.get(at.address) is at.uprobe else None
         tx = self.active
-        if tx is None or tx is not self._native_tx or not tx.nop or tx.chain is not None:
+        if tx is None or tx is not self._native_tx or tx.chain is not None:
             return None
         return tx.at
 
     def settle_at_kernel_return(self, rip_advance: int) -> bool:
-        """The kernel returns to user mode at rip + ``rip_advance``: True if the machine code found
-        the open transaction, one the site hook opened and Python has not needed since, done with
-        everything as it was (see arm())."""
+        """The kernel returns to user mode at rip + ``rip_advance``: True if the open transaction,
+        one the site hook opened and Python has not needed since, is done with everything as it
+        was (a NOP site: compared by machine code) or as the cached reference says (``settles``)."""
         if not self._unmaterialized() or hook_failed(self.cpu):
             return False
         at = self._settleable()
-        assert self.edges is not None
-        return at is not None and self.edges.settle_return(rip_advance, at.next)
+        edges = self.edges
+        if at is None or edges is None:
+            return False
+        if at.nop:
+            return edges.settle_return(rip_advance, at.next)
+        if self.settles is None:
+            return False
+        start_rsp = edges.words[START_RSP]
+        base = start_rsp - RED_ZONE
+        raw, after = edges.read_end(base)
+        before = edges.start_redzone()
+        if after is None or before is None:
+            return False
+        end_addr, end_rsp = _RIP_RSP.unpack_from(raw)
+        if not self.settles(_Ended(at.address, at.original, edges.start_raw(), start_rsp, raw,
+                                   (end_addr + rip_advance) & ADDRESS_SPACE_END, end_rsp, base, before, after)):
+            return False
+        self.abandon()  # settled: no verdict to give
+        self._count += 1
+        return True
 
     def bind(self, attachments: list[Attachment]) -> None:
         """Watch these attachments' sites, forgetting earlier ones and their hit counts: one tracker
@@ -480,10 +521,13 @@ class TransactionTracker:
 
     def _on_kernel_write(self, addr: int, size: int) -> None:
         """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it."""
-        if self._unmaterialized():  # no Transaction yet: only a write into its red zone needs one
-            assert self._edge_words is not None
+        if self._unmaterialized():  # no Transaction yet: a write into its red zone is noted (_materialize)
+            assert self._edge_words is not None and self.edges is not None
             base = self._edge_words[START_RSP] - RED_ZONE
             if not (addr < base + RED_ZONE and addr + size > base):
+                return
+            if self.edges.has_start_redzone:
+                self._kernel_wrote_seq = self._edge_words[SEQ]
                 return
         tx = self.active
         if tx is not None and addr < tx.redzone_base + RED_ZONE and addr + size > tx.redzone_base:
