@@ -3,6 +3,7 @@ hits without Python, and every verdict is the one the Python hooks give."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import pytest
 
 from emu.designs import DESIGNS, Design, Trampoline
 from emu.guestio import GuestIO
+from emu.kernel.uprobes import core
 from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.kernel.uprobes.regs import PtRegs
 from emu.machine import Machine, RunOptions
 from emu.verify import transaction
 from emu.verify.session import VerifySession
@@ -91,3 +94,31 @@ def test_a_consumer_that_changes_registers_is_never_armed(monkeypatch: pytest.Mo
     assert session.tracker.edges is not None and session.tracker.edges.finished == 0
     native, python = _verdicts(monkeypatch, TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", "nop10", Consumer(handler=change))
     assert native == python and native[1] == []
+
+
+@pytest.mark.parametrize("bug", ["stray-store", "flags"])
+def test_an_emulation_bug_at_a_cached_site_is_handed_to_python_and_caught(monkeypatch: pytest.MonkeyPatch,
+                                                                          bug: str) -> None:
+    """A site that is not a NOP, settled from the cached reference by machine code while the kernel
+    emulates it right; from the hit the emulation goes wrong (harmlessly for the program), every
+    hit is reported as without the machine code."""
+    original = core.Uprobes._push
+    seen: Counter[int] = Counter()
+
+    def push(up: core.Uprobes, regs: PtRegs, value: int) -> None:
+        seen[id(up)] += 1
+        original(up, regs, value)
+        if seen[id(up)] > ITERATIONS // 2 and bug == "stray-store":
+            up.mem.write_user(regs.sp - 16, bytes([seen[id(up)]]))  # below the pushed word, new each hit
+        elif seen[id(up)] > ITERATIONS // 2:
+            regs.flags ^= 0x10  # AF
+
+    monkeypatch.setattr(core.Uprobes, "_push", push)
+    session = _run(TRIG, ["push", str(ITERATIONS)], "uprobe:uprobe_target_push", "int3", python_only=False)
+    assert session.tracker.edges is not None and session.tracker.edges.finished >= ITERATIONS // 2 - 2  # settled by machine code
+    seen.clear()
+    native, python = _verdicts(monkeypatch, TRIG, ["push", str(ITERATIONS)], "uprobe:uprobe_target_push", "int3")
+    assert native == python and native[0] == ITERATIONS
+    kinds = {kind for kind, _, _ in native[1]}
+    assert kinds == {(Check.REDZONE if bug == "stray-store" else Check.REGS).value}
+    assert {hit for _, hit, _ in native[1]} == set(range(ITERATIONS // 2 + 1, ITERATIONS + 1))

@@ -50,6 +50,7 @@ from emu.cpu import (
     raw_code_hook_address,
 )
 from emu.verify.machine_code import mapped
+from emu.verify.reference_cache import EffectSpans
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP
 from emu.verify.write_log import BASE, COUNT, STATUS, TAKEN, WriteLog
 
@@ -64,6 +65,7 @@ START_PTRS_AT = IDS_AT + (4 * len(STATE_REGS) + 7) // 8 * 8
 END_PTRS_AT = START_PTRS_AT + 8 * len(STATE_REGS)
 BLOCK_BYTES = END_PTRS_AT + 8 * len(STATE_REGS)
 START_RSP = (START + RAW_RSP) // 8  # the word of the start state's rsp
+ADDRESS_MASK = (1 << 64) - 1
 MAX_STORE = 8  # as in emu/verify/transaction.py: a store starting 7 bytes below the red zone reaches it
 
 
@@ -245,6 +247,44 @@ done:
 ret
 """
 
+# settle_compared(uc=rdi, block=rsi, red-zone base=rdx, ops=rcx) -> 1 if settled, else 0: the state
+# into the end buffer, the red zone at base into its buffer, then each (a, b, length) of the list
+# at ops (ended by a zero length): length bytes at a must equal those at b.
+SETTLE_COMPARED_SOURCE = f"""
+{_SAVE}
+mov %rdi, %r12
+mov %rsi, %rbx
+mov %rdx, %r13
+mov %rcx, %r14
+{_read_end_state()}
+mov %r12, %rdi
+mov %r13, %rsi
+lea {REDZONE}(%rbx), %rdx
+mov ${RED_ZONE}, %ecx
+call *{8 * MEM_READ}(%rbx)
+test %eax, %eax
+jne differs
+next_op:
+mov 16(%r14), %rcx
+test %rcx, %rcx
+je same
+mov (%r14), %rsi
+mov 8(%r14), %rdi
+repe cmpsb
+jne differs
+add $24, %r14
+jmp next_op
+same:
+{_SETTLE}
+mov $1, %eax
+jmp done
+differs:
+xor %eax, %eax
+done:
+{_RESTORE}
+ret
+"""
+
 # read_end(uc=rdi, block=rsi, red-zone base=rdx) -> what uc_mem_read returned: the state into the
 # end buffer and the red zone into its buffer, for a transaction that ends in Python (one C call
 # from Python instead of two).
@@ -289,20 +329,44 @@ class SiteCounters:
         return words[2 * index + 1]
 
 
+class Comparison:
+    """EffectSpans as settle_compared's list of (a, b, length), over the block's buffers and the
+    constants kept here."""
+
+    def __init__(self, block: int, spans: EffectSpans, rip_advance: int) -> None:
+        constants = [(spans.rip - rip_advance) & ADDRESS_MASK, spans.rsp]
+        fixed = b"".join(v.to_bytes(8, "little") for v in constants) + b"".join(
+            data for _, data in (*spans.changed, *spans.redzone_stored))
+        self._constants = ctypes.create_string_buffer(fixed, len(fixed) or 1)
+        const = ctypes.addressof(self._constants)
+        ops = [(block + END + RAW_RIP, const, 8), (block + END + RAW_RSP, const + 8, 8)]
+        ops += [(block + END + lo, block + START + lo, hi - lo) for lo, hi in spans.same]
+        ops += [(block + REDZONE + lo, block + START_REDZONE + lo, hi - lo) for lo, hi in spans.redzone_same]
+        at = const + 16
+        for offset, data in (*[(END + lo, d) for lo, d in spans.changed],
+                             *[(REDZONE + lo, d) for lo, d in spans.redzone_stored]):
+            ops.append((block + offset, at, len(data)))
+            at += len(data)
+        self._ops = (ctypes.c_uint64 * (3 * len(ops) + 3))(*[x for op in ops for x in op], 0, 0, 0)
+        self.ops = ctypes.c_void_p(ctypes.addressof(self._ops))
+
+
 class NativeEdges:
     """The control block and the machine code of one tracker. :meth:`create` returns None where
     machine code cannot be mapped: the tracker's Python hooks do the same work then."""
 
-    def __init__(self, cpu: Cpu, code: tuple[int, int, int, int], log: WriteLog, window: HookRange,
+    def __init__(self, cpu: Cpu, code: tuple[int, int, int, int, int], log: WriteLog, window: HookRange,
                  on_site: RawCodeHook) -> None:
-        """``code``: where the site hook, the ret hook, settle_return and read_end are mapped."""
+        """``code``: where the site hook, the ret hook, settle_return, settle_compared and read_end
+        are mapped."""
         self.cpu = cpu
-        self._site_code, self._ret_code, settle_return, read_end = code
+        self._site_code, self._ret_code, settle_return, settle_compared, read_end = code
         self._block = ctypes.create_string_buffer(BLOCK_BYTES)
         self._bytes = memoryview(self._block).cast("B")
         self.words = self._bytes.cast("Q")
         base = self.address = ctypes.addressof(self._block)
         self._settle_return, self._read_end = _NATIVE_CALL(settle_return), _NATIVE_CALL(read_end)
+        self._settle_compared = _NATIVE_CALL(settle_compared)
         self._args = (cpu_handle(cpu), ctypes.c_void_p(base), ctypes.c_uint64(0), ctypes.c_uint64(0))
         n = len(STATE_REGS)
         (ctypes.c_int * n).from_address(base + IDS_AT)[:] = list(STATE_REGS)
@@ -316,7 +380,8 @@ class NativeEdges:
 
     @classmethod
     def create(cls, cpu: Cpu, log: WriteLog, window: HookRange, on_site: RawCodeHook) -> NativeEdges | None:
-        code = tuple(mapped(source) for source in (SITE_SOURCE, RET_SOURCE, SETTLE_RETURN_SOURCE, READ_END_SOURCE))
+        code = tuple(mapped(source) for source in (SITE_SOURCE, RET_SOURCE, SETTLE_RETURN_SOURCE, SETTLE_COMPARED_SOURCE,
+                                                   READ_END_SOURCE))
         if None in code:
             return None
         return cls(cpu, code, log, window, on_site)  # type: ignore[arg-type]
@@ -362,6 +427,17 @@ class NativeEdges:
         uch, block, advance, target = self._args
         advance.value, target.value = rip_advance, resume
         return bool(self._settle_return(uch, block, advance, target))
+
+    def comparison(self, spans: EffectSpans, rip_advance: int) -> Comparison:
+        """``spans`` for settle_compared, where the kernel returns to rip + ``rip_advance``."""
+        return Comparison(self.address, spans, rip_advance)
+
+    def settle_compared(self, base: int, comparison: Comparison) -> bool:
+        """The kernel returns to user mode: settle the site hook's open transaction (True) if the
+        state and the red zone at ``base`` pass ``comparison``."""
+        uch, block, arg, _ = self._args
+        arg.value = base
+        return bool(self._settle_compared(uch, block, arg, comparison.ops))
 
     def arm(self, ret: int, popped: int, resume: int) -> None:
         """Let the hook on the ``ret`` at ``ret`` (which pops ``popped`` bytes) settle the open

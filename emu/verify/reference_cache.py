@@ -25,7 +25,7 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from emu.verify.scratch import Reference, ScratchCpu
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, SLOTS
@@ -83,6 +83,7 @@ class Outcome(Protocol):
 
 
 InputKey = Callable[[bytes], tuple[bytes, ...]]
+Spans = list[tuple[int, int]]  # [lo, hi) byte ranges
 WindowSlices = Callable[[bytes], tuple[bytes, ...]]
 WindowPlan = tuple[WindowSlices, WindowSlices, tuple[bytes, ...]]  # see _window_plan
 MAX_PLANS = 16  # red-zone bases an effect keeps a plan for
@@ -98,9 +99,9 @@ def stored_into(window: bytes, base: int, stores: tuple[tuple[int, bytes], ...])
     return bytes(out)
 
 
-def _window_plan(base: int, size: int, stores: tuple[tuple[int, bytes], ...]) -> WindowPlan:
-    """How ``stores`` change the ``size`` bytes at ``base``: the spans they leave alone, the spans
-    they write, and what those hold afterwards."""
+def _window_spans(base: int, size: int, stores: tuple[tuple[int, bytes], ...]) -> tuple[Spans, list[tuple[int, bytes]]]:
+    """How ``stores`` change the ``size`` bytes at ``base``: the spans they leave alone, and the
+    spans they write with what those hold afterwards."""
     final = stored_into(bytes(size), base, stores)
     written = stored_into(b"\0" * size, base, tuple((addr, b"\1" * len(data)) for addr, data in stores))
     spans: list[list[int]] = []  # [lo, hi, written]
@@ -109,8 +110,27 @@ def _window_plan(base: int, size: int, stores: tuple[tuple[int, bytes], ...]) ->
             spans[-1][1] = i + 1
         else:
             spans.append([i, i + 1, w])
-    stored = [(lo, hi) for lo, hi, w in spans if w]
-    return _slices([(lo, hi) for lo, hi, w in spans if not w]), _slices(stored), tuple(final[lo:hi] for lo, hi in stored) + (b"",)
+    return [(lo, hi) for lo, hi, w in spans if not w], [(lo, final[lo:hi]) for lo, hi, w in spans if w]
+
+
+def _window_plan(base: int, size: int, stores: tuple[tuple[int, bytes], ...]) -> WindowPlan:
+    untouched, stored = _window_spans(base, size, stores)
+    values = tuple(data for _, data in stored) + (b"",)
+    return _slices(untouched), _slices([(lo, lo + len(data)) for lo, data in stored]), values
+
+
+class EffectSpans(NamedTuple):
+    """A cached effect as byte comparisons, for a hit whose red zone is at a given base: the end
+    snapshot's rip and rsp, its spans (offsets in a snapshot) equal to the start snapshot's and
+    those holding fixed bytes; the red zone's spans equal to the start's and those the instruction
+    stored (offsets in the red zone)."""
+
+    rip: int
+    rsp: int
+    same: Spans
+    changed: list[tuple[int, bytes]]
+    redzone_same: Spans
+    redzone_stored: list[tuple[int, bytes]]
 
 
 def _slices(spans: list[tuple[int, int]]) -> Callable[[bytes], tuple[bytes, ...]]:
@@ -150,7 +170,7 @@ def input_key(original: bytes, site: int) -> InputKey | None:
     return operator.itemgetter(*(slice(lo, hi) for lo, hi in _merged([SLOTS[s] for s in slots])), slice(0, 0))
 
 
-class _Effect:
+class Effect:
     """What one run changed: register slots, stores, and the loads it depended on. ``apply`` gives
     another start snapshot the same changes, and ``settles`` compares a hit with them, each in a
     few C calls (they run on every cached hit)."""
@@ -169,10 +189,20 @@ class _Effect:
         rsp = after[RAW_RSP : RAW_RSP + 8]
         self.rsp = None if rsp == before[RAW_RSP : RAW_RSP + 8] else int.from_bytes(rsp, "little")
         rest = [(lo, hi) for lo, hi in SLOTS.values() if lo >= RAW_KEPT]
-        self._changed_rest = _slices(_merged([(lo, hi) for lo, hi in rest if after[lo:hi] != before[lo:hi]]))
-        self._same_rest = _slices(_merged([(lo, hi) for lo, hi in rest if after[lo:hi] == before[lo:hi]]))
+        self._changed_spans = _merged([(lo, hi) for lo, hi in rest if after[lo:hi] != before[lo:hi]])
+        self._same_spans = _merged([(lo, hi) for lo, hi in rest if after[lo:hi] == before[lo:hi]])
+        self._changed_rest, self._same_rest = _slices(self._changed_spans), _slices(self._same_spans)
         self._changed_values = self._changed_rest(after)
         self._redzone_plans: dict[int, WindowPlan] = {}
+        self.compiled: dict[object, object] = {}  # for a caller's own form of spans() (see MAX_PLANS)
+
+    def spans(self, base: int, size: int) -> EffectSpans:
+        """This effect as comparisons, for a hit whose ``size``-byte red zone starts at ``base``
+        (its rsp at the start: base + size)."""
+        redzone_same, redzone_stored = _window_spans(base, size, self.stores)
+        return EffectSpans(self.rip, base + size if self.rsp is None else self.rsp, self._same_spans,
+                           list(zip((lo for lo, _ in self._changed_spans), self._changed_values, strict=False)),
+                           redzone_same, redzone_stored)
 
     def apply(self, raw: bytes) -> bytes:
         return b"".join(chain.from_iterable(zip(self._kept(raw), self._values, strict=False)))
@@ -204,7 +234,7 @@ class _Effect:
 @dataclass(slots=True)
 class _Site:
     key: InputKey | None  # None: run every time
-    effects: dict[tuple[bytes, ...], _Effect] = field(default_factory=dict)
+    effects: dict[tuple[bytes, ...], Effect] = field(default_factory=dict)
 
 
 class ReferenceCache:
@@ -230,18 +260,23 @@ class ReferenceCache:
         if not ref.faulted and ref.reads is not None:
             if len(at.effects) >= MAX_KEYS:
                 at.effects.clear()
-            at.effects[key] = _Effect(raw, ref)
+            at.effects[key] = Effect(raw, ref)
         return ref
 
     def settles(self, tx: Outcome) -> bool:
         """True if a cached reference applies to ``tx`` (no consumer changed anything) and ``tx``
         matches it exactly: no check can find anything. False says nothing."""
-        at = self._sites.get((tx.site, tx.original))
+        effect = self.cached_effect(tx.site, tx.original, tx.start_raw)
+        return effect is not None and effect.settles(tx)
+
+    def cached_effect(self, site: int, original: bytes, raw: bytes) -> Effect | None:
+        """The cached effect of ``original`` at ``site`` from the snapshot ``raw``, if there is one
+        whose loads the guest's memory still holds."""
+        at = self._sites.get((site, original))
         if at is None or at.key is None:
-            return False
-        effect = at.effects.get(at.key(tx.start_raw))
-        return (effect is not None and (not effect.reads or self._still_read(effect.reads))
-                and effect.settles(tx))
+            return None
+        effect = at.effects.get(at.key(raw))
+        return effect if effect is not None and (not effect.reads or self._still_read(effect.reads)) else None
 
     def _still_read(self, reads: tuple[tuple[int, bytes], ...]) -> bool:
         """The guest's memory still holds what the cached run loaded."""

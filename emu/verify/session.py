@@ -54,7 +54,7 @@ class VerifySession:
         self.violations: list[Violation] = []
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
-        self.tracker.settles = self.references.settles
+        self.tracker.cached_effect = self.references.cached_effect
         self.shadow_stack: ShadowStack | None = None
         self.rsb: RsbModel | None = None
         if Verifier.SHSTK in self.enabled or rsb is not None:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from emu.abi import RED_ZONE
 from emu.cpu import (
@@ -52,8 +52,19 @@ from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.kernel_writes import WatchedBackend
-from emu.verify.native_edges import ARMED, IDLE, OPEN, SEQ, SITE, START_RSP, STATE, NativeEdges, SiteCounters
-from emu.verify.reference_cache import Outcome
+from emu.verify.native_edges import (
+    ARMED,
+    IDLE,
+    OPEN,
+    SEQ,
+    SITE,
+    START_RSP,
+    STATE,
+    Comparison,
+    NativeEdges,
+    SiteCounters,
+)
+from emu.verify.reference_cache import MAX_PLANS, Effect
 from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
 from emu.verify.write_log import WriteLog
@@ -173,23 +184,7 @@ def guest_writes(logged: tuple[bytes, ...], base: int, before: bytes | None, nop
 
 Finished = Callable[[Transaction], None]
 
-
-class _Ended(NamedTuple):
-    """How a hit the site hook opened ended, for ``settles`` (no Transaction needed)."""
-
-    site: int
-    original: bytes
-    start_raw: bytes
-    start_rsp: int
-    end_raw: bytes
-    end_addr: int
-    end_rsp: int
-    redzone_base: int
-    redzone_before: bytes
-    redzone_after: bytes
-
-
-_RIP_RSP = struct.Struct("<QQ")  # the first two words of a RawState snapshot
+CachedEffect = Callable[[int, bytes, bytes], Effect | None]  # (site, original, start snapshot)
 
 
 def _window(base: int) -> tuple[int, int]:
@@ -239,7 +234,7 @@ class TransactionTracker:
         self._entry_exits: Mapping[str, int] = {}  # the exit counts when it entered the kernel
         self._entry_path: Path | None = None  # the path the handler chain took
         self._counters = SiteCounters(0, 0)
-        self.settles: Callable[[Outcome], bool] | None = None  # the session's reference cache
+        self.cached_effect: CachedEffect | None = None  # the session's reference cache
         self.bind(attachments)
         machine.kernel.sched.switch_observers.append(self.switch)
         machine.uprobes.chain_observers.append(self._on_chain)
@@ -369,7 +364,7 @@ class TransactionTracker:
     def settle_at_kernel_return(self, rip_advance: int) -> bool:
         """The kernel returns to user mode at rip + ``rip_advance``: True if the open transaction,
         one the site hook opened and Python has not needed since, is done with everything as it
-        was (a NOP site: compared by machine code) or as the cached reference says (``settles``)."""
+        was (a NOP site) or as the cached reference says, compared by machine code."""
         if not self._unmaterialized() or hook_failed(self.cpu):
             return False
         at = self._settleable()
@@ -378,21 +373,18 @@ class TransactionTracker:
             return False
         if at.nop:
             return edges.settle_return(rip_advance, at.next)
-        if self.settles is None:
+        if self.cached_effect is None or not edges.has_start_redzone:
             return False
-        start_rsp = edges.words[START_RSP]
-        base = start_rsp - RED_ZONE
-        raw, after = edges.read_end(base)
-        before = edges.start_redzone()
-        if after is None or before is None:
+        effect = self.cached_effect(at.address, at.original, edges.start_raw())
+        if effect is None:
             return False
-        end_addr, end_rsp = _RIP_RSP.unpack_from(raw)
-        if not self.settles(_Ended(at.address, at.original, edges.start_raw(), start_rsp, raw,
-                                   (end_addr + rip_advance) & ADDRESS_SPACE_END, end_rsp, base, before, after)):
-            return False
-        self.abandon()  # settled: no verdict to give
-        self._count += 1
-        return True
+        base = edges.words[START_RSP] - RED_ZONE
+        comparison = effect.compiled.get((base, rip_advance))
+        if comparison is None:
+            if len(effect.compiled) >= MAX_PLANS:
+                effect.compiled.clear()
+            comparison = effect.compiled[base, rip_advance] = edges.comparison(effect.spans(base, RED_ZONE), rip_advance)
+        return edges.settle_compared(base, cast(Comparison, comparison))
 
     def bind(self, attachments: list[Attachment]) -> None:
         """Watch these attachments' sites, forgetting earlier ones and their hit counts: one tracker
