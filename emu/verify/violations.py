@@ -15,8 +15,8 @@ class Check(enum.Enum):
     SHSTK = "shstk"  # a ret the shadow stack disagrees with (#CP), or the kernel refusing it
 
 
-@dataclass(frozen=True, slots=True)
-class Violation:
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us more to build, and a design that
+class Violation:  # breaks something usually does it on every hit. Treat it as immutable all the same.
     kind: Check
     probe: str
     address: int
