@@ -1,34 +1,40 @@
-"""Machine-code hooks at the two edges of an optimized probe hit: the probe site, and the ``ret``
-that ends the trampoline's straight line after its syscall.
+"""Machine code at the edges of a probe hit, so that a hit that left everything as it found it
+is settled without entering Python.
 
-In Python, these two hooks cost more than the hit they watch (~10 us for an optimized hit; each
-hook is a ctypes callback plus a state read through ctypes, ~4-8 us). In machine code:
+In Python, a hit's hooks cost more than the hit they watch (~10 us for an optimized hit; each hook
+is a ctypes callback plus a state read through ctypes, ~4-8 us). In machine code:
 
-* the **site hook** reads the whole state (``uc_reg_read_batch``, the RawState layout) and the
-  red zone into the control block, starts the write log and opens the red-zone window, and marks a transaction
-  *pending*. The tracker turns it into a Transaction the first time Python looks (the kernel's
-  entry, a context switch, any reader of ``TransactionTracker.active``).
-* the **ret hook** settles an *armed* transaction without Python when the hit provably left
-  everything as it found it: the ``ret`` is the one it was armed for, it returns to the address right after the site, rsp comes
-  back to where it was, every other register (rflags exactly) and the extended state are byte for
-  byte the start state, and the red zone is either untouched or byte for byte its snapshot. The
-  tracker arms a transaction (emu/verify/resume.py) only when nothing else can change the verdict:
-  a NOP-class site, no consumer that could change a register, no kernel write into the red zone,
-  no out-of-line step. That is the tracker's own fast path (TransactionTracker.finish), moved.
+* the **site hook** counts the hit (SiteCounters), reads the whole state (``uc_reg_read_batch``,
+  the RawState layout) and the red zone into the control block, starts the write log, opens the
+  red-zone window and numbers the now *open* transaction (SEQ). The tracker makes a Transaction of
+  it only when Python needs one (emu/verify/transaction.py): a consumer with a handler, a context
+  switch, a hit the code here hands over.
+* the **ret hook** settles an *armed* transaction: the ``ret`` is the one it was armed for, it
+  returns to the address right after the site, rsp comes back to where it was, every other
+  register (rflags exactly) and the extended state are byte for byte the start state, and the red
+  zone is byte for byte the site hook's copy. The tracker arms a transaction (emu/verify/resume.py)
+  only when nothing else can change the verdict: a NOP-class site, no consumer that could change a
+  register, no out-of-line step. That is the tracker's own fast path (TransactionTracker.finish),
+  moved.
+* **settle_return**, called from Python as the kernel returns to user mode (IRET, INT3 emulation),
+  makes the same test of a NOP-class site; **settle_compared** tests a site that is not a NOP
+  against its cached reference (a Comparison: byte ranges of the end state and the red zone that
+  must equal the start's or fixed bytes).
 
 Anything else is handed to the Python hook unchanged (a tail jump with Unicorn's arguments): a
 site hit while a transaction is open, a ``ret`` of a transaction that is not armed, or an armed one
 that fails any test above. Handing over disarms it.
 
 Control block layout (64-bit words), then the buffers:
-  0 state: IDLE, PENDING, ACTIVE (Python tracks it) or ARMED
-  1 site: the pending transaction's site    2 next: the armed transaction's resume address
-  3 finished: transactions the ret hook settled
+  0 state: IDLE, OPEN or ARMED
+  1 site: the open transaction's site       2 next: the armed transaction's resume address
+  3 finished: transactions the machine code settled
   4, 5: uc_reg_read_batch, uc_mem_read      6, 7: the Python site and ret hooks
   8 the write log's buffer                  9 the red-zone window's range (HookRange)
   10 the register count   11-13 the register ids, start and end pointer arrays   14 a word read
   15 the ret the armed transaction leaves by   16 the bytes it pops (8 + its immediate)
   17 what uc_mem_read returned for the red zone at the site (0: read)
+  18 SEQ: the number of the site hook's last transaction
 """
 
 from __future__ import annotations
@@ -220,23 +226,26 @@ idle:
 ret
 """
 
-# settle_return(uc=rdi, block=rsi, rip_advance=rdx, resume=rcx) -> 1 if settled, else 0: the
-# kernel returns to user mode (rip + rip_advance) with everything as the site hook found it.
-SETTLE_RETURN_SOURCE = f"""
+# The functions Python calls: (uc=rdi, block=rsi, rdx, rcx) kept in r12, rbx, r13, r14, and the
+# state read into the end buffer.
+_CALLED = f"""
 {_SAVE}
 mov %rdi, %r12
 mov %rsi, %rbx
 mov %rdx, %r13
 mov %rcx, %r14
 {_read_end_state()}
-mov {END + RAW_RIP}(%rbx), %rax
-add %r13, %rax
-cmp %r14, %rax
-jne differs
-mov {END + RAW_RSP}(%rbx), %rax
-cmp {START + RAW_RSP}(%rbx), %rax
-jne differs
-{_same_as_start("differs")}
+"""
+# The red zone at r13 into its buffer; eax: what uc_mem_read returned.
+_READ_REDZONE = f"""
+mov %r12, %rdi
+mov %r13, %rsi
+lea {REDZONE}(%rbx), %rdx
+mov ${RED_ZONE}, %ecx
+call *{8 * MEM_READ}(%rbx)
+"""
+# Falling in: settled (1); at "differs": not (0).
+_SETTLED_OR_NOT = f"""
 {_SETTLE}
 mov $1, %eax
 jmp done
@@ -247,21 +256,27 @@ done:
 ret
 """
 
-# settle_compared(uc=rdi, block=rsi, red-zone base=rdx, ops=rcx) -> 1 if settled, else 0: the state
-# into the end buffer, the red zone at base into its buffer, then each (a, b, length) of the list
-# at ops (ended by a zero length): length bytes at a must equal those at b.
+# settle_return(uc, block, rip_advance, resume) -> 1 if settled, else 0: the kernel returns to
+# user mode (rip + rip_advance) with everything as the site hook found it.
+SETTLE_RETURN_SOURCE = f"""
+{_CALLED}
+mov {END + RAW_RIP}(%rbx), %rax
+add %r13, %rax
+cmp %r14, %rax
+jne differs
+mov {END + RAW_RSP}(%rbx), %rax
+cmp {START + RAW_RSP}(%rbx), %rax
+jne differs
+{_same_as_start("differs")}
+{_SETTLED_OR_NOT}
+"""
+
+# settle_compared(uc, block, red-zone base, ops) -> 1 if settled, else 0: the red zone at base into
+# its buffer, then each (a, b, length) of the list at ops (ended by a zero length): length bytes
+# at a must equal those at b.
 SETTLE_COMPARED_SOURCE = f"""
-{_SAVE}
-mov %rdi, %r12
-mov %rsi, %rbx
-mov %rdx, %r13
-mov %rcx, %r14
-{_read_end_state()}
-mov %r12, %rdi
-mov %r13, %rsi
-lea {REDZONE}(%rbx), %rdx
-mov ${RED_ZONE}, %ecx
-call *{8 * MEM_READ}(%rbx)
+{_CALLED}
+{_READ_REDZONE}
 test %eax, %eax
 jne differs
 next_op:
@@ -275,30 +290,15 @@ jne differs
 add $24, %r14
 jmp next_op
 same:
-{_SETTLE}
-mov $1, %eax
-jmp done
-differs:
-xor %eax, %eax
-done:
-{_RESTORE}
-ret
+{_SETTLED_OR_NOT}
 """
 
-# read_end(uc=rdi, block=rsi, red-zone base=rdx) -> what uc_mem_read returned: the state into the
-# end buffer and the red zone into its buffer, for a transaction that ends in Python (one C call
-# from Python instead of two).
+# read_end(uc, block, red-zone base) -> what uc_mem_read returned: the state into the end buffer
+# and the red zone into its buffer, for a transaction that ends in Python (one C call from Python
+# instead of two).
 READ_END_SOURCE = f"""
-{_SAVE}
-mov %rdi, %r12
-mov %rsi, %rbx
-mov %rdx, %r13
-{_read_end_state()}
-mov %r12, %rdi
-mov %r13, %rsi
-lea {REDZONE}(%rbx), %rdx
-mov ${RED_ZONE}, %ecx
-call *{8 * MEM_READ}(%rbx)
+{_CALLED}
+{_READ_REDZONE}
 {_RESTORE}
 ret
 """

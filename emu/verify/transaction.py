@@ -5,15 +5,18 @@ after the code was translated): an exact-address code hook per probe site (free 
 memory-write hook whose range is moved onto the red zone for the length of a transaction and
 onto nothing otherwise (adding and removing a hook per hit costs ~39 us; HookRange), added over
 the whole address space so that it can follow any thread's stack (pthread stacks are mmapped,
-not ``[stack]``); a memory
-backend that sees the fake kernel's writes before they land; an observer of the handler chain
-that records what the consumers changed; and emu/verify/resume.py, which says where and when the
-guest resumes.
+not ``[stack]``); a memory backend that sees the fake kernel's writes before they land; an
+observer of the handler chain that records what the consumers changed; and emu/verify/resume.py,
+which says where and when the guest resumes.
 
-Every hook here fires on every hit, so the work per hit is counted in C calls and Python frames:
-the state is read in one C call at each end as raw bytes (emu.cpu.RawState) and compared as
-bytes; the red zone is read only if something writes into it, before the write lands; a hit
-that provably left everything as it found it is settled here without building a reference.
+Every hook here fires on every hit, so the work per hit is counted in C calls and Python frames.
+Where machine code can be mapped, the site hook, the write hook and the trampoline ``ret`` hooks
+are machine code (emu/verify/native_edges.py, write_log.py): the site hook opens a transaction
+without Python, and a Transaction is made of it only when Python needs one (a consumer with a
+handler, a switch, a hit the machine code hands over); a hit that provably left everything as
+it found it, or as its cached reference says, is settled by machine code. Otherwise Python hooks
+do the same work: the state is read in one C call at each end as raw bytes (emu.cpu.RawState) and
+compared as bytes; the red zone is read only if something writes into it, before the write lands.
 
 Threads (emu/kernel/sched.py): a transaction belongs to the thread that hit the site. ``active``
 is the running thread's; on a context switch it is suspended (the red-zone window closes) and the
