@@ -122,3 +122,14 @@ def test_an_emulation_bug_at_a_cached_site_is_handed_to_python_and_caught(monkey
     kinds = {kind for kind, _, _ in native[1]}
     assert kinds == {(Check.REDZONE if bug == "stray-store" else Check.REGS).value}
     assert {hit for _, hit, _ in native[1]} == set(range(ITERATIONS // 2 + 1, ITERATIONS + 1))
+
+
+def test_an_execution_of_a_detached_site_is_not_a_hit() -> None:
+    """The site hook counts every execution of the site; one the tracker finds detached is taken
+    back (hit numbers in reports count hits of the attached probe)."""
+    m = Machine(TARGETS, [TARGETS, str(ITERATIONS)], {}, RunOptions(design="linux-6.18"), GuestIO.captured())
+    m.attach("uprobe:t_nop5").detach()  # the site runs its own nop5 from the start
+    session = VerifySession(m)
+    m.run()
+    assert session.transactions == 0
+    assert session.tracker._counters.hits(0) <= 1  # at most the last one, still open when the run ended

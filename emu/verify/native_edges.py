@@ -322,10 +322,10 @@ class SiteCounters:
     def hits(self, index: int) -> int:
         return self._words[2 * index + 1]
 
-    def count_hit(self, index: int) -> int:
-        """One more hit (one the machine code did not see); the hit's number."""
+    def count_hit(self, index: int, by: int = 1) -> int:
+        """One more hit (one the machine code did not see), or ``by`` more; the hit's number."""
         words = self._words
-        words[2 * index + 1] += 1
+        words[2 * index + 1] += by
         return words[2 * index + 1]
 
 

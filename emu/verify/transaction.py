@@ -318,6 +318,8 @@ class TransactionTracker:
         at = self._by_site.get(addr)
         if at is None or self._up.probes.get(addr) is not at.uprobe:
             self._native_tx = None
+            if at is not None:
+                self._counters.count_hit(at.index, -1)  # the site hook counted it: not a hit
             self.abandon()  # detached: the original instruction ran, nothing to verify
             return None
         exits = self._entry_exits if self._entry_seq == seq else dict(self._exits)
