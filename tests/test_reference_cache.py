@@ -174,8 +174,9 @@ def test_settles_says_what_matches_exactly_says(guest: Machine, index: int, rax:
     end_rsp -= 8 * (perturb == "rsp")
     tx = SimpleNamespace(site=guest.exe.entry, original=original, at=SimpleNamespace(original=original), start_raw=start,
                          start_rsp=rsp,
-                         nop=False, chain=None, end_raw=bytes(end), end_addr=end_addr, end_rsp=end_rsp,
+                         nop=False, chain=None, prepared=None, end_raw=bytes(end), end_addr=end_addr, end_rsp=end_rsp,
                          redzone_base=base, redzone_before=redzone, redzone_after=bytes(after))
     exact = matches_exactly(tx, expected_outcome(tx, cache))  # type: ignore[arg-type]
-    assert cache.settles(tx) == exact  # type: ignore[arg-type]
+    effect = cache.prepare(guest.exe.entry, original, start).effect
+    assert effect is not None and effect.settles(tx) == exact  # type: ignore[arg-type]
     assert exact == (perturb == "none")

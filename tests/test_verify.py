@@ -246,3 +246,30 @@ def test_a_resume_the_hooks_miss_switches_to_watching_blocks(monkeypatch: pytest
     session, _ = verified_run(TARGETS, ["uprobe:t_nop5"], "jmp-slots")
     assert missed and session.tracker.resume.watching_blocks
     assert session.transactions == 2 and session.violations == []  # the lost hit has no verdict; the others do
+
+
+RMW = str(SAMPLES / "rmw_sites")
+RMW_SITES = ["uprobe:add_site", "uprobe:inc_site", "uprobe:xadd_site"]
+
+
+@pytest.mark.parametrize("design", ["int3", "linux-6.18", "jmp-slots", "nop10", "uretprobe-rfc"])
+def test_an_instruction_that_loads_what_it_stores_is_checked_against_memory_before_the_hit(design: str) -> None:
+    m = Machine(RMW, [RMW], {}, RunOptions(design=design), GuestIO.captured())
+    for spec in RMW_SITES:
+        m.attach(spec)
+    session = VerifySession(m)
+    assert m.run().exit_status == 0  # the counters came out right
+    assert session.transactions == 18 and session.violations == []
+
+
+def test_a_reference_taken_after_the_hit_would_see_the_instruction_s_own_store() -> None:
+    """The control for the test above: rmw_sites does exercise it (flags computed from the stored
+    value differ from the hit's)."""
+    m = Machine(RMW, [RMW], {}, RunOptions(design="int3"), GuestIO.captured())
+    for spec in RMW_SITES:
+        m.attach(spec)
+    session = VerifySession(m)
+    session.tracker.prepare = None  # the reference is taken when the hit is checked, after it ran
+    m.run()
+    assert {v.kind for v in session.violations} == {Check.REGS}
+    assert {v.probe for v in session.violations} >= {"uprobe:add_site", "uprobe:inc_site"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from emu.verify.reference_cache import ReferenceCache, stored_into
+from emu.verify.scratch import Reference
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, ExtendedState, decode_extended, decode_state, encode_state
 from emu.verify.transaction import RIP_INDEX, Transaction
 
@@ -49,22 +50,42 @@ def consumer_changes(tx: Transaction) -> dict[str, int]:
 
 
 def expected_outcome(tx: Transaction, references: ReferenceCache) -> Expected:
+    """The reference taken before the instruction ran (tx.prepared), if there is one; else one
+    taken now (right for an instruction that does not load what it stores)."""
     if tx.chain is None and not tx.nop:  # the common case: the scratch CPU's snapshot is the reference
-        ref = references.reference(tx.site, tx.at.original, tx.start_raw)
+        ref = _reference(tx, tx.start_raw, references)
         return Expected(ref.raw, ref.stores)
     if tx.chain is None:  # a NOP, nothing changed: the start state with ip moved past it
         return Expected(tx.at.next.to_bytes(8, "little") + tx.start_raw[8:])
     changes = consumer_changes(tx)
-    state = list(tx.start_state)
-    for name, value in changes.items():
-        state[STATE_INDEX[name]] = value
+    state = _changed_state(tx, changes)
     if state[RIP_INDEX] != tx.site:
         return Expected(encode_state(state, tx.start_ext), (), tuple(changes))
     if tx.nop:  # a NOP's whole effect is ip += length: no need to run it
         state[RIP_INDEX] = tx.at.next
         return Expected(encode_state(state, tx.start_ext), (), tuple(changes))
-    ref = references.reference(tx.site, tx.at.original, encode_state(state, tx.start_ext))
+    ref = _reference(tx, encode_state(state, tx.start_ext), references)
     return Expected(ref.raw, ref.stores, tuple(changes))
+
+
+def reference_input(tx: Transaction) -> bytes | None:
+    """The snapshot ``tx``'s instruction runs from: its start with what the consumers changed;
+    None if they moved ip (the instruction does not run)."""
+    state = _changed_state(tx, consumer_changes(tx))
+    return None if state[RIP_INDEX] != tx.site else encode_state(state, tx.start_ext)
+
+
+def _changed_state(tx: Transaction, changes: dict[str, int]) -> list[int]:
+    state = list(tx.start_state)
+    for name, value in changes.items():
+        state[STATE_INDEX[name]] = value
+    return state
+
+
+def _reference(tx: Transaction, raw: bytes, references: ReferenceCache) -> Reference:
+    if tx.prepared is not None and tx.prepared.raw == raw:
+        return tx.prepared.reference
+    return references.reference(tx.site, tx.at.original, raw)
 
 
 def resume_address(exp: Expected) -> int:

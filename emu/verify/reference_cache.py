@@ -231,6 +231,22 @@ class Effect:
         return stored(after) == values and untouched(after) == untouched(before)
 
 
+class Prepared(NamedTuple):
+    """A reference taken before the instruction ran: the input snapshot, and the cached effect
+    that applies to it, or the scratch run made for it, or both."""
+
+    raw: bytes
+    effect: Effect | None
+    ran: Reference | None
+
+    @property
+    def reference(self) -> Reference:
+        if self.ran is not None:
+            return self.ran
+        assert self.effect is not None
+        return Reference(self.effect.apply(self.raw), self.effect.stores, False, self.effect.reads)
+
+
 @dataclass(slots=True)
 class _Site:
     key: InputKey | None  # None: run every time
@@ -246,37 +262,36 @@ class ReferenceCache:
         self.runs = 0  # scratch runs (the rest were answered from the cache)
 
     def reference(self, site: int, original: bytes, raw: bytes) -> Reference:
-        """What ``original`` at ``site`` does from the snapshot ``raw``, as ScratchCpu.execute says."""
+        """What ``original`` at ``site`` does from the snapshot ``raw``, as ScratchCpu.execute says
+        (guest memory as it is now)."""
+        return self.prepare(site, original, raw).reference
+
+    def _site(self, site: int, original: bytes) -> _Site:
         at = self._sites.get((site, original))
         if at is None:
             at = self._sites[(site, original)] = _Site(input_key(original, site))
-        if at.key is None:
-            return self._run(site, original, raw)
-        key = at.key(raw)
-        effect = at.effects.get(key)
-        if effect is not None and (not effect.reads or self._still_read(effect.reads)):
-            return Reference(effect.apply(raw), effect.stores, False, effect.reads)
-        ref = self._run(site, original, raw)
+        return at
+
+    def _cache(self, at: _Site, key: tuple[bytes, ...], raw: bytes, ref: Reference) -> Reference:
         if not ref.faulted and ref.reads is not None:
             if len(at.effects) >= MAX_KEYS:
                 at.effects.clear()
             at.effects[key] = Effect(raw, ref)
         return ref
 
-    def settles(self, tx: Outcome) -> bool:
-        """True if a cached reference applies to ``tx`` (no consumer changed anything) and ``tx``
-        matches it exactly: no check can find anything. False says nothing."""
-        effect = self.cached_effect(tx.site, tx.original, tx.start_raw)
-        return effect is not None and effect.settles(tx)
-
-    def cached_effect(self, site: int, original: bytes, raw: bytes) -> Effect | None:
-        """The cached effect of ``original`` at ``site`` from the snapshot ``raw``, if there is one
-        whose loads the guest's memory still holds."""
-        at = self._sites.get((site, original))
-        if at is None or at.key is None:
-            return None
-        effect = at.effects.get(at.key(raw))
-        return effect if effect is not None and (not effect.reads or self._still_read(effect.reads)) else None
+    def prepare(self, site: int, original: bytes, raw: bytes) -> Prepared:
+        """What ``original`` at ``site`` will do from the snapshot ``raw``, with guest memory as it
+        is now: taken before the instruction runs, for one that loads what it stores. A cached
+        effect is not applied until a caller needs the whole reference (Prepared.reference)."""
+        at = self._site(site, original)
+        if at.key is None:
+            return Prepared(raw, None, self._run(site, original, raw))
+        key = at.key(raw)
+        effect = at.effects.get(key)
+        if effect is not None and (not effect.reads or self._still_read(effect.reads)):
+            return Prepared(raw, effect, None)
+        ref = self._cache(at, key, raw, self._run(site, original, raw))
+        return Prepared(raw, at.effects.get(key), ref)
 
     def _still_read(self, reads: tuple[tuple[int, bytes], ...]) -> bool:
         """The guest's memory still holds what the cached run loaded."""

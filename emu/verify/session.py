@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING
 
 from emu.errors import UsageError
 from emu.verify.checks import check_redzone, check_regs, check_resume
-from emu.verify.expected import expected_outcome, matches_exactly
-from emu.verify.reference_cache import ReferenceCache
+from emu.verify.expected import expected_outcome, matches_exactly, reference_input
+from emu.verify.reference_cache import Prepared, ReferenceCache
 from emu.verify.rsb import RsbModel
 from emu.verify.scratch import ScratchCpu
 from emu.verify.shstk import CallRetTracker, ShadowStack
-from emu.verify.transaction import Transaction, TransactionTracker
+from emu.verify.transaction import ProbeSite, Transaction, TransactionTracker
 from emu.verify.violations import Violation
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class VerifySession:
         self.violations: list[Violation] = []
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
-        self.tracker.cached_effect = self.references.cached_effect
+        self.tracker.prepare = self._prepare
         self.shadow_stack: ShadowStack | None = None
         self.rsb: RsbModel | None = None
         if Verifier.SHSTK in self.enabled or rsb is not None:
@@ -90,8 +90,15 @@ class VerifySession:
         if self.rsb is not None:
             self.rsb.probe_hit(name)
 
+    def _prepare(self, tx: Transaction | None, at: ProbeSite, start_raw: bytes) -> Prepared | None:
+        """The reference of a hit whose instruction is about to run: from ``start_raw``, or ``tx``'s
+        start with what its consumers changed (None: they moved ip, no instruction runs)."""
+        raw = start_raw if tx is None or tx.chain is None else reference_input(tx)
+        return None if raw is None else self.references.prepare(at.address, at.original, raw)
+
     def _finished(self, tx: Transaction) -> None:
-        if tx.chain is None and not tx.nop and self.references.settles(tx):
+        effect = None if tx.prepared is None else tx.prepared.effect
+        if tx.chain is None and effect is not None and effect.settles(tx):
             return  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
         if matches_exactly(tx, exp):

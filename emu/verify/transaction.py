@@ -67,7 +67,7 @@ from emu.verify.native_edges import (
     NativeEdges,
     SiteCounters,
 )
-from emu.verify.reference_cache import MAX_PLANS, Effect
+from emu.verify.reference_cache import MAX_PLANS, Prepared
 from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
 from emu.verify.write_log import WriteLog
@@ -111,6 +111,7 @@ class Transaction:
     class whose constructor sets only what every hit needs: it is built inside a hook, on every
     hit; the rest are class-level defaults until set."""
 
+    prepared: Prepared | None = None  # its reference, taken before the instruction ran (not for a NOP)
     logged: tuple[bytes, ...] = ()  # raw WriteLog entries of the guest's stores into the window
     unrecorded = False  # more stores than the log holds: some guest stores are not in guest_writes
     chain: tuple[PtRegs, PtRegs] | None = None  # pt_regs before and after the consumers
@@ -187,7 +188,7 @@ def guest_writes(logged: tuple[bytes, ...], base: int, before: bytes | None, nop
 
 Finished = Callable[[Transaction], None]
 
-CachedEffect = Callable[[int, bytes, bytes], Effect | None]  # (site, original, start snapshot)
+Prepare = Callable[["Transaction | None", "ProbeSite", bytes], "Prepared | None"]  # (tx or None, site, start snapshot)
 
 
 def _window(base: int) -> tuple[int, int]:
@@ -237,10 +238,13 @@ class TransactionTracker:
         self._entry_exits: Mapping[str, int] = {}  # the exit counts when it entered the kernel
         self._entry_path: Path | None = None  # the path the handler chain took
         self._counters = SiteCounters(0, 0)
-        self.cached_effect: CachedEffect | None = None  # the session's reference cache
+        self.prepare: Prepare | None = None  # the session's: a reference, before the instruction runs
+        self._prepared_seq = 0
+        self._prepared: Prepared | None = None  # for the site hook's transaction numbered _prepared_seq
         self.bind(attachments)
         machine.kernel.sched.switch_observers.append(self.switch)
         machine.uprobes.chain_observers.append(self._on_chain)
+        machine.uprobes.step_observers.append(self._before_step)
         self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
         self.resume = ResumeWatch(machine, self)
 
@@ -326,6 +330,8 @@ class TransactionTracker:
         tx = self._active = self._native_tx = Transaction(at, self._counters.hits(at.index), edges.start_raw(), exits)
         if self._path_seq == seq:
             tx.path = self._entry_path
+        if self._prepared_seq == seq:
+            tx.prepared = self._prepared
         if self._kernel_wrote_seq == seq:  # as _on_kernel_write() does for a Transaction
             tx.redzone_before, tx.redzone_changed = self._redzone_at_start(tx), True
         return tx
@@ -378,10 +384,9 @@ class TransactionTracker:
             return False
         if at.nop:
             return edges.settle_return(rip_advance, at.next)
-        if self.cached_effect is None or not edges.has_start_redzone:
-            return False
-        effect = self.cached_effect(at.address, at.original, edges.start_raw())
-        if effect is None:
+        prepared = self._prepared if self._prepared_seq == edges.words[SEQ] else None
+        effect = None if prepared is None else prepared.effect
+        if effect is None or not edges.has_start_redzone:
             return False
         base = edges.words[START_RSP] - RED_ZONE
         comparison = effect.compiled.get((base, rip_advance))
@@ -574,6 +579,22 @@ class TransactionTracker:
         except BaseException as exc:
             hook_raised(self.cpu, exc)
         return True
+
+    def _before_step(self, probe: Uprobe, _regs: PtRegs) -> None:
+        """The probed instruction is about to run (emulated, or out of line): its reference is
+        taken now, from guest memory as the instruction will find it (one that loads what it
+        stores would see its own store afterwards)."""
+        at = self._by_site.get(probe.vaddr)
+        if self.prepare is None or at is None or at.nop:
+            return
+        if self._unmaterialized():  # no consumer with a handler: its input is the start state
+            assert self.edges is not None
+            if self.edges.words[SITE] == probe.vaddr:
+                self._prepared_seq, self._prepared = self.edges.words[SEQ], self.prepare(None, at, self.edges.start_raw())
+            return
+        tx = self.active
+        if tx is not None and tx.site == probe.vaddr:
+            tx.prepared = self.prepare(tx, at, tx.start_raw)
 
     def _on_chain(self, probe: Uprobe, regs: PtRegs | None, path: Path, after: bool) -> None:
         words = self._edge_words

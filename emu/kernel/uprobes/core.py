@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 DeferFn = Callable[[Callable[[], None]], None]
 # (probe, regs, path, after_consumers); regs None: the fast path, where no consumer can change them
 ChainObserver = Callable[["Uprobe", PtRegs | None, Path, bool], None]
+StepObserver = Callable[["Uprobe", PtRegs], None]
 MAX_URETPROBE_DEPTH = 64  # [HDR]
 XOL_NAME = "[uprobes]"
 U64 = (1 << 64) - 1
@@ -133,6 +134,7 @@ class Uprobes:
         self.stats = UprobeStats()
         self._defer = defer
         self.chain_observers: list[ChainObserver] = []
+        self.step_observers: list[StepObserver] = []  # right before a probed instruction runs (emulated or out of line)
         self.fast: FastPaths | None = None  # set with the design's syscall rows (fastpath.py)
 
     # ------------------------------------------------------ the running thread's state
@@ -237,6 +239,8 @@ class Uprobes:
         if regs.ip != bp:  # a consumer redirected: no emulation, no step [IPCHG]
             regs_to_cpu(self.cpu, regs)
             return True
+        for observer in self.step_observers:
+            observer(probe, regs)
         if probe.insn.kind is Kind.XOL:
             self._start_xol(probe, regs)
         else:
