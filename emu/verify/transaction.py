@@ -196,6 +196,16 @@ def _window(base: int) -> tuple[int, int]:
     return base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1
 
 
+def _reaches_redzone(addr: int, size: int, base: int) -> bool:
+    """A write of ``size`` bytes at ``addr`` reaches the red zone at ``base``."""
+    return addr < base + RED_ZONE and addr + size > base
+
+
+def _has_handler(probe: Uprobe) -> bool:
+    """A consumer of ``probe`` runs a handler (which may change registers)."""
+    return any(consumer.handler is not None for consumer in probe.consumers)
+
+
 def others_folded_in(before: bytes, suspended: bytes, resumed: bytes) -> bytes:
     """The red zone's reference ``before`` with the bytes other threads changed while the probed
     one was suspended (``suspended`` -> ``resumed``) taken as they left them: nothing is reported
@@ -362,23 +372,28 @@ class TransactionTracker:
     def _settleable(self) -> ProbeSite | None:
         """The open transaction's site, if it may be settled outside Python's Transaction (see
         arm(); a site that is not a NOP needs a reference too)."""
-        if self.edges is None or self._up.task.stepping:
-            return None
-        if self._unmaterialized():  # the site hook's, and no consumer with a handler ran (_on_chain)
-            at = self._by_site.get(self.edges.words[SITE])
-            return at if at is not None and self._up.probes.get(at.address) is at.uprobe else None
+        if self._unmaterialized():
+            return self._pending_site()
         tx = self.active
-        if tx is None or tx is not self._native_tx or tx.chain is not None:
+        if tx is None or tx is not self._native_tx or tx.chain is not None or self._up.task.stepping:
             return None
         return tx.at
+
+    def _pending_site(self) -> ProbeSite | None:
+        """The site of the site hook's open transaction, one still without a Transaction (so no
+        consumer with a handler ran: _on_chain), if its probe is attached and no step out of line
+        is under way."""
+        if not self._unmaterialized() or self._up.task.stepping:
+            return None
+        assert self._edge_words is not None
+        at = self._by_site.get(self._edge_words[SITE])
+        return at if at is not None and self._up.probes.get(at.address) is at.uprobe else None
 
     def settle_at_kernel_return(self, rip_advance: int) -> bool:
         """The kernel returns to user mode at rip + ``rip_advance``: True if the open transaction,
         one the site hook opened and Python has not needed since, is done with everything as it
         was (a NOP site) or as the cached reference says, compared by machine code."""
-        if not self._unmaterialized() or hook_failed(self.cpu):
-            return False
-        at = self._settleable()
+        at = None if hook_failed(self.cpu) else self._pending_site()
         edges = self.edges
         if at is None or edges is None:
             return False
@@ -525,14 +540,13 @@ class TransactionTracker:
         """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it."""
         if self._unmaterialized():  # no Transaction yet: a write into its red zone is noted (_materialize)
             assert self._edge_words is not None and self.edges is not None
-            base = self._edge_words[START_RSP] - RED_ZONE
-            if not (addr < base + RED_ZONE and addr + size > base):
+            if not _reaches_redzone(addr, size, self._edge_words[START_RSP] - RED_ZONE):
                 return
             if self.edges.has_start_redzone:
                 self._kernel_wrote_seq = self._edge_words[SEQ]
                 return
         tx = self.active
-        if tx is not None and addr < tx.redzone_base + RED_ZONE and addr + size > tx.redzone_base:
+        if tx is not None and _reaches_redzone(addr, size, tx.redzone_base):
             self.fold_log(tx)  # the guest's stores so far, and the red zone before the first
             if tx.redzone_before is None:
                 tx.redzone_before = self._redzone_at_start(tx)
@@ -602,7 +616,7 @@ class TransactionTracker:
             if probe.vaddr != words[SITE]:
                 return
             self._path_seq, self._entry_path = words[SEQ], path
-            if regs is None or after or all(c.handler is None for c in probe.consumers):
+            if regs is None or after or not _has_handler(probe):
                 return
         tx = self.active
         if tx is None or probe.vaddr != tx.site:
@@ -614,8 +628,5 @@ class TransactionTracker:
             if tx.chain is not None:
                 tx.chain = (tx.chain[0], regs.copy())
             return
-        for consumer in probe.consumers:
-            if consumer.handler is not None:
-                tx.chain = (regs.copy(), regs)
-                return
-        # counting consumers only: nothing can change a register
+        if _has_handler(probe):  # else counting consumers only: nothing can change a register
+            tx.chain = (regs.copy(), regs)
