@@ -25,10 +25,13 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple
 
 from emu.verify.scratch import Reference, ScratchCpu
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, SLOTS
+
+if TYPE_CHECKING:
+    from emu.verify.transaction import Transaction
 
 MAX_KEYS = 256  # per site; a site whose inputs keep changing starts afresh past this
 ALWAYS_READ = ("rflags", "fs_base", "gs_base", "mxcsr")
@@ -56,31 +59,6 @@ def _register_names() -> dict[str, str]:
 
 
 REGISTER_SLOT = _register_names()
-
-class Outcome(Protocol):
-    """How a hit ended, as settles() reads it (a Transaction is one)."""
-
-    @property
-    def site(self) -> int: ...
-    @property
-    def original(self) -> bytes: ...
-    @property
-    def start_raw(self) -> bytes: ...
-    @property
-    def start_rsp(self) -> int: ...
-    @property
-    def end_raw(self) -> bytes: ...
-    @property
-    def end_addr(self) -> int: ...
-    @property
-    def end_rsp(self) -> int: ...
-    @property
-    def redzone_base(self) -> int: ...
-    @property
-    def redzone_before(self) -> bytes | None: ...
-    @property
-    def redzone_after(self) -> bytes: ...
-
 
 InputKey = Callable[[bytes], tuple[bytes, ...]]
 Spans = list[tuple[int, int]]  # [lo, hi) byte ranges
@@ -207,7 +185,7 @@ class Effect:
     def apply(self, raw: bytes) -> bytes:
         return b"".join(chain.from_iterable(zip(self._kept(raw), self._values, strict=False)))
 
-    def settles(self, tx: Outcome) -> bool:
+    def settles(self, tx: Transaction) -> bool:
         """``tx`` resumed where this run did, with the registers (rflags exactly), the extended
         state and the red zone as it leaves them: what matches_exactly() says of the reference
         apply() gives, without building it."""
