@@ -5,10 +5,11 @@ In Python, a hit's hooks cost more than the hit they watch (~10 us for an optimi
 is a ctypes callback plus a state read through ctypes, ~4-8 us). In machine code:
 
 * the **site hook** counts the hit (SiteCounters), reads the whole state (``uc_reg_read_batch``,
-  the RawState layout) and the red zone into the control block, starts the write log, opens the
-  red-zone window and numbers the now *open* transaction (SEQ). The tracker makes a Transaction of
-  it only when Python needs one (emu/verify/transaction.py): a consumer with a handler, a context
-  switch, a hit the code here hands over.
+  the RawState layout) and the red zone into the control block, starts the write log (which
+  copies the red zone again only if that read failed), opens the red-zone window and numbers
+  the now *open* transaction (SEQ). The tracker makes a Transaction of it only when Python
+  needs one (emu/verify/transaction.py): a consumer with a handler, a context switch, a hit the
+  code here hands over.
 * the **ret hook** settles an *armed* transaction: the ``ret`` is the one it was armed for, it
   returns to the address right after the site, rsp comes back to where it was, every other
   register (rflags exactly) and the extended state are byte for byte the start state, and the red
@@ -152,6 +153,9 @@ lea {START_REDZONE}(%rbx), %rdx
 mov ${RED_ZONE}, %ecx
 call *{8 * MEM_READ}(%rbx)
 mov %rax, {8 * START_REDZONE_STATUS}(%rbx)
+xor %r14d, %r14d
+test %eax, %eax
+sete %r14b
 mov %r13, {8 * SITE}(%rbx)
 incq {8 * SEQ}(%rbx)
 movq ${OPEN}, {8 * STATE}(%rbx)
@@ -160,7 +164,7 @@ sub ${RED_ZONE}, %rax
 mov {8 * LOG}(%rbx), %rdx
 movq $0, {8 * COUNT}(%rdx)
 mov %rax, {8 * BASE}(%rdx)
-movq $0, {8 * TAKEN}(%rdx)
+mov %r14, {8 * TAKEN}(%rdx)
 movq $0, {8 * STATUS}(%rdx)
 mov {8 * WINDOW}(%rbx), %rdx
 lea {RED_ZONE - 1}(%rax), %rcx

@@ -527,11 +527,12 @@ class TransactionTracker:
     def _redzone_at_start(self, tx: Transaction) -> bytes:
         """The red zone before anything wrote into it: the machine-code site hook's copy, if it
         started ``tx`` and ``tx`` was never suspended, else read now (no write has reached it yet)."""
-        if tx is self._native_tx and self.edges is not None:
-            start = self.edges.start_redzone()
-            if start is not None:
-                return start
-        return self._redzone(tx.redzone_base)
+        return self._site_copy(tx) or self._redzone(tx.redzone_base)
+
+    def _site_copy(self, tx: Transaction) -> bytes | None:
+        """The red zone as the machine-code site hook copied it, if it started ``tx`` and ``tx``
+        was never suspended (and the copy could be read)."""
+        return self.edges.start_redzone() if tx is self._native_tx and self.edges is not None else None
 
     def _redzone(self, base: int) -> bytes:
         return self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
@@ -563,8 +564,8 @@ class TransactionTracker:
         becomes its reference, if none was taken yet, and it may have changed (whoever needs it
         now reads it). The stores stay in the log until keep_log()."""
         if self.log.count:
-            if tx.redzone_before is None:  # unreadable then: read now (unmapped still: Memory's error)
-                tx.redzone_before = self.log.snapshot() or self._redzone(tx.redzone_base)
+            if tx.redzone_before is None:  # the log copies it only where the site hook did not
+                tx.redzone_before = self._site_copy(tx) or self.log.snapshot() or self._redzone(tx.redzone_base)
             tx.redzone_changed = True
 
     def keep_log(self, tx: Transaction) -> None:
