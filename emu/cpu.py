@@ -202,7 +202,8 @@ class Cpu:
         self._counting = False  # the last run counted instructions (translated code carries the count hook)
         self.last_bad_access: BadAccess | None = None
         self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
-        # Run after the syscall and interrupt handlers (add_syscall_hook); each catches its own exceptions.
+        # Run before and after the syscall and interrupt handlers (add_syscall_hook); an exception
+        # from a "before" observer stops the run as the handler's would, "after" ones catch their own.
         self.before_syscall: list[Callable[[], None]] = []
         self.after_syscall: list[Callable[[], None]] = []
         self.before_interrupt: list[Callable[[int], None]] = []
@@ -342,9 +343,7 @@ class Cpu:
             try:
                 return fn(*args)
             except BaseException as exc:  # re-raised by run()
-                if self._hook_error is None:
-                    self._hook_error = exc
-                uclib.uc_emu_stop(self._uch)
+                hook_raised(self, exc)
                 return default
 
         return wrapper
