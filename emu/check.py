@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ class DesignReport:
     shstk: bool = False  # the shadow stack was on: Check.SHSTK counted
     rsb: RsbStats | None = None  # the probed run's RSB model (--rsb)
     rsb_reference: RsbStats | None = None  # the unprobed run's
+    trace: Any = None  # what CheckRequest.tracer returned for this design's probed machine
 
     def count(self, kind: Check) -> int:
         return sum(1 for v in self.violations if v.kind is kind)
@@ -81,6 +82,7 @@ class CheckRequest:
     stdin: bytes = b""
     shstk: bool = False  # a CET shadow stack in every probed run (emu/verify/shstk.py)
     rsb: int | None = None  # an RSB model of this depth in every run, the unprobed one too (emu/verify/rsb.py)
+    tracer: Callable[[Machine], Any] | None = None  # called on each probed machine before its run (e.g. --html)
 
 
 def designs_from(text: str) -> tuple[str, ...]:
@@ -132,12 +134,13 @@ def run_design(request: CheckRequest, design: str, reference: Observed,
                 raise
             refused.append(str(err))  # e.g. a nop10 the design's kernel refuses (-ENOTSUPP)
     session = VerifySession(machine, request.verifiers, shstk=request.shstk, rsb=request.rsb)
+    trace = request.tracer(machine) if request.tracer is not None else None
     result = machine.run()
     divergence = first_divergence(reference, _observed(machine, io, result))
     hits = sum(int(p["hits"]) for p in result.probes)
     return DesignReport(design, hits, session.violations, divergence is None, divergence, result.exits, refused, result,
                         shstk=session.shadow_stack is not None, rsb=session.rsb.stats if session.rsb else None,
-                        rsb_reference=rsb_reference)
+                        rsb_reference=rsb_reference, trace=trace)
 
 
 def run_check(request: CheckRequest) -> list[DesignReport]:

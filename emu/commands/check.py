@@ -7,11 +7,13 @@ import argparse
 from emu.commands.common import (
     add_binary,
     add_design_options,
+    add_html_option,
     add_process_options,
     add_sched_options,
     add_verifier_options,
     check_writable,
     chosen_designs,
+    command_line,
     guest_env,
     run_options,
     write_json,
@@ -27,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
                    help="probe to attach (default: every scan-able site of the binary)")
     p.add_argument("--json", metavar="FILE", help="write the per-design results as JSON")
+    add_html_option(p, "red-zone maps, differences and one hit's path per design")
     p.add_argument("--details", action="store_true", help="print every violation with its evidence")
     p.add_argument("--strict", action="store_true", help="exit 1 if any design has a violation or diverges")
     add_sched_options(p)
@@ -41,13 +44,19 @@ def run(args: argparse.Namespace) -> int:
     if args.verify is None:
         args.verify = DEFAULT_VERIFIERS
 
-    if args.json:
-        check_writable(args.json)
+    for path in (args.json, args.html):
+        if path:
+            check_writable(path)
+    tracer = None
+    if args.html:
+        from emu.report.hitpath import HitTracer
+
+        tracer = HitTracer
     request = CheckRequest(
         binary=args.binary, argv=[args.binary, *args.args], env=guest_env(args), specs=tuple(args.probe),
         designs=chosen_designs(args), verifiers=args.verify,
         options=run_options(args, sched_quantum=args.sched_quantum, sched_seed=args.sched_seed),
-        shstk=args.shstk, rsb=args.rsb,
+        shstk=args.shstk, rsb=args.rsb, tracer=tracer,
     )
     reports = run_check(request)
     print(check_table(reports))
@@ -61,5 +70,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{report.design}: ... {len(report.violations) - len(shown)} more (--details shows all)")
     if args.json:
         write_json(args.json, {"designs": {r.design: r.to_json() for r in reports}})
+    if args.html:
+        from emu.report.check_page import page
+
+        page(reports, command_line(args)).write(args.html)
     bad = any(r.violations or not r.same_output for r in reports)
     return 1 if args.strict and bad else 0

@@ -157,6 +157,18 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
         raise EmuError(f"cannot write {path}: {exc.strerror}") from None
 
 
+def add_html_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--html", metavar="FILE", help=f"write a self-contained HTML page: {what}")
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The command and its guest, for a page's subtitle."""
+    import shlex
+
+    guest = [args.binary, *args.args] if getattr(args, "binary", None) else []
+    return shlex.join([PROG, args.command, *guest])
+
+
 def verifier_list(text: str) -> tuple[Any, ...]:
     """The ``--verify LIST`` argument (the verifier modules load only when a command uses them)."""
     from emu.verify.session import parse_verifiers

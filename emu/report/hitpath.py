@@ -1,0 +1,129 @@
+"""The path of one probe hit, instruction by instruction: site -> trampoline or slot -> the
+kernel's entry (syscall or INT3) -> its exit (SYSRET or IRET) -> resume, for the check page's
+sequence diagram.
+
+A code hook on each site address opens a recording; a block hook appends the blocks run in the
+kernel's user pages until execution is back in the guest's own code. Each site is followed until one
+of its hits takes a non-INT3 path (or for a few hits); the hooks are removed once every site is
+done, so a long run pays for them only at its start. ``paths`` keeps the first hit of each path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from emu.disasm import cs64
+from emu.kernel.uprobes.consumers import Path
+
+if TYPE_CHECKING:
+    from emu.cpu import HookHandle
+    from emu.kernel.uprobes.core import Uprobe
+    from emu.kernel.uprobes.regs import PtRegs
+    from emu.machine import Machine
+
+KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})  # the kernel's pages mapped into the process
+MAX_HITS = 3  # hits followed per site (the first ones may all take the INT3 path)
+MAX_STEPS = 64  # instructions kept per hit (a design that loops in its slot is cut short)
+_ENDS_BLOCK = frozenset({"syscall", "int3", "call", "jmp", "ret", "iretq", "sysretq", "hlt", "ud2"})
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    address: int
+    code: bytes
+    text: str
+    where: str  # "site", a kernel page's name, or "guest"
+
+
+@dataclass(slots=True)
+class HitPath:
+    probe: str
+    site: int
+    steps: list[Step] = field(default_factory=list)
+    path: str = "?"  # how the kernel was entered (emu.kernel.uprobes.consumers.Path)
+    kernel_at: int = -1  # the number of steps run before the kernel's handler chain
+    exit: str = "none"  # "sysret", "iret" or "none" (an INT3 trap's return is not counted as either)
+    resume: int = 0
+    exits_before: Counter[str] = field(default_factory=Counter)
+
+
+class HitTracer:
+    """Install on a machine with its probes attached, before the run; read ``paths`` after it."""
+
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self.paths: list[HitPath] = []
+        self._sites = {att.address: att.resolved.spec.text for att in machine.attachments}
+        self._current: HitPath | None = None
+        self._cs = cs64()
+        self._hooks: list[HookHandle] = [machine.cpu.add_code_hook(self._on_site, a, a) for a in self._sites]
+        self._hooks.append(machine.cpu.add_block_hook(self._on_block))
+        machine.uprobes.chain_observers.append(self._on_chain)
+        self._pending = {a: MAX_HITS for a in self._sites}  # site -> hits it may still be followed for
+        self._done = not self._sites
+
+    def where(self, address: int) -> str:
+        """"site" for a probe site, the kernel page's name, else "guest"."""
+        if address in self._sites:
+            return "site"
+        vma = self.machine.mem.find(address)
+        return vma.name if vma is not None and vma.name in KERNEL_SIDE else "guest"
+
+    def probe_name(self, address: int) -> str | None:
+        return self._sites.get(address)
+
+    def _on_site(self, address: int, _size: int) -> None:
+        if self._done or self._current is not None or address not in self._pending:
+            return
+        self._current = HitPath(self._sites[address], address, exits_before=Counter(self.machine.uprobes.stats.exits))
+        self._append(address, 16, one=True)
+
+    def _on_block(self, address: int, size: int) -> None:
+        current = self._current
+        if current is None or self._done:
+            return
+        where = self.where(address)
+        if where == "guest" or (where == "site" and current.kernel_at >= 0):
+            self._finish(current, address)
+        elif where != "site":  # the site's own block was recorded by the code hook
+            self._append(address, size)
+
+    def _on_chain(self, probe: Uprobe, _regs: PtRegs | None, path: Path, after: bool) -> None:
+        current = self._current
+        if current is not None and not after and current.kernel_at < 0:
+            current.path, current.kernel_at = path.value, len(current.steps)
+
+    def _append(self, address: int, size: int, one: bool = False) -> None:
+        current = self._current
+        assert current is not None
+        code = self.machine.mem.read(address, size)
+        where = self.where(address)
+        for addr, length, mnemonic, op_str in self._cs.disasm_lite(code, address):
+            if len(current.steps) >= MAX_STEPS:
+                return
+            current.steps.append(Step(addr, code[addr - address : addr - address + length],
+                                      f"{mnemonic} {op_str}".strip(), where))
+            if one or mnemonic in _ENDS_BLOCK:
+                return
+
+    def _finish(self, current: HitPath, address: int) -> None:
+        exits = Counter(self.machine.uprobes.stats.exits)
+        exits.subtract(current.exits_before)
+        current.exit = next((k for k in ("sysret", "iret") if exits[k] > 0), "none")
+        current.resume = address
+        self._current = None
+        if not any(p.path == current.path for p in self.paths):
+            self.paths.append(current)
+        self._pending[current.site] -= 1
+        if current.path != Path.INT3.value or not self._pending[current.site]:
+            del self._pending[current.site]
+        if not self._pending:
+            self._stop()
+
+    def _stop(self) -> None:
+        self._done = True
+        for hook in self._hooks:
+            self.machine.cpu.remove_hook(hook)
+        self._hooks = []

@@ -1,0 +1,58 @@
+"""The check page's aggregation, without a browser: hits grouped by site and write pattern, writers
+classified, and a 10,000-hit result drawn in a page of a few tens of KB."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from emu.check import DesignReport
+from emu.report.check_page import page, redzone_patterns, writer_kind
+from emu.verify.violations import Check, Violation
+
+SITE = 0x40186F
+PUSHES = {-8: "call 0x3ff000", -16: "push rcx", -24: "push r11", -32: "push rax"}
+PCS = {-8: SITE, -16: 0x3FF000, -24: 0x3FF001, -32: 0x3FF003}
+
+
+class Pages:
+    """A HitTracer stand-in: the trampoline page at 0x3ff000, the site at SITE."""
+
+    paths: list[object] = []
+
+    def where(self, pc: int) -> str:
+        return "site" if pc == SITE else "[uprobes-trampoline]" if 0x3FF000 <= pc < 0x400000 else "guest"
+
+
+def clobber(hit: int, offset: int, writer: str | None = None) -> Violation:
+    new = (hit * 0x9E3779B97F4A7C15 & (1 << 64) - 1).to_bytes(8, "little").hex()  # a different value each hit
+    who = writer or f"guest code at {PCS[offset]:#x}: {PUSHES[offset]}"
+    return Violation(Check.REDZONE, "uprobe:rz_nop5_site", SITE, "...",
+                     {"offset": offset, "size": 8, "old": "00" * 8, "new": new, "writer": who, "path": "call"}, hit)
+
+
+def test_writers_are_classified_by_where_the_store_ran() -> None:
+    pages = Pages()
+    assert writer_kind("guest code at 0x3ff003: push rax", pages)[0] == "trampoline"
+    assert writer_kind(f"guest code at {SITE:#x}: call 0x3ff000", pages)[0] == "trampoline"
+    assert writer_kind("guest code at 0x401000: mov qword ptr [rsp - 8], rax", pages)[0] == "guest"
+    assert writer_kind("the fake kernel (copy_to_user)", pages)[0] == "kernel"
+
+
+def test_hits_with_the_same_writes_are_one_row_and_a_different_writer_is_another() -> None:
+    found = [clobber(hit, off) for hit in range(2, 102) for off in PUSHES]
+    found += [clobber(200, -8, "the fake kernel (copy_to_user)")]
+    patterns = redzone_patterns(found, Pages())
+    assert [len(p.hits) for p in patterns] == [100, 1]
+    assert [w.offset for w in patterns[0].writes] == [-32, -24, -16, -8]
+    assert {w.kind for w in patterns[0].writes} == {"trampoline"}
+    assert [(w.offset, w.kind) for w in patterns[1].writes] == [(-8, "kernel")]
+    assert len(patterns[0].distinct) == 100
+
+
+def test_a_10000_hit_run_stays_small(tmp_path: Path) -> None:
+    found = [clobber(hit, off) for hit in range(1, 10_001) for off in PUSHES]
+    report = DesignReport("linux-6.18", 10_000, found, False, "syscall #3: ...", {"sysret": 9999}, trace=Pages())
+    clean = DesignReport("jmp-slots", 10_000, [], True, None, {"iret": 9999})
+    size = page([report, clean], "uprobe-emu check x").write(str(tmp_path / "p.html"))
+    assert size < 200_000
+    assert (tmp_path / "p.html").read_text().count('data-writer-kind="trampoline"') == 4

@@ -1,0 +1,101 @@
+"""--html pages rendered in headless Chromium: they load with no console message and no network
+request, the screenshot is not blank, the figures are the expected ones, and the content is
+what the command found (the check page on the red-zone sample: linux-6.18's four writers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import browser
+import pytest
+from conftest import sample
+
+from emu.cli import main
+
+needs_chromium = pytest.mark.skipif(not browser.available(), reason="Debian's chromium is not installed (.ci/run installs it)")
+DESIGNS = ("int3", "uretprobe-rfc", "linux-6.18", "jmp-slots", "nop10")
+SIX_18_WRITERS = {-8: "call 0x", -16: "push rcx", -24: "push r11", -32: "push rax"}
+
+
+def loaded(path: Path) -> tuple[browser.Rendered, browser.Dom]:
+    """The page rendered; asserts what every page must satisfy."""
+    shown = browser.render(path)
+    assert shown.console == []
+    assert shown.requests == []
+    assert browser.inked_fraction(shown.screenshot) > 0.01
+    dom = browser.parse(shown.dom)
+    assert dom.external == []
+    return shown, dom
+
+
+@pytest.fixture(scope="module")
+def check_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, browser.Rendered, browser.Dom]:
+    out = tmp_path_factory.mktemp("check") / "check.html"
+    assert main(["check", "--clear-env", "--html", str(out), sample("redzone_probe"), "3"]) == 0
+    return (out, *loaded(out))
+
+
+@needs_chromium
+def test_check_page_shows_the_four_618_writers_and_every_other_design_clean(check_page) -> None:
+    _, _, dom = check_page
+    figures = dom.figures()
+    maps = [f.attrs["data-design"] for f in figures if f.attrs["data-figure"] == "redzone-map"]
+    assert maps == list(DESIGNS)
+    writes = {int(e.attrs["data-offset"]): e.attrs for e in dom.inside("redzone-map", design="linux-6.18")
+              if "data-offset" in e.attrs}
+    assert sorted(writes) == sorted(SIX_18_WRITERS)
+    for offset, insn in SIX_18_WRITERS.items():
+        assert writes[offset]["data-writer-kind"] == "trampoline"
+        assert writes[offset]["data-writer"].startswith(insn)
+    for design in DESIGNS:
+        if design != "linux-6.18":
+            inside = dom.inside("redzone-map", design=design)
+            assert not [e for e in inside if "data-offset" in e.attrs]
+            assert [e for e in inside if e.attrs.get("data-clean") == "1"]
+
+
+@needs_chromium
+def test_check_page_figures_one_map_per_design_and_one_path_per_kind_of_hit(check_page) -> None:
+    _, _, dom = check_page
+    figures = dom.figures()
+    assert all(len([e for e in dom.elements if e.tag == "svg" and e.figure is f.attrs]) == 1 for f in figures)
+    paths = {(f.attrs["data-design"], f.attrs["data-path"]) for f in figures if f.attrs["data-figure"] == "hit-path"}
+    # every design traps first; those that optimize show their optimized path too
+    assert paths == {(d, "int3") for d in DESIGNS} | {("linux-6.18", "call"), ("jmp-slots", "jmp"), ("nop10", "call")}
+    assert len(figures) == len(DESIGNS) + len(paths)
+    lanes = [e.attrs["data-lane"] for e in dom.inside("hit-path", design="linux-6.18", path="call") if "data-lane" in e.attrs]
+    assert lanes[0] == "guest" and "probe pages" in lanes and "kernel" in lanes and lanes[-1] == "guest"
+
+
+@needs_chromium
+def test_check_page_says_which_output_differs(check_page) -> None:
+    path, _, _ = check_page
+    text = path.read_text()
+    assert "differs from the unprobed run: syscall #" in text
+    assert text.count("same output, exit status and syscalls as the unprobed run") == len(DESIGNS) - 1
+
+
+# Negative controls: each check above fails on a page that breaks its rule.
+
+@needs_chromium
+def test_a_page_with_a_script_and_a_remote_image_is_caught(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><p>x</p><script>console.error("boom")</script>'
+                   '<img src="http://example.invalid/x.png"></body></html>')
+    shown = browser.render(bad)
+    assert any("boom" in line for line in shown.console)
+    assert any("example.invalid" in line for line in shown.requests)
+    assert browser.parse(shown.dom).external == ["<script>", "<img>", "img src=http://example.invalid/x.png"]
+
+
+@needs_chromium
+def test_a_blank_page_is_caught(tmp_path: Path) -> None:
+    blank = tmp_path / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><body></body></html>")
+    assert browser.inked_fraction(browser.render(blank).screenshot) < 0.001
+
+
+def test_chromium_service_pings_are_told_apart_from_page_requests() -> None:
+    lines = ["CONNECT update.googleapis.com:443 HTTP/1.1", "GET http://clients2.google.com/time/1 HTTP/1.1",
+             "GET http://example.org/a.css HTTP/1.1", "CONNECT fonts.example.net:443 HTTP/1.1"]
+    assert browser.page_requests(lines) == lines[2:]
