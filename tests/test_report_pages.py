@@ -99,3 +99,21 @@ def test_chromium_service_pings_are_told_apart_from_page_requests() -> None:
     lines = ["CONNECT update.googleapis.com:443 HTTP/1.1", "GET http://clients2.google.com/time/1 HTTP/1.1",
              "GET http://example.org/a.css HTTP/1.1", "CONNECT fonts.example.net:443 HTTP/1.1"]
     assert browser.page_requests(lines) == lines[2:]
+
+
+@needs_chromium
+def test_race_page_grids_every_interleaving_by_outcome(tmp_path: Path) -> None:
+    out = tmp_path / "race.html"
+    variants = str(Path(__file__).resolve().parent.parent / "examples" / "designs" / "race_variants.py")
+    assert main(["race", "--clear-env", "-p", "uprobe:t_nop10", "--event", "detach", "--kernel", "nop10,nop10-restore,int3",
+                 "--design-file", variants, "--html", str(out), sample("probe_targets")]) == 0
+    _, dom = loaded(out)
+    assert [f.attrs["data-design"] for f in dom.figures()] == ["nop10", "nop10-restore"]  # int3 refuses the site
+    for design, outcomes in (("nop10", {"clean": 34}), ("nop10-restore", {"clean": 32, "SIGSEGV": 2})):
+        cells = [e.attrs for e in dom.inside("race-grid", design=design) if "data-outcome" in e.attrs]
+        assert {k: sum(c["data-outcome"] == k for c in cells) for k in outcomes} == outcomes
+        assert len(cells) == sum(outcomes.values())
+        assert sorted(c["data-outcome"] for c in cells if c.get("data-example")) == sorted(outcomes)
+    segv = [e.attrs for e in dom.inside("race-grid", design="nop10-restore") if e.attrs.get("data-outcome") == "SIGSEGV"]
+    assert {c["data-insns"] for c in segv} == {"1"}  # stopped after the lea, mid-NOP
+    assert "not explored: uprobe:t_nop10" in out.read_text()

@@ -6,9 +6,11 @@ import argparse
 
 from emu.commands.common import (
     add_design_options,
+    add_html_option,
     add_process_options,
     check_writable,
     chosen_designs,
+    command_line,
     guest_env,
     run_options,
     write_json,
@@ -30,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the patching event: attach (INT3), optimize (first hit), detach (of an optimized "
                         "site), reattach (detach, then attach another probe) (default optimize)")
     p.add_argument("--json", metavar="FILE", help="write every design's outcomes as JSON")
+    add_html_option(p, "per design, the grid of interleavings coloured by outcome, and an example of each")
     p.add_argument("binary", metavar="BINARY")
     p.add_argument("args", nargs="*", metavar="ARGS", help="the guest's arguments (after -- if they start with -)")
 
@@ -41,11 +44,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("race needs a probe: -p SPEC (e.g. -p uprobe:t_nop5)")
     if len(args.probe) > (2 if args.event == "reattach" else 1):
         raise UsageError(f"too many -p for --event {args.event} (reattach takes two, the others one)")
-    if args.json:
-        check_writable(args.json)
+    for path in (args.json, args.html):
+        if path:
+            check_writable(path)
     reports = explore_designs(args.binary, args.probe, chosen_designs(args), args.event,
                               [args.binary, *args.args], run_options(args), guest_env(args))
     print("\n\n".join(r.render() for r in reports))
     if args.json:
         write_json(args.json, reports_json(reports))
+    if args.html:
+        from emu.report.race_page import page
+
+        page(reports, command_line(args)).write(args.html)
     return 0

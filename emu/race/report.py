@@ -60,10 +60,12 @@ class RaceReport:
     examples: dict[str, Example] = field(default_factory=dict)
     without_race: set[str] = field(default_factory=set)  # outcomes of the event's start and end states, run through
     refused: str | None = None  # why this design could not run the scenario (the kernel refused the probe)
+    cells: list[tuple[Interleaving, str]] = field(default_factory=list)  # every interleaving and its outcome key
 
     def add(self, interleaving: Interleaving, outcome: Outcome) -> None:
         self.interleavings += 1
         self.outcomes[outcome.key] += 1
+        self.cells.append((interleaving, outcome.key))
         known = self.examples.get(outcome.key)
         if known is None or (known.interleaving.raced and not interleaving.raced):
             self.examples[outcome.key] = Example(interleaving, outcome)  # the simplest example wins
