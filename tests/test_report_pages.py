@@ -117,3 +117,26 @@ def test_race_page_grids_every_interleaving_by_outcome(tmp_path: Path) -> None:
     segv = [e.attrs for e in dom.inside("race-grid", design="nop10-restore") if e.attrs.get("data-outcome") == "SIGSEGV"]
     assert {c["data-insns"] for c in segv} == {"1"}  # stopped after the lea, mid-NOP
     assert "not explored: uprobe:t_nop10" in out.read_text()
+
+
+def _bar_titles(dom: browser.Dom, kind: str, **data: str) -> dict[tuple[str, str], str]:
+    bars = [e for e in dom.inside(kind, **data) if "data-series" in e.attrs]
+    titles = {id(e): t.text for e, t in zip(dom.elements, dom.elements[1:], strict=False) if t.tag == "title"}
+    return {(e.attrs["data-category"], e.attrs["data-series"]): titles.get(id(e), "") for e in bars}
+
+
+@needs_chromium
+def test_bench_page_bars_each_designs_events_beside_the_published_rates(tmp_path: Path) -> None:
+    out = tmp_path / "bench.html"
+    assert main(["bench", "--kernel", "linux-6.18,jmp-slots", "--workload", "uprobe-nop5", "--duration", "0.01",
+                 "--runs", "1", "--html", str(out)]) == 0
+    _, dom = loaded(out)
+    assert [f.attrs["data-figure"] for f in dom.figures()] == ["bench-events", "bench-native", "bench-copied",
+                                                               "bench-native-fix"]
+    events = _bar_titles(dom, "bench-events", workload="uprobe-nop5")
+    assert events[("SYSRET", "linux-6.18")] == "SYSRET · linux-6.18: 1 per hit"  # call trampoline, sys_uprobe
+    assert events[("IRET", "jmp-slots")] == "IRET · jmp-slots: 1 per hit"  # the slot returns by IRET
+    assert events[("IRET", "linux-6.18")].endswith(": 0 per hit")
+    assert events[("calls", "jmp-slots")].endswith(": 0 per hit")  # a jmp, nothing pushed
+    native = _bar_titles(dom, "bench-native", workload="uprobe-nop5")
+    assert native == {("uprobe-nop5", "6.18 commit"): "uprobe-nop5 · 6.18 commit: 7.038 M/s"}

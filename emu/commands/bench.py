@@ -6,6 +6,7 @@ import argparse
 
 from emu.commands.common import (
     add_design_options,
+    add_html_option,
     check_writable,
     chosen_designs,
     positive_float,
@@ -24,10 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=positive_int, default=3, metavar="N", help="runs per workload (default 3)")
     p.add_argument("--json", metavar="FILE", help="write rates and per-hit accounting as JSON")
     p.add_argument("--report", metavar="FILE", help="write a Markdown report beside the published native figures")
+    add_html_option(p, "per-hit events per design as grouped bars, beside the published native rates")
 
 
 def run(args: argparse.Namespace) -> int:
-    for path in (args.json, args.report):
+    for path in (args.json, args.report, args.html):
         if path:
             check_writable(path)
     from emu.bench import report_markdown, results_table, run_bench, workloads_from  # heavy: only when run
@@ -45,4 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         with open(args.report, "w") as fh:
             fh.write(report_markdown(results))
+    if args.html:
+        from emu.report.bench_page import page
+
+        page(results, f"uprobe-emu bench --kernel {args.kernel} --workload {args.workload}").write(args.html)
     return 0

@@ -108,7 +108,7 @@ def redzone_map(patterns: Sequence[Pattern], hits: int) -> dw.Drawing:
         d.append(svg.label(LABEL_W - 6, top + 11, f"all {hits} hits: clean", 10, "end"))
     for row, pattern in enumerate(shown):
         _pattern_row(d, pattern, top + row * ROW_H)
-    svg.legend(d, LABEL_W, top + rows * ROW_H + 20, [(WRITER_NAMES[k], c) for k, c in WRITERS.items()], step=250)
+    svg.legend(d, LABEL_W, top + rows * ROW_H + 20, [(WRITER_NAMES[k], c) for k, c in WRITERS.items()])
     return d
 
 

@@ -22,9 +22,9 @@ h1 { font-size: 1.5em; margin-bottom: 0.2em; }
 h2 { font-size: 1.25em; border-bottom: 1px solid #ccc; margin-top: 1.6em; }
 h3 { font-size: 1.05em; margin-bottom: 0.3em; }
 .meta { color: #555; font-size: 0.9em; }
-figure { margin: 0.8em 0; break-inside: avoid; page-break-inside: avoid; }
+figure { margin: 0.8em 0; break-inside: avoid; page-break-inside: avoid; display: table; }
 figure svg { max-width: 100%; height: auto; }
-figcaption { font-size: 0.85em; color: #444; margin-top: 0.2em; }
+figcaption { font-size: 0.85em; color: #444; margin-top: 0.2em; display: table-caption; caption-side: bottom; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; break-inside: avoid; }
 th, td { border: 1px solid #ccc; padding: 0.15em 0.5em; text-align: left; vertical-align: top; }
 th { background: #f2f2f2; }

@@ -46,11 +46,26 @@ def arrow(d: dw.Drawing, x1: float, y1: float, x2: float, y2: float, text: str =
         d.append(label((x1 + x2) / 2, y1 - 3, text, 9, "middle", mono=True, fill=color))
 
 
-def legend(d: dw.Drawing, x: float, y: float, items: Sequence[tuple[str, str]], step: float = 150) -> None:
-    """Coloured squares with names, in a row from (x, y)."""
-    for i, (name, color) in enumerate(items):
-        d.append(cell(x + i * step, y - 9, 10, 10, color, name))
-        d.append(label(x + i * step + 14, y, name, 10))
+LEGEND_LINE = 15
+
+
+def legend_layout(items: Sequence[tuple[str, str]], width: float) -> list[tuple[float, int]]:
+    """(x offset, line) of each legend item, wrapping at ``width`` (text width estimated, no font metrics)."""
+    out, x, line = [], 0.0, 0
+    for name, _ in items:
+        w = 24 + 6.2 * len(name)
+        if x and x + w > width:
+            x, line = 0.0, line + 1
+        out.append((x, line))
+        x += w
+    return out
+
+
+def legend(d: dw.Drawing, x: float, y: float, items: Sequence[tuple[str, str]], width: float = 900) -> None:
+    """Coloured squares with names from (x, y), wrapped into lines ``width`` wide."""
+    for (name, color), (dx, line) in zip(items, legend_layout(items, width), strict=True):
+        d.append(cell(x + dx, y - 9 + line * LEGEND_LINE, 10, 10, color, name))
+        d.append(label(x + dx + 14, y + line * LEGEND_LINE, name, 10))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +79,10 @@ class Bars:
 
 
 def grouped_bars(bars: Bars, width: float = 640, height: float = 240, title: str = "") -> dw.Drawing:
-    left, top, bottom = 46, 28 if title else 10, 52
+    items = [(s, PALETTE[i % len(PALETTE)]) for i, s in enumerate(bars.series)]
+    lines = max(line for _, line in legend_layout(items, width - 56)) + 1 if items else 1
+    height += (lines - 1) * LEGEND_LINE
+    left, top, bottom = 46, 28 if title else 10, 37 + lines * LEGEND_LINE
     d = drawing(width, height)
     if title:
         d.append(label(left, 16, title, 12, font_weight="bold"))
@@ -86,8 +104,7 @@ def grouped_bars(bars: Bars, width: float = 640, height: float = 240, title: str
             d.append(cell(x0 + s * bar_w, top + plot_h - h, bar_w - 1, h, PALETTE[s % len(PALETTE)],
                           f"{category} · {series}: {value:g}{bars.unit}", data_series=series, data_category=category))
         d.append(label(x0 + group_w * 0.4, top + plot_h + 13, category, 10, "middle"))
-    legend(d, left, height - 10, [(s, PALETTE[i % len(PALETTE)]) for i, s in enumerate(bars.series)],
-           step=max(min(plot_w / max(len(bars.series), 1), 160), 90))
+    legend(d, left, top + plot_h + 34, items, width - 56)
     return d
 
 
