@@ -56,3 +56,13 @@ def test_a_10000_hit_run_stays_small(tmp_path: Path) -> None:
     size = page([report, clean], "uprobe-emu check x").write(str(tmp_path / "p.html"))
     assert size < 200_000
     assert (tmp_path / "p.html").read_text().count('data-writer-kind="trampoline"') == 4
+
+
+def test_a_store_is_lost_only_where_the_broken_bytes_meet_it() -> None:
+    from emu.report.fuzz_page import Evidence
+
+    ev = Evidence.of({"violations": ["redzone: ... rsp-8 (8 bytes) 00 -> 11 by guest code at 0x401411: call 0x400000"],
+                      "differences": ["call 2 read rsp-40/4: expected 0001, found 0000"]})
+    assert ev.pcs == {0x401411}
+    assert ev.overlaps(2, 2) and ev.overlaps(16, 16) and ev.overlaps(40, 4) and ev.overlaps(38, 1)
+    assert not ev.overlaps(16, 8) and not ev.overlaps(48, 8) and not ev.overlaps(36, 4)

@@ -140,3 +140,25 @@ def test_bench_page_bars_each_designs_events_beside_the_published_rates(tmp_path
     assert events[("calls", "jmp-slots")].endswith(": 0 per hit")  # a jmp, nothing pushed
     native = _bar_titles(dom, "bench-native", workload="uprobe-nop5")
     assert native == {("uprobe-nop5", "6.18 commit"): "uprobe-nop5 · 6.18 commit: 7.038 M/s"}
+
+
+@needs_chromium
+def test_fuzz_page_plots_findings_and_marks_each_findings_violating_store(tmp_path: Path) -> None:
+    out = tmp_path / "fuzz.html"
+    assert main(["fuzz", "--kernel", "linux-6.18,jmp-slots", "--cases", "10", "--out", str(tmp_path / "found"),
+                 "--html", str(out)]) == 1
+    _, dom = loaded(out)
+    kinds = [f.attrs["data-figure"] for f in dom.figures()]
+    saved = sorted((tmp_path / "found").glob("*.json"))
+    assert kinds == ["fuzz-findings"] + ["fuzz-finding"] * len(saved) and saved
+    lines = {e.attrs["data-design"]: int(e.attrs["data-findings"]) for e in dom.inside("fuzz-findings")
+             if "data-findings" in e.attrs}
+    assert lines["jmp-slots"] == 0 and lines["linux-6.18"] > 0
+    for record in saved:
+        case = record.stem.rsplit("-c", 1)[1]
+        marks = [e for e in dom.inside("fuzz-finding", design="linux-6.18", case=case) if "data-highlight" in e.attrs]
+        assert [m.attrs["data-highlight"] for m in marks].count("violator") == 1
+    # case 2 keeps one store (movdqu to rsp-16) whose value the trampoline's call overwrote
+    marks = [e.attrs["data-highlight"] for e in dom.inside("fuzz-finding", design="linux-6.18", case="2")
+             if "data-highlight" in e.attrs]
+    assert sorted(marks) == ["lost", "violator"]

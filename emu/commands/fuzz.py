@@ -9,6 +9,7 @@ import sys
 
 from emu.commands.common import (
     add_design_options,
+    add_html_option,
     check_writable,
     chosen_designs,
     int_arg,
@@ -44,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard", default="0/1", metavar="I/N", help="run shard I of N of the campaign (default 0/1)")
     p.add_argument("--out", default="fuzz-findings", metavar="DIR", help="where findings go (default fuzz-findings)")
     p.add_argument("--json", metavar="FILE", help="write cases, findings, cases_per_s, first_finding_case")
+    add_html_option(p, "findings over cases per design, each saved finding's code with the violating store marked")
 
 
 def resume_command(args: argparse.Namespace, index: int) -> str:
@@ -67,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     from emu.fuzz.partition import parse_shard
     from emu.fuzz.progress import progress_for, write_summary
 
-    if args.json:
-        check_writable(args.json)
+    for path in (args.json, args.html):
+        if path:
+            check_writable(path)
     try:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
@@ -84,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     write_summary(stats)
     if args.json:
         write_json(args.json, stats.to_json())
+    if args.html:
+        from emu.report.fuzz_page import page
+
+        page(stats, f"uprobe-emu fuzz --kernel {args.kernel} --seed {args.seed}").write(args.html)
     if stats.interrupted:
         resume = stats.resume_index()
         stderr_line(f"uprobe-emu: interrupted after {stats.cases} cases; findings so far are in {args.out}")

@@ -48,6 +48,7 @@ class DesignStats:
     findings: int = 0
     first_case: int | None = None
     saved: list[dict[str, Any]] = field(default_factory=list)
+    cases: list[int] = field(default_factory=list)  # the index of every finding, in the order they came
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Stats:
         for design in event.findings:
             st = self.designs[design]
             st.findings += 1
+            st.cases.append(event.index)
             if st.first_case is None or event.index < st.first_case:
                 st.first_case = event.index
         for record in event.saved:

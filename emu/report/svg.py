@@ -112,15 +112,17 @@ def _short(value: float) -> str:
     return f"{value:.2g}" if value < 10 else f"{value:.0f}"
 
 
-def listing(lines: Sequence[tuple[str, str | None, str]], width: float = 720, title: str = "") -> dw.Drawing:
-    """Code lines (text, highlight colour or None, tooltip), monospace, highlighted lines on a band."""
+def listing(lines: Sequence[tuple[str, str | None, str]], colours: Mapping[str, str], width: float = 720,
+            title: str = "") -> dw.Drawing:
+    """Code lines (text, highlight role or None, tooltip), monospace; a highlighted line sits on a band of
+    its role's colour (data-highlight names the role)."""
     line_h, top = 15, 24 if title else 6
     d = drawing(width, top + line_h * len(lines) + 6)
     if title:
         d.append(label(6, 15, title, 11, font_weight="bold"))
-    for i, (text, color, tooltip) in enumerate(lines):
+    for i, (text, role, tooltip) in enumerate(lines):
         y = top + i * line_h
-        if color:
-            d.append(cell(0, y, width, line_h, color, tooltip or None, fill_opacity=0.3, data_highlight="1"))
+        if role:
+            d.append(cell(0, y, width, line_h, colours[role], tooltip or None, fill_opacity=0.3, data_highlight=role))
         d.append(label(6, y + 11, text, 10.5, mono=True))
     return d
