@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from emu.check import DesignReport
 
 WRITERS = {"trampoline": "#d62728", "kernel": "#9467bd", "guest": "#1f77b4"}
+# Each distinct writer instruction gets a shade of its kind's hue, so four pushes read as four writers.
+SHADES = {"trampoline": ("#d62728", "#ff7f0e", "#8c564b", "#e377c2", "#bcbd22", "#f4a582"),
+          "kernel": ("#9467bd", "#c5b0d5"), "guest": ("#1f77b4", "#17becf", "#aec7e8", "#2ca02c")}
 WRITER_NAMES = {"trampoline": "probe path (patched site, trampoline or slot)", "kernel": "kernel copy (copy_to_user)",
                 "guest": "guest code"}
 UNTOUCHED = "#f3f3f3"
@@ -46,6 +49,11 @@ class Write:
     size: int
     kind: str  # a WRITERS key
     writer: str
+
+    @property
+    def name(self) -> str:
+        """The writer without its address: the same instruction at two sites is one writer."""
+        return re.sub(r" at 0x[0-9a-f]+", "", self.writer)
 
 
 @dataclass
@@ -91,12 +99,26 @@ def redzone_patterns(violations: Sequence[Violation], tracer: Tracer | None) -> 
     return sorted(patterns.values(), key=lambda p: (-len(p.hits), p.probe, p.site))
 
 
+def writer_colours(patterns: Sequence[Pattern]) -> dict[str, str]:
+    """Writer name -> colour, by kind then first appearance (nearest rsp first)."""
+    names: dict[str, str] = {}
+    for write in sorted({w for p in patterns for w in p.writes}, key=lambda w: (w.kind, -w.offset)):
+        names.setdefault(write.name, write.kind)
+    out: dict[str, str] = {}
+    for name, kind in names.items():
+        used = sum(1 for k in out if names[k] == kind)
+        out[name] = SHADES[kind][used % len(SHADES[kind])]
+    return out
+
+
 def redzone_map(patterns: Sequence[Pattern], hits: int) -> dw.Drawing:
     shown = patterns[:MAX_ROWS]
+    colours = writer_colours(shown)
     rows = max(len(shown), 1)
     top = 30
     width = LABEL_W + RED_ZONE * CELL_W + 10
-    d = svg.drawing(width, top + rows * ROW_H + 30)
+    lines = max((line for _, line in svg.legend_layout(list(colours.items()), width - 20)), default=0) + 1
+    d = svg.drawing(width, top + rows * ROW_H + 16 + lines * svg.LEGEND_LINE)
     for off in (-128, -96, -64, -32, -24, -16, -8):
         x = LABEL_W + (RED_ZONE + off) * CELL_W
         d.append(dw.Line(x, top - 4, x, top + rows * ROW_H, stroke="#bbbbbb", stroke_width=0.6))
@@ -107,12 +129,13 @@ def redzone_map(patterns: Sequence[Pattern], hits: int) -> dw.Drawing:
                           f"no red-zone byte changed in {hits} hits", data_clean="1"))
         d.append(svg.label(LABEL_W - 6, top + 11, f"all {hits} hits: clean", 10, "end"))
     for row, pattern in enumerate(shown):
-        _pattern_row(d, pattern, top + row * ROW_H)
-    svg.legend(d, LABEL_W, top + rows * ROW_H + 20, [(WRITER_NAMES[k], c) for k, c in WRITERS.items()])
+        _pattern_row(d, pattern, top + row * ROW_H, colours)
+    items = [(name, c) for name, c in colours.items()] or [(WRITER_NAMES[k], c) for k, c in WRITERS.items()]
+    svg.legend(d, 10, top + rows * ROW_H + 20, items, width - 20)
     return d
 
 
-def _pattern_row(d: dw.Drawing, pattern: Pattern, y: float) -> None:
+def _pattern_row(d: dw.Drawing, pattern: Pattern, y: float, colours: dict[str, str]) -> None:
     count = len(pattern.hits)
     d.append(svg.label(LABEL_W - 6, y + 11, f"{pattern.probe} {pattern.site:#x} x{count}", 10, "end"))
     d.append(svg.cell(LABEL_W, y, RED_ZONE * CELL_W, ROW_H - 2, UNTOUCHED,
@@ -126,7 +149,7 @@ def _pattern_row(d: dw.Drawing, pattern: Pattern, y: float) -> None:
             x = LABEL_W + (RED_ZONE + write.offset + b) * CELL_W
             tip = (f"rsp{write.offset + b:+d}: {old[2 * b:2 * b + 2]} -> {new[2 * b:2 * b + 2]} "
                    f"by {write.writer} (hit {pattern.hits[0]}; {count} hits like it)")
-            group.append(svg.cell(x, y, CELL_W - 0.5, ROW_H - 2, WRITERS[write.kind], tip))
+            group.append(svg.cell(x, y, CELL_W - 0.5, ROW_H - 2, colours[write.name], tip))
         d.append(group)
 
 
@@ -139,8 +162,14 @@ def differences(violations: Sequence[Violation]) -> list[tuple[str, ...]]:
     for (kind, probe, site, what), found in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         hits = sorted({v.hit for v in found})
         first = ", ".join(map(str, hits[:5])) + (", ..." if len(hits) > 5 else "")
-        rows.append((kind, probe, f"{site:#x}", what, str(len(hits)), first, found[0].summary))
+        rows.append((kind, probe, f"{site:#x}", what, str(len(hits)), first, _example(found[0])))
     return rows
+
+
+def _example(v: Violation) -> str:
+    if v.kind is Check.REDZONE:
+        return f"hit {v.hit}: {v.detail.get('old')} -> {v.detail.get('new')}"
+    return f"hit {v.hit}: {v.summary}"
 
 
 def _what(v: Violation) -> str:
@@ -212,7 +241,7 @@ def _design_section(p: Page, r: DesignReport) -> None:
     clean = not r.violations and r.same_output
     p.heading(f"{r.design}: {'clean' if clean else 'broken'}", anchor=f"design-{r.design}")
     for why in r.refused:
-        p.para(f"refused: {why}")
+        p.para(f"refused: {why}", "meta")
     patterns = redzone_patterns(r.violations, tracer)
     dropped = len(patterns) - min(len(patterns), MAX_ROWS)
     clobbered = sum(len(pt.hits) for pt in patterns)
