@@ -66,3 +66,24 @@ def test_a_store_is_lost_only_where_the_broken_bytes_meet_it() -> None:
     assert ev.pcs == {0x401411}
     assert ev.overlaps(2, 2) and ev.overlaps(16, 16) and ev.overlaps(40, 4) and ev.overlaps(38, 1)
     assert not ev.overlaps(16, 8) and not ev.overlaps(48, 8) and not ev.overlaps(36, 4)
+
+
+def test_a_long_campaigns_curve_is_drawn_through_a_bounded_number_of_points() -> None:
+    from emu.report.fuzz_page import MAX_STEPS, _steps
+
+    def at(x: float, n: int) -> tuple[float, float]:
+        return x, n
+
+    assert _steps([3, 7], 0, 10, at) == [(0, 0), (3, 0), (3, 1), (7, 1), (7, 2), (10, 2)]
+    many = _steps(list(range(0, 20_000, 2)), 0, 20_000, at)
+    assert len(many) == MAX_STEPS + 1 and many[0] == (0, 1) and many[-1] == (20_000, 10_000)
+
+
+def test_page_text_is_escaped() -> None:
+    from emu.report.html import Page
+
+    p = Page("<script>x</script>", "a & b")
+    p.para("<img src=x>")
+    p.table(("<b>",), [("<i>",)])
+    text = p.render()
+    assert "<script>" not in text and "<img" not in text and "<b>" not in text and "&lt;img src=x&gt;" in text

@@ -5,8 +5,10 @@ were lost marked beside it."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,10 +55,7 @@ def findings_figure(stats: Stats) -> dw.Drawing:
     for n, (design, st) in enumerate(stats.designs.items()):
         colour = svg.PALETTE[n % len(svg.PALETTE)]
         items.append((f"{design}: {st.findings}", colour))
-        points = [at(first, 0)]
-        for count, index in enumerate(sorted(st.cases), start=1):  # a step up at each finding
-            points += [at(index, count - 1), at(index, count)]
-        points.append(at(last, st.findings))
+        points = _steps(sorted(st.cases), first, last, at)
         line = dw.Lines(*[c for p in points for c in p], close=False, fill="none", stroke=colour, stroke_width=1.8,
                         data_design=design, data_findings=st.findings)
         line.append_title(f"{design}: {st.findings} findings in {stats.cases} cases"
@@ -64,6 +63,22 @@ def findings_figure(stats: Stats) -> dw.Drawing:
         d.append(line)
     svg.legend(d, left, height - 12, items, plot_w)
     return d
+
+
+MAX_STEPS = 400  # a long campaign's curve is drawn through this many points at most
+
+
+def _steps(found: list[int], first: int, last: int, at: Callable[[float, int], tuple[float, float]]) \
+        -> list[tuple[float, float]]:
+    """The cumulative curve: a step up at each finding, or, past MAX_STEPS findings, the count at
+    MAX_STEPS evenly spaced case indices."""
+    if len(found) <= MAX_STEPS:
+        points = [at(first, 0)]
+        for count, index in enumerate(found, start=1):
+            points += [at(index, count - 1), at(index, count)]
+        return points + [at(last, len(found))]
+    marks = [first + (last - first) * i / MAX_STEPS for i in range(MAX_STEPS + 1)]
+    return [at(x, bisect.bisect_right(found, x)) for x in marks]
 
 
 @dataclass(frozen=True, slots=True)
