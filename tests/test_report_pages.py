@@ -31,7 +31,8 @@ def loaded(path: Path) -> tuple[browser.Rendered, browser.Dom]:
 @pytest.fixture(scope="module")
 def check_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, browser.Rendered, browser.Dom]:
     out = tmp_path_factory.mktemp("check") / "check.html"
-    assert main(["check", "--clear-env", "--html", str(out), sample("redzone_probe"), "3"]) == 0
+    assert main(["check", "--clear-env", "--kernel", ",".join(DESIGNS), "--html", str(out), sample("redzone_probe"),
+                 "3"]) == 0
     return (out, *loaded(out))
 
 
