@@ -87,3 +87,22 @@ def test_page_text_is_escaped() -> None:
     p.table(("<b>",), [("<i>",)])
     text = p.render()
     assert "<script>" not in text and "<img" not in text and "<b>" not in text and "&lt;img src=x&gt;" in text
+
+
+def test_recording_a_hits_path_changes_nothing_the_check_finds() -> None:
+    from conftest import sample
+
+    from emu.check import CheckRequest, run_check
+    from emu.report.hitpath import HitTracer
+
+    def request(tracer: object) -> CheckRequest:
+        return CheckRequest(sample("redzone_probe"), ["redzone_probe", "3"], {}, designs=("linux-6.18", "jmp-slots"),
+                            tracer=tracer)  # type: ignore[arg-type]
+
+    plain, traced = run_check(request(None)), run_check(request(HitTracer))
+    assert [(r.hits, [v.line() for v in r.violations], r.same_output, r.exits) for r in traced] == \
+        [(r.hits, [v.line() for v in r.violations], r.same_output, r.exits) for r in plain]
+    paths = {r.design: [(p.path, p.exit, p.kernel_at >= 0) for p in r.trace.paths] for r in traced}
+    assert paths == {"linux-6.18": [("int3", "none", True), ("call", "sysret", True)],
+                     "jmp-slots": [("int3", "none", True), ("jmp", "iret", True)]}
+    assert all(r.trace.finished for r in traced)  # every site followed to a non-INT3 hit: the hooks are gone

@@ -64,6 +64,11 @@ class HitTracer:
         self._pending = {a: MAX_HITS for a in self._sites}  # site -> hits it may still be followed for
         self._done = not self._sites
 
+    @property
+    def finished(self) -> bool:
+        """Every site was followed as far as wanted; the hooks are removed."""
+        return self._done
+
     def where(self, address: int) -> str:
         """"site" for a probe site, the kernel page's name, else "guest"."""
         if address in self._sites:
