@@ -58,11 +58,13 @@ class HitTracer:
         self._sites = {att.address: att.resolved.spec.text for att in machine.attachments}
         self._current: HitPath | None = None
         self._cs = cs64()
-        self._hooks: list[HookHandle] = [machine.cpu.add_code_hook(self._on_site, a, a) for a in self._sites]
-        self._hooks.append(machine.cpu.add_block_hook(self._on_block))
-        machine.uprobes.chain_observers.append(self._on_chain)
         self._pending = {a: MAX_HITS for a in self._sites}  # site -> hits it may still be followed for
-        self._done = not self._sites
+        self._done = not self._sites  # (a library's probes are placed when it is mapped: not followed)
+        self._hooks: list[HookHandle] = []
+        if self._sites:
+            self._hooks = [machine.cpu.add_code_hook(self._on_site, a, a) for a in self._sites]
+            self._hooks.append(machine.cpu.add_block_hook(self._on_block))
+            machine.uprobes.chain_observers.append(self._on_chain)
 
     @property
     def finished(self) -> bool:
