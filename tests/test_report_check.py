@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from emu.check import DesignReport
 from emu.report.check_page import page, redzone_patterns, writer_kind
 from emu.verify.violations import Check, Violation
@@ -106,3 +108,16 @@ def test_recording_a_hits_path_changes_nothing_the_check_finds() -> None:
     assert paths == {"linux-6.18": [("int3", "none", True), ("call", "sysret", True)],
                      "jmp-slots": [("int3", "none", True), ("jmp", "iret", True)]}
     assert all(r.trace.finished for r in traced)  # every site followed to a non-INT3 hit: the hooks are gone
+
+
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+
+
+@pytest.mark.skipif(not (Path(LIBC).exists() and Path("/bin/echo").exists()), reason="needs Debian's /bin/echo and libc")
+def test_a_library_probe_placed_at_its_mapping_is_followed_too() -> None:
+    from emu.check import CheckRequest, run_check
+    from emu.report.hitpath import HitTracer
+
+    [report] = run_check(CheckRequest("/bin/echo", ["echo", "hi"], {}, specs=(f"uprobe:{LIBC}:write",),
+                                      designs=("int3",), tracer=HitTracer))
+    assert [(p.probe, p.path, p.steps[0].text) for p in report.trace.paths] == [(f"uprobe:{LIBC}:write", "int3", "int3")]

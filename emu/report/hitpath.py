@@ -4,7 +4,7 @@ sequence diagram.
 
 A code hook on each site address opens a recording; a block hook appends the blocks run in the
 kernel's user pages until execution is back in the guest's own code. Each site is followed until one
-of its hits takes a non-INT3 path (or for a few hits); the hooks are removed once every site is
+of its hits takes a non-INT3 path (or for two hits); the hooks are removed once every site is
 done, so a long run pays for them only at its start. ``paths`` keeps the first hit of each path.
 """
 
@@ -22,9 +22,10 @@ if TYPE_CHECKING:
     from emu.kernel.uprobes.core import Uprobe
     from emu.kernel.uprobes.regs import PtRegs
     from emu.machine import Machine
+    from emu.memory import Vma
 
 KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})  # the kernel's pages mapped into the process
-MAX_HITS = 3  # hits followed per site (the first ones may all take the INT3 path)
+MAX_HITS = 2  # hits followed per site: the designs that optimize do it on the first hit
 MAX_STEPS = 64  # instructions kept per hit (a design that loops in its slot is cut short)
 _ENDS_BLOCK = frozenset({"syscall", "int3", "call", "jmp", "ret", "iretq", "sysretq", "hlt", "ud2"})
 
@@ -55,16 +56,34 @@ class HitTracer:
     def __init__(self, machine: Machine) -> None:
         self.machine = machine
         self.paths: list[HitPath] = []
-        self._sites = {att.address: att.resolved.spec.text for att in machine.attachments}
+        self._sites: dict[int, str] = {}
         self._current: HitPath | None = None
         self._cs = cs64()
-        self._pending = {a: MAX_HITS for a in self._sites}  # site -> hits it may still be followed for
-        self._done = not self._sites  # (a library's probes are placed when it is mapped: not followed)
+        self._pending: dict[int, int] = {}  # site -> hits it may still be followed for
         self._hooks: list[HookHandle] = []
-        if self._sites:
-            self._hooks = [machine.cpu.add_code_hook(self._on_site, a, a) for a in self._sites]
-            self._hooks.append(machine.cpu.add_block_hook(self._on_block))
-            machine.uprobes.chain_observers.append(self._on_chain)
+        self._done = True
+        machine.uprobes.chain_observers.append(self._on_chain)
+        # A library's probes are placed when it is mapped; the machine's own observer runs first.
+        machine.kernel.exec_mmap_observers.append(self._on_mmap)
+        self._on_mmap(None)
+
+    def _follow(self, sites: list[int]) -> None:
+        """Hook ``sites`` (and, if not hooked yet, every block) until they are done."""
+        if not sites:
+            return
+        cpu = self.machine.cpu
+        if self._done:
+            self._hooks.append(cpu.add_block_hook(self._on_block))
+            self._done = False
+        for address in sites:
+            self._pending[address] = MAX_HITS
+            self._hooks.append(cpu.add_code_hook(self._on_site, address, address))
+
+    def _on_mmap(self, _vma: Vma | None) -> None:
+        new = [att for att in self.machine.attachments if att.address not in self._sites]
+        for att in new:
+            self._sites[att.address] = att.resolved.spec.text
+        self._follow([att.address for att in new])
 
     @property
     def finished(self) -> bool:
