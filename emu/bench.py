@@ -7,6 +7,7 @@ against the same workload run without probes.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Sequence
@@ -71,15 +72,21 @@ class Accounting:
     rets: float = 0.0
     copied: float = 0.0
     rsb_mispredicts: float = 0.0
+    single_steps: float = 0.0  # out-of-line steps: a second trap (#DB) each
+    uret_returns: float = 0.0  # returns through the uretprobe trampoline
+    mmap_locks: float = 0.0  # mmap_lock acquisitions the fake kernel makes on the hit's path
+
+    def values(self) -> tuple[float, ...]:
+        return (self.insns, self.kernel_page_insns, self.traps, self.syscalls, self.sysret, self.iret,
+                self.calls, self.rets, self.copied, self.rsb_mispredicts, self.single_steps, self.uret_returns,
+                self.mmap_locks)
 
     def row(self) -> tuple[str, ...]:
-        return tuple(f"{v:.2f}".rstrip("0").rstrip(".") for v in (
-            self.insns, self.kernel_page_insns, self.traps, self.syscalls, self.sysret, self.iret,
-            self.calls, self.rets, self.copied, self.rsb_mispredicts))
+        return tuple(f"{v:.2f}".rstrip("0").rstrip(".") for v in self.values())
 
 
 ACCOUNTING_HEADER = ("insns", "in-kernel-pages", "traps", "syscalls", "sysret", "iret", "calls", "rets", "bytes",
-                     "rsb-miss")
+                     "rsb-miss", "steps", "uret-returns", "mmap-locks")
 RSB_DEPTH = 16
 
 
@@ -105,7 +112,7 @@ class BenchResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"rates_mps": self.rates, "mean_mps": self.mean, "stdev_mps": self.stdev,
-                "accounting_per_hit": dict(zip(ACCOUNTING_HEADER, (float(x) for x in self.accounting.row()), strict=True))}
+                "accounting_per_hit": dict(zip(ACCOUNTING_HEADER, self.accounting.values(), strict=True))}
 
 
 class _Tally:
@@ -183,20 +190,40 @@ def measure(design: str, workload: Workload, duration_s: float, runs: int) -> Be
     return BenchResult(design, workload.name, rates, hits / iterations, account(design, workload))
 
 
+@dataclass(frozen=True, slots=True)
+class LoopTally:
+    """What a run of the loop executed: instructions, calls, rets, RSB mispredicts, syscalls of any kind."""
+
+    insns: int
+    calls: int
+    rets: int
+    mispredicted: int
+    syscalls: int
+
+
+@functools.cache
+def unprobed(trig: str, iterations: int) -> LoopTally:
+    """The loop without probes: it runs the same under every design (nothing is patched), so it is run once."""
+    m, _ = _machine("linux-6.18", Workload(trig, trig, None), iterations)
+    t = _Tally(m)
+    rsb = RsbModel(CallRetTracker(m), RSB_DEPTH)
+    m.run()
+    return LoopTally(t.insns, t.calls, t.rets, rsb.stats.mispredicted, sum(m.kernel.counts.values()))
+
+
 def account(design: str, workload: Workload, iterations: int = 200) -> Accounting:
     """Per-hit deltas: probed run minus the same workload unprobed (first, INT3-only hit excluded by
     differencing two probed runs of different lengths)."""
-    def tally(n: int, probed: bool) -> tuple[_Tally, Machine, int, RsbModel]:
-        wl = workload if probed else Workload(workload.name, workload.trig, None)
-        m, consumer = _machine(design, wl, n)
+    def tally(n: int) -> tuple[_Tally, Machine, int, RsbModel]:
+        m, consumer = _machine(design, workload, n)
         t = _Tally(m)
         rsb = RsbModel(CallRetTracker(m), RSB_DEPTH)
         m.run()
-        return t, m, _hits(wl, consumer, n), rsb
+        return t, m, _hits(workload, consumer, n), rsb
 
     short, long_ = iterations, iterations * 2
-    (a, ma, ha, ra), (b, mb, hb, rb) = tally(short, True), tally(long_, True)
-    (ua, _, _, ura), (ub, _, _, urb) = tally(short, False), tally(long_, False)
+    (a, ma, ha, ra), (b, mb, hb, rb) = tally(short), tally(long_)
+    ua, ub = unprobed(workload.trig, short), unprobed(workload.trig, long_)
     hits = max(hb - ha, 1)
 
     def per(x: float, y: float) -> float:
@@ -215,7 +242,10 @@ def account(design: str, workload: Workload, iterations: int = 200) -> Accountin
         calls=per(a.calls - ua.calls, b.calls - ub.calls),
         rets=per(a.rets - ua.rets, b.rets - ub.rets),
         copied=per(sa.copied, sb.copied),
-        rsb_mispredicts=per(ra.stats.mispredicted - ura.stats.mispredicted, rb.stats.mispredicted - urb.stats.mispredicted),
+        rsb_mispredicts=per(ra.stats.mispredicted - ua.mispredicted, rb.stats.mispredicted - ub.mispredicted),
+        single_steps=per(sa.xol_steps, sb.xol_steps),
+        uret_returns=per(sa.ret_hits, sb.ret_hits),
+        mmap_locks=per(sa.mmap_locks, sb.mmap_locks),
     )
 
 
