@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emu.designs import known_designs
 from emu.disasm import cs64
 from emu.errors import UsageError
 from emu.guestio import GuestIO
@@ -49,14 +48,6 @@ def _workloads() -> dict[str, Workload]:
 
 
 WORKLOADS = _workloads()
-
-# Native figures from the seeds (M/s): the 6.18 "optimize uprobes" commit message (spec 7).
-PUBLISHED_618 = {
-    "uprobe-nop": 3.148, "uprobe-push": 2.976, "uprobe-ret": 1.068, "uprobe-nop5": 7.038,
-    "uretprobe-nop": 2.109, "uretprobe-push": 2.035, "uretprobe-ret": 0.908, "uretprobe-nop5": 3.377,
-    "syscall-count": 14.3,
-}
-
 
 @dataclass
 class Accounting:
@@ -273,56 +264,3 @@ def results_table(results: Sequence[BenchResult]) -> str:
     for r in results:
         rows.append((r.design, r.workload, f"{r.mean:.3f}±{r.stdev:.3f}", *r.accounting.row()))
     return table(rows)
-
-
-def report_markdown(results: Sequence[BenchResult]) -> str:
-    lines = ["# uprobe-emu bench report", "",
-             "Emulated rates measure the harness, not a CPU; the per-hit counts are exact and are what",
-             "explains native tables. Native figures: the Linux 6.18 nop5-optimization commit (spec 7).", ""]
-    designs = sorted({r.design for r in results}, key=list(known_designs()).index)
-    for design in designs:
-        lines += [f"## {design}", "", "| workload | emulated M/s | native 6.18 M/s | " + " | ".join(ACCOUNTING_HEADER) + " |",
-                  "|" + "---|" * (3 + len(ACCOUNTING_HEADER))]
-        for r in (r for r in results if r.design == design):
-            native = PUBLISHED_618.get(r.workload)
-            lines.append(f"| {r.workload} | {r.mean:.3f} | {native if native is not None else '-'} | "
-                         + " | ".join(r.accounting.row()) + " |")
-        lines.append("")
-    lines += _redzone_fix(results)
-    lines += _explanations(results)
-    return "\n".join(lines) + "\n"
-
-
-def _redzone_fix(results: Sequence[BenchResult]) -> list[str]:
-    """The red-zone fix's comparison: usdt-nop (INT3), nop5-base (6.18's call) and nop5-fix (jmp slots)."""
-    pick = {("linux-6.18", "usdt-nop"): "usdt-nop", ("linux-6.18", "uprobe-nop5"): "nop5-base",
-            ("jmp-slots", "uprobe-nop5"): "nop5-fix"}
-    rows = [(pick[(r.design, r.workload)], r) for r in results if (r.design, r.workload) in pick]
-    if len(rows) < 2:
-        return []
-    out = ["## The red-zone fix: usdt-nop, nop5-base, nop5-fix", "",
-           "| row | emulated M/s | traps | syscalls | sysret | iret | calls | rets | bytes copied |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for name, r in rows:
-        a = r.accounting
-        out.append(f"| {name} | {r.mean:.3f} | {a.traps:g} | {a.syscalls:g} | {a.sysret:g} | {a.iret:g} | "
-                   f"{a.calls:g} | {a.rets:g} | {a.copied:g} |")
-    out += ["", "The fix replaces the call/ret pair and the SYSRET of 6.18 by a jmp and an IRET: no return",
-            "address is pushed (nothing lands in the red zone) and fewer bytes are copied, but IRET is the slower",
-            "exit on most CPUs, which is what the native per-CPU table of the fix's thread measures (those native",
-            "figures are not in this project's reference material, so they are not reproduced here).", ""]
-    return out
-
-
-def _explanations(results: Sequence[BenchResult]) -> list[str]:
-    out = ["## What the counts say", ""]
-    for r in results:
-        a = r.accounting
-        if not a.traps and not a.syscalls:
-            continue
-        exit_kind = "IRET" if a.iret > a.sysret else "SYSRET" if a.sysret else "no syscall"
-        out.append(f"- {r.design} {r.workload}: {a.traps:g} trap(s), {a.syscalls:g} uprobe syscall(s) per hit "
-                   f"leaving by {exit_kind}; {a.kernel_page_insns:g} instructions in the kernel's pages; "
-                   f"{a.calls:g} extra call(s) and {a.rets:g} extra ret(s); {a.copied:g} bytes copied; "
-                   f"{a.rsb_mispredicts:g} extra return mispredict(s) ({RSB_DEPTH}-entry RSB model).")
-    return out + [""]

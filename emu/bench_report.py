@@ -268,18 +268,19 @@ def _render_rsb(payload: dict[str, Any]) -> list[str]:
 def _render_native(payload: dict[str, Any]) -> list[str]:
     out = ["## This machine, natively (the real kernel, a counting perf uprobe)", ""]
     native = payload["native"]
+    rows_now = native.get("rows", [])
     if "unavailable" in native:
-        return out + [f"Not measured: {native['unavailable']}.", ""]
-    rows: list[tuple[str, ...]] = [("workload", "measured ns/hit", "M/s", "held out ns/hit", "error")]
-    for r in native["rows"]:
-        rows.append((r["workload"], f"{r['measured_ns']:.0f}", f"{1e3 / r['measured_ns']:.3f}",
-                     f"{r['predicted_ns']:.0f} ± {r['sigma_ns']:.0f}", f"{r['error']:+.1%}"))
-    out += [table(rows), "", f"Leave-one-out rms error: {native['rms_error']:.1%}.", ""]
+        out += [f"Not measured: {native['unavailable']}.", ""]
+    else:
+        rows: list[tuple[str, ...]] = [("workload", "measured ns/hit", "M/s", "held out ns/hit", "time error")]
+        for r in rows_now:
+            rows.append((r["workload"], f"{r['measured_ns']:.0f}", f"{1e3 / r['measured_ns']:.3f}",
+                         f"{r['predicted_ns']:.0f} ± {r['sigma_ns']:.0f}", f"{r['error']:+.1%}"))
+        out += [table(rows), "", f"Leave-one-out rms error: {native['rms_error']:.1%}.", ""]
     for f in payload["this_project"]:
-        got = next((r for r in native["rows"] if r["workload"] == f["workload"]), None)
-        if got:
-            now = 1e3 / got["measured_ns"]
-            out.append(f"- {f['source']}: {f['label']} {f['published_mps']} M/s; measured now {now:.3f} M/s.")
+        got = next((r for r in rows_now if r["workload"] == f["workload"]), None)
+        now = f"; measured now {1e3 / got['measured_ns']:.3f} M/s" if got else ""
+        out.append(f"- {f['source']}: {f['label']} ({f['workload']}) {f['published_mps']} M/s{now}.")
     return out + [""]
 
 
@@ -294,3 +295,18 @@ def _render_costs(payload: dict[str, Any]) -> list[str]:
                      f"{c['rel_rms']:.1%}"))
     return ["## Fitted per-event costs (ns; ~ = the CPU's rows do not determine it: the pooled prior's value)", "",
             table(rows), ""]
+
+
+def missing_figures(text: str) -> list[str]:
+    """Published figures the report text does not show: each needs one line naming it with its number."""
+    lines = text.splitlines()
+
+    def shown(*parts: str) -> bool:
+        return any(all(p in line for p in parts) for line in lines)
+
+    out = [f"{f.cpu} {f.label} {f.mps}" for f in pub.FIGURES if not shown(f.cpu, f"{f.label} ", str(f.mps))]
+    out += [f"{c.cpu} {c.label} {c.percent:+.1f}%" for c in pub.CHANGES if not shown(c.cpu, c.label, f"{c.percent:+.1f}%")]
+    out += [f"{s.cpu} {s.label} {s.percent:.1f}%" for s in pub.SHARES if not shown(s.cpu, s.label, f"{s.percent:.1f}%")]
+    out += [r.label for r in pub.RSB_FIGURES if not shown(r.label, f"{r.mps_low:g}")]
+    out += [f"{f.label} {f.mps}" for f in pub.THIS_PROJECT if not shown(f.source.value, f.label, str(f.mps))]
+    return out
