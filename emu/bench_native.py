@@ -23,7 +23,7 @@ NATIVE_WORKLOADS = ("syscall-count", "uprobe-nop", "uprobe-push", "uprobe-ret", 
                     "uretprobe-push", "uretprobe-ret", "uretprobe-nop5", "usdt-nop", "usdt-nop5")
 NATIVE_DESIGN = "linux-6.18"
 TARGET_S = 0.05  # CPU seconds for the shorter run of a pair
-REPEATS = 3
+REPEATS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,36 +60,50 @@ def _cpu_s(workload: Workload, probes: list[NativeProbe], n: int) -> tuple[float
     return run.cpu_s, (run.counts[0] if run.counts else n)
 
 
-def _per_iteration(workload: Workload, probes: list[NativeProbe]) -> tuple[float, float, int, int]:
-    """(median ns per iteration, its spread, hits counted in a long run, iterations of the long run)."""
+def _calibrated(workload: Workload, probes: list[NativeProbe]) -> int:
+    """Iterations for a run of about TARGET_S CPU seconds."""
     n = 2000
     while True:  # grow until a run is long enough for the CPU clock's resolution
         t, _ = _cpu_s(workload, probes, n)
         if t > 0.02 or n >= 1 << 26:
             break
         n *= 4
-    n = max(1000, int(n * TARGET_S / max(t, 1e-3)))
-    estimates, hits = [], 0
-    for _ in range(REPEATS):
-        short, _ = _cpu_s(workload, probes, n)
-        long_, hits = _cpu_s(workload, probes, 3 * n)
-        estimates.append((long_ - short) / (2 * n) * 1e9)
-    spread = statistics.stdev(estimates) if len(estimates) > 1 else 0.0
-    return statistics.median(estimates), spread, hits, 3 * n
+    return max(1000, int(n * TARGET_S / max(t, 1e-3)))
 
 
-def measure_native(workloads: tuple[str, ...] = NATIVE_WORKLOADS) -> list[NativeTime]:
-    """Time every workload natively; raises NativeUnavailable where this machine cannot."""
+def _pair(workload: Workload, probes: list[NativeProbe], n: int) -> tuple[float, int]:
+    """One estimate of the ns per iteration (runs of n and 3n), and the hits of the longer run."""
+    short, _ = _cpu_s(workload, probes, n)
+    long_, hits = _cpu_s(workload, probes, 3 * n)
+    return (long_ - short) / (2 * n) * 1e9, hits
+
+
+def measure_native(workloads: tuple[str, ...] = NATIVE_WORKLOADS, repeats: int = REPEATS) -> list[NativeTime]:
+    """Time every workload natively; raises NativeUnavailable where this machine cannot.
+
+    The repeats go round all workloads in turn, so a minute when the shared machine is slow
+    spreads over every row instead of skewing one."""
     reason = unavailable_reason()
     if reason is not None:
         raise NativeUnavailable(reason)
-    loop, loop_sd, _, _ = _per_iteration(WORKLOADS["usermode-count"], [])
+    names = ("usermode-count", *workloads)
+    plans = [(WORKLOADS[name], _probes(WORKLOADS[name])) for name in names]
+    sizes = [_calibrated(w, p) for w, p in plans]
+    estimates: list[list[float]] = [[] for _ in names]
+    hits = [0] * len(names)
+    for _ in range(repeats):
+        for i, ((w, p), n) in enumerate(zip(plans, sizes, strict=True)):
+            ns, hits[i] = _pair(w, p, n)
+            estimates[i].append(ns)
+    loop, loop_sd = _median_spread(estimates[0])
     out = []
-    for name in workloads:
-        workload = WORKLOADS[name]
-        probes = _probes(workload)
-        ns, sd, hits, iterations = _per_iteration(workload, probes)
-        if probes and hits != iterations:
-            raise UsageError(f"native {name}: the perf probe counted {hits} hits in {iterations} iterations")
-        out.append(NativeTime(name, ns - loop, (sd ** 2 + loop_sd ** 2) ** 0.5, hits, iterations))
+    for i in range(1, len(names)):
+        if plans[i][1] and hits[i] != 3 * sizes[i]:
+            raise UsageError(f"native {names[i]}: the perf probe counted {hits[i]} hits in {3 * sizes[i]} iterations")
+        ns, sd = _median_spread(estimates[i])
+        out.append(NativeTime(names[i], ns - loop, (sd ** 2 + loop_sd ** 2) ** 0.5, hits[i], 3 * sizes[i]))
     return out
+
+
+def _median_spread(values: list[float]) -> tuple[float, float]:
+    return statistics.median(values), statistics.stdev(values) if len(values) > 1 else 0.0

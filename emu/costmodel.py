@@ -162,13 +162,10 @@ def fit(rows: Sequence[Row], prior: Prior | None = None) -> Fit:
 
 
 def _covariance(aw: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The costs' covariance from the weighted design matrix; a cost clamped at zero gets none."""
-    cov = np.zeros((len(EVENTS), len(EVENTS)))
-    active = x > 0
-    if active.any():
-        info = aw.T @ aw
-        cov[np.ix_(active, active)] = np.linalg.pinv(info[np.ix_(active, active)])
-    return cov
+    """The costs' covariance from the weighted design matrix (and prior rows). A cost clamped at zero keeps
+    its curvature's variance: it could still be above zero, and a prediction using it must say so."""
+    del x  # the same curvature whichever costs the bound made active
+    return np.linalg.pinv(aw.T @ aw)
 
 
 def _rel_rms(a: np.ndarray, b: np.ndarray, x: np.ndarray) -> float:
@@ -237,8 +234,10 @@ def scale_to(pooled: Sequence[float], rows: Sequence[Row]) -> float:
 
 def prior_for(pooled: Sequence[float], unit_ns: float, all_rows: Sequence[Row]) -> Prior:
     """The pooled costs scaled to one CPU, each +-PRIOR_SPREAD, with a width floor so that an event the pool
-    put at zero may still take a tenth of the largest event's cost at the largest count it appears with."""
-    top = max(pooled) * unit_ns
+    put at zero may still take a tenth of the largest event's cost at the largest count it appears with.
+    (The floor also keeps every width positive.)"""
+    # with nothing pooled (no CPU with an INT3-nop row), a ridge towards zero on the scale of the rows
+    top = max(pooled) * unit_ns or max((r.ns for r in all_rows), default=1.0)
     mean, width = [], []
     for k, p in enumerate(pooled):
         most = max((r.counts[k] for r in all_rows), default=1.0) or 1.0
