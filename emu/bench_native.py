@@ -49,7 +49,9 @@ def _probes(workload: Workload) -> list[NativeProbe]:
         return []
     from emu.diff import native_probe  # the differential tests' resolver: same site, same semaphore
 
-    machine, _ = _machine(NATIVE_DESIGN, workload, 1)
+    # an unprobed machine: one with the probe attached already holds its INT3, and libbpf's nop-combo
+    # rule must see the file's nop1+nop5 to put a USDT probe on the nop5 (spec 3.8)
+    machine, _ = _machine(NATIVE_DESIGN, Workload(workload.name, workload.trig, None), 1)
     return [native_probe(machine, workload.spec)]
 
 

@@ -52,3 +52,16 @@ def test_cli_prints_kernel_bench_lines_and_json(tmp_path: Path, capsys: pytest.C
     data = json.loads(out_json.read_text())["results"]["linux-6.18/uprobe-nop5"]
     assert len(data["rates_mps"]) == 2 and data["accounting_per_hit"]["syscalls"] == 1.0
     assert data["accounting_per_hit"]["mmap-locks"] == 1.0
+
+
+def test_native_usdt_probe_lands_on_the_nop5_as_libbpf_puts_it() -> None:
+    from emu.bench import TRIG, _machine
+    from emu.bench_native import NATIVE_DESIGN, _probes
+    from emu.diff import native_probe
+
+    with open(TRIG, "rb") as fh:
+        data = fh.read()
+    (probe,) = _probes(WORKLOADS["usdt-nop5"])
+    assert data[probe.offset - 1:probe.offset + 5] == b"\x90\x0f\x1f\x44\x00\x00"  # the nop5 after the nop1
+    attached, _ = _machine(NATIVE_DESIGN, WORKLOADS["usdt-nop5"], 1)  # negative control: its INT3 hides the combo
+    assert native_probe(attached, "usdt:trig:usdt_2").offset == probe.offset - 1
