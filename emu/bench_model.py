@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from emu import published as pub
 from emu.bench import WORKLOADS, Workload, account, supported, unprobed
 from emu.bench_native import NATIVE_DESIGN, NativeTime
-from emu.costmodel import BASELINE_SYSCALL, EVENTS, CpuRows, Fit, Row, ShareRow, counts_of, fit_cpu
+from emu.costmodel import BASELINE_SYSCALL, CpuRows, Fit, Row, ShareRow, counts_of, fit_cpu
 from emu.errors import UsageError
 
 NATIVE_CPU = "native"
@@ -25,7 +25,6 @@ class Counts:
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], tuple[float, ...] | None] = {}
-        self.accounting: dict[tuple[str, str], object] = {}
 
     def of(self, design: str, workload: str) -> tuple[float, ...] | None:
         """None: the design's kernel refuses the workload's probe site."""
@@ -39,9 +38,7 @@ class Counts:
             return _baseline(workload)
         if not supported(design, workload):
             return None
-        acc = account(design, workload, iterations=50)
-        self.accounting[(design, workload.name)] = acc
-        return counts_of(acc, probed=True)
+        return counts_of(account(design, workload, iterations=50), probed=True)
 
 
 def _baseline(workload: Workload) -> tuple[float, ...]:
@@ -133,10 +130,6 @@ class HeldOut:
         """Relative error of the predicted rate (= of the time) against the measured one."""
         return self.predicted_ns / self.measured_ns - 1
 
-    @property
-    def within(self) -> bool:
-        return abs(self.predicted_ns - self.measured_ns) <= 2 * self.sigma_ns
-
 
 def held_out(src: Sources, slug: str, drop: Sequence[str], label: str) -> HeldOut:
     """Predict row ``label`` of ``slug`` from a fit without the rows named in ``drop`` (which include it)."""
@@ -150,10 +143,11 @@ def held_out(src: Sources, slug: str, drop: Sequence[str], label: str) -> HeldOu
 def leave_one_out(src: Sources, slug: str) -> list[HeldOut]:
     """Every measured row of one CPU predicted without itself (share constraints on it dropped with it)."""
     target = src.cpu(slug)
-    return [held_out(src, slug, _with_shares(r.label), r.label) for r in target.rows if r.ns > 0]
+    return [held_out(src, slug, with_shares(r.label), r.label) for r in target.rows if r.ns > 0]
 
 
-def _with_shares(label: str) -> tuple[str, ...]:
+def with_shares(label: str) -> tuple[str, ...]:
+    """A row's label and those of the published shares of its time (dropped together when it is held out)."""
     return (label, *(f"{s.label} {s.event} share" for s in pub.SHARES if s.label == label))
 
 
@@ -164,10 +158,6 @@ class ChangeCheck:
     predicted: float  # percent
     sigma: float  # percent
 
-    @property
-    def explained(self) -> bool:
-        return abs(self.predicted - self.change.percent) <= max(2 * self.sigma, 2.0)
-
 
 def check_change(src: Sources, change: pub.Change, with_share: bool) -> ChangeCheck | None:
     """The published change predicted with its 'after' figure held out (its share kept or not)."""
@@ -175,7 +165,7 @@ def check_change(src: Sources, change: pub.Change, with_share: bool) -> ChangeCh
     labels = {r.label for r in target.rows}
     if change.before not in labels or change.after not in labels:
         return None
-    drop = (change.after,) if with_share else _with_shares(change.after)
+    drop = (change.after,) if with_share else with_shares(change.after)
     h = held_out(src, change.cpu, drop, change.after)
     before = next(r for r in target.rows if r.label == change.before).ns
     pct = (before / h.predicted_ns - 1) * 100
@@ -205,6 +195,3 @@ def predict(src: Sources, slug: str, designs: Sequence[str], workloads: Sequence
             out.append(Prediction(design, w.name, 1e3 / ns, 1e3 / ns * sd / ns))
     return out
 
-
-def events_table_header() -> tuple[str, ...]:
-    return EVENTS

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from emu import published as pub
-from emu.bench import RSB_DEPTH, TRIG, _Tally
+from emu.bench import RSB_DEPTH, TRIG, Workload, _Tally
 from emu.bench_model import (
     NATIVE_CPU,
     ChangeCheck,
@@ -23,9 +23,11 @@ from emu.bench_model import (
     cpu_fit,
     held_out,
     leave_one_out,
+    predict,
+    with_shares,
 )
 from emu.bench_native import NativeTime
-from emu.costmodel import EVENTS, pooled_costs
+from emu.costmodel import EVENT_HELP, EVENTS, CpuRows, fit_cpu, pooled_costs
 from emu.render import table
 
 SHAPES = str(Path(TRIG).parent / "rsb_shapes")
@@ -69,7 +71,17 @@ def rsb_shapes() -> list[dict[str, Any]]:
             calls, rets, miss = (x - y for x, y in zip(tally(fig.shape), plain, strict=True))
             row.update(calls=calls, rets=rets, rsb_mispredicts=miss)
         out.append(row)
+    paired = next((r for r in out if r["shape"] == "c"), None)
+    for r in out:
+        if r["shape"] in ("a", "b") and paired is not None and r["rsb_mispredicts"] > paired["rsb_mispredicts"]:
+            extra = _ns(r) - _ns(paired)
+            r["ns_per_mispredict_vs_paired"] = extra / (r["rsb_mispredicts"] - paired["rsb_mispredicts"])
     return out
+
+
+def _ns(rsb: dict[str, Any]) -> float:
+    """Time per call of a published fexit figure (the middle of a published range)."""
+    return 2e3 / (rsb["mps_low"] + rsb["mps_high"])
 
 
 def _held(h: HeldOut) -> dict[str, Any]:
@@ -86,15 +98,11 @@ def _figures(src: Sources) -> list[dict[str, Any]]:
             fig = src.figure_of.get((c.cpu, row.label))
             if fig is None:
                 continue  # a share constraint
-            h = held_out(src, c.cpu, _drop(row.label), row.label)
+            h = held_out(src, c.cpu, with_shares(row.label), row.label)
             out.append({"cpu": c.cpu, "label": fig.label, "design": fig.design, "workload": fig.workload,
                         "published_mps": fig.mps, "published_err": fig.err, "source": fig.source.value,
                         "counts": dict(zip(EVENTS, row.counts, strict=True)), "held_out": _held(h)})
     return out
-
-
-def _drop(label: str) -> tuple[str, ...]:
-    return (label, *(f"{s.label} {s.event} share" for s in pub.SHARES if s.label == label))
 
 
 def _changes(src: Sources) -> list[dict[str, Any]]:
@@ -120,9 +128,7 @@ def _shares(src: Sources) -> list[dict[str, Any]]:
         if row is None:
             continue
         label = f"{share.label} {share.event} share"
-        kept = type(target)(target.cpu, tuple(r for r in target.rows if r.label != label))
-        from emu.costmodel import fit_cpu
-
+        kept = CpuRows(target.cpu, tuple(r for r in target.rows if r.label != label))
         f = fit_cpu(kept, [*src.others(share.cpu), kept])
         k = EVENTS.index(share.event)
         ns, _ = f.predict(row.counts)
@@ -147,10 +153,12 @@ def _calibration(figures: Sequence[dict[str, Any]]) -> dict[str, float]:
             "median_abs_error": errs[len(errs) // 2], "max_abs_error": errs[-1]}
 
 
-def build(counts: Counts, src: Sources, native: Sequence[NativeTime] | None, native_reason: str | None) -> dict[str, Any]:
+def build(counts: Counts, src: Sources, native: Sequence[NativeTime] | None, native_reason: str | None,
+          designs: Sequence[str] = (), workloads: Sequence[Workload] = ()) -> dict[str, Any]:
+    """The report's data; ``designs`` x ``workloads`` get predicted rates on every CPU."""
     figures = _figures(src)
     payload: dict[str, Any] = {
-        "events": {e: h for e, h in zip(EVENTS, _event_help(), strict=True)},
+        "events": {e: EVENT_HELP[e] for e in EVENTS},
         "figures": figures, "calibration": _calibration(figures), "changes": _changes(src), "shares": _shares(src),
         "costs": _costs(src), "rsb": rsb_shapes(),
         "this_project": [{"label": f.label, "workload": f.workload, "published_mps": f.mps, "source": f.source.value}
@@ -168,6 +176,8 @@ def build(counts: Counts, src: Sources, native: Sequence[NativeTime] | None, nat
         payload["native"] = {"unavailable": native_reason}
     payload["fix_minus_base"] = {cpu: _fix_minus_base(src, cpu) for cpu in pub.REDZONE_CPUS}
     payload["unexplained"] = unexplained(payload)
+    payload["predictions"] = {c.cpu: [{"design": p.design, "workload": p.workload, "mps": p.mps, "err_mps": p.err_mps}
+                                      for p in predict(src, c.cpu, designs, workloads, counts)] for c in src.cpus}
     return payload
 
 
@@ -177,12 +187,6 @@ def _fix_minus_base(src: Sources, cpu: str) -> dict[str, float]:
     costs = cpu_fit(src, cpu).costs
     fix, base = rows["usdt-nop5-fix"].counts, rows["usdt-nop5-base"].counts
     return {e: (f - b) * c for e, f, b, c in zip(EVENTS, fix, base, costs, strict=True)}
-
-
-def _event_help() -> list[str]:
-    from emu.costmodel import EVENT_HELP
-
-    return [EVENT_HELP[e] for e in EVENTS]
 
 
 def unexplained(payload: dict[str, Any]) -> list[str]:
@@ -208,9 +212,12 @@ def unexplained(payload: dict[str, Any]) -> list[str]:
                    f"{f['published_mps']} ({f['held_out']['error']:+.0%} in time per hit).")
     for rsb in payload["rsb"]:
         if rsb["shape"] == "b":
-            out.append("fexit intermediate fix (shape b): one mispredicted return per call in the RSB model, yet the "
-                       "published rate (84-86 M/s) sits nearer the original shape's (76) than the paired one's (137); "
-                       "a per-mispredict cost cannot fit all three shapes (see the RSB section).")
+            a = next(r for r in payload["rsb"] if r["shape"] == "a")
+            out.append(f"fexit shapes: priced against the paired shape, an extra mispredict costs "
+                       f"{a['ns_per_mispredict_vs_paired']:.2f} ns by the original shape (5 of them) but "
+                       f"{rsb['ns_per_mispredict_vs_paired']:.2f} ns by the intermediate fix (1): a per-mispredict cost "
+                       "cannot fit all three; the intermediate fix's extra ret and stub, or a chain deeper than "
+                       "rsb_shapes' four levels, are not in the counts.")
     return out
 
 
@@ -226,6 +233,7 @@ def render(payload: dict[str, Any]) -> str:
     lines += _render_rsb(payload)
     lines += _render_native(payload)
     lines += _render_costs(payload)
+    lines += _render_predictions(payload)
     lines += ["## What the model cannot explain", ""]
     lines += [f"- {u}" for u in payload["unexplained"]] or ["- nothing beyond the error bars"]
     return "\n".join(lines) + "\n"
@@ -265,10 +273,13 @@ def _render_changes(payload: dict[str, Any]) -> list[str]:
 
 
 def _render_rsb(payload: dict[str, Any]) -> list[str]:
-    rows: list[tuple[str, ...]] = [("published", "M/s", "rsb_shapes shape", "extra calls", "extra rets", "extra mispredicts")]
+    rows: list[tuple[str, ...]] = [("published", "M/s", "rsb_shapes shape", "extra calls", "extra rets", "extra mispredicts",
+                                    "ns per extra mispredict (vs paired)")]
     for r in payload["rsb"]:
         rate = f"{r['mps_low']:g}" if r["mps_low"] == r["mps_high"] else f"{r['mps_low']:g}-{r['mps_high']:g}"
-        rows.append((r["label"], rate, r["shape"] or "-", *(str(r.get(k, "-")) for k in ("calls", "rets", "rsb_mispredicts"))))
+        per = r.get("ns_per_mispredict_vs_paired")
+        rows.append((r["label"], rate, r["shape"] or "-", *(str(r.get(k, "-")) for k in ("calls", "rets", "rsb_mispredicts")),
+                     f"{per:.2f}" if per is not None else "-"))
     return [f"## {pub.Source.RSB.value} (--rsb {RSB_DEPTH}, elf_samples/rsb_shapes)", "", table(rows), "",
             "Shapes are per run of a 4-level call chain; the kernel's chain above the traced function differs, so the",
             "mispredict counts are per shape, not per published call.", ""]
@@ -293,6 +304,17 @@ def _render_native(payload: dict[str, Any]) -> list[str]:
         now = f"; measured now {1e3 / got['measured_ns']:.3f} M/s" if got else ""
         out.append(f"- {f['source']}: {f['label']} ({f['workload']}) {f['published_mps']} M/s{now}.")
     return out + [""]
+
+
+def _render_predictions(payload: dict[str, Any]) -> list[str]:
+    cpus = list(payload["predictions"])
+    if not cpus or not payload["predictions"][cpus[0]]:
+        return []
+    rows: list[tuple[str, ...]] = [("design", "workload", *cpus)]
+    for i, p in enumerate(payload["predictions"][cpus[0]]):
+        cells = (payload["predictions"][c][i] for c in cpus)
+        rows.append((p["design"], p["workload"], *(f"{q['mps']:.3f}±{q['err_mps']:.3f}" for q in cells)))
+    return ["## Predicted native rates of the selected designs (M/s, 1 sigma)", "", table(rows), ""]
 
 
 def _render_costs(payload: dict[str, Any]) -> list[str]:

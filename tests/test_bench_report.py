@@ -69,6 +69,10 @@ def test_predict_lists_a_user_design_next_to_the_built_ins(outputs: dict[str, An
     assert {(r["design"], r["workload"]) for r in rows} == {
         (d, w) for d in ("jmp-slots", "slot-sysret") for w in ("uprobe-nop5", "usdt-nop5")}
     assert all(r["mps"] > 0 and r["err_mps"] > 0 for r in rows)
+    per_cpu = outputs["json"]["report"]["predictions"]
+    assert set(per_cpu) == {c.slug for c in pub.CPUS}  # --no-native: the published CPUs only
+    assert all({r["design"] for r in rs} == {"jmp-slots", "slot-sysret"} for rs in per_cpu.values())
+    assert "## Predicted native rates of the selected designs" in outputs["report"]
     user = next(r for r in rows if r["design"] == "slot-sysret")
     assert ["slot-sysret", "uprobe-nop5", f"{user['mps']:.3f}"] in [line.split()[:3] for line in outputs["stdout"].splitlines()]
 

@@ -86,7 +86,7 @@ def _model(args: argparse.Namespace) -> int:
     if args.report is not None:
         from emu.bench_report import build, render
 
-        payload["report"] = build(counts, src, native, reason)
+        payload["report"] = build(counts, src, native, reason, designs, workloads)
         _emit(args.report, render(payload["report"]))
     if args.predict:
         predictions = predict(src, args.predict, designs, workloads, counts)
