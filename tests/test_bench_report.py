@@ -34,6 +34,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "stdout": stdout.getvalue()}
 
 
+@pytest.mark.slow  # shares one fixture that counts every published configuration (~40 s)
 def test_the_report_holds_every_published_figure(outputs: dict[str, Any]) -> None:
     assert outputs["status"] == 0
     assert missing_figures(outputs["report"]) == []
@@ -42,12 +43,14 @@ def test_the_report_holds_every_published_figure(outputs: dict[str, Any]) -> Non
     assert {(c["cpu"], c["label"]) for c in data["changes"]} == {(c.cpu, c.label) for c in pub.CHANGES}
 
 
+@pytest.mark.slow  # shares one fixture that counts every published configuration (~40 s)
 def test_negative_control_a_dropped_figure_is_reported_missing(outputs: dict[str, Any]) -> None:
     text = "\n".join(line for line in outputs["report"].splitlines()
                      if not ("milan" in line and "usdt-nop5-fix " in line and "3.82" in line))
     assert missing_figures(text) == ["milan usdt-nop5-fix 3.82"]
 
 
+@pytest.mark.slow  # shares one fixture that counts every published configuration (~40 s)
 def test_counts_sit_beside_the_figures(outputs: dict[str, Any]) -> None:
     rows = {(f["cpu"], f["label"]): f for f in outputs["json"]["report"]["figures"]}
     base, fix = rows[("milan", "usdt-nop5-base")]["counts"], rows[("milan", "usdt-nop5-fix")]["counts"]
@@ -57,6 +60,7 @@ def test_counts_sit_beside_the_figures(outputs: dict[str, Any]) -> None:
     assert (cur["trap"], cur["syscall"]) == (2, 0) and (new["trap"], new["syscall"], new["iret"]) == (1, 1, 1)
 
 
+@pytest.mark.slow  # shares one fixture that counts every published configuration (~40 s)
 def test_the_report_says_what_the_model_cannot_explain(outputs: dict[str, Any]) -> None:
     data = outputs["json"]["report"]
     milan = [u for u in data["unexplained"] if u.startswith("milan nop5-change")]
@@ -64,6 +68,7 @@ def test_the_report_says_what_the_model_cannot_explain(outputs: dict[str, Any]) 
     assert "Not measured: not asked for (--no-native)" in outputs["report"]
 
 
+@pytest.mark.slow  # shares one fixture that counts every published configuration (~40 s)
 def test_predict_lists_a_user_design_next_to_the_built_ins(outputs: dict[str, Any]) -> None:
     rows = outputs["json"]["predictions"]["rows"]
     assert {(r["design"], r["workload"]) for r in rows} == {
