@@ -7,6 +7,7 @@ against the same workload run without probes.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Sequence
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emu.designs import known_designs
 from emu.disasm import cs64
 from emu.errors import UsageError
 from emu.guestio import GuestIO
@@ -49,14 +49,6 @@ def _workloads() -> dict[str, Workload]:
 
 WORKLOADS = _workloads()
 
-# Native figures from the seeds (M/s): the 6.18 "optimize uprobes" commit message (spec 7).
-PUBLISHED_618 = {
-    "uprobe-nop": 3.148, "uprobe-push": 2.976, "uprobe-ret": 1.068, "uprobe-nop5": 7.038,
-    "uretprobe-nop": 2.109, "uretprobe-push": 2.035, "uretprobe-ret": 0.908, "uretprobe-nop5": 3.377,
-    "syscall-count": 14.3,
-}
-
-
 @dataclass
 class Accounting:
     """Per-hit costs (deltas against the unprobed run of the same workload)."""
@@ -71,15 +63,21 @@ class Accounting:
     rets: float = 0.0
     copied: float = 0.0
     rsb_mispredicts: float = 0.0
+    single_steps: float = 0.0  # out-of-line steps: a second trap (#DB) each
+    uret_returns: float = 0.0  # returns through the uretprobe trampoline
+    mmap_locks: float = 0.0  # mmap_lock acquisitions the fake kernel makes on the hit's path
+
+    def values(self) -> tuple[float, ...]:
+        return (self.insns, self.kernel_page_insns, self.traps, self.syscalls, self.sysret, self.iret,
+                self.calls, self.rets, self.copied, self.rsb_mispredicts, self.single_steps, self.uret_returns,
+                self.mmap_locks)
 
     def row(self) -> tuple[str, ...]:
-        return tuple(f"{v:.2f}".rstrip("0").rstrip(".") for v in (
-            self.insns, self.kernel_page_insns, self.traps, self.syscalls, self.sysret, self.iret,
-            self.calls, self.rets, self.copied, self.rsb_mispredicts))
+        return tuple(f"{v:.2f}".rstrip("0").rstrip(".") for v in self.values())
 
 
 ACCOUNTING_HEADER = ("insns", "in-kernel-pages", "traps", "syscalls", "sysret", "iret", "calls", "rets", "bytes",
-                     "rsb-miss")
+                     "rsb-miss", "steps", "uret-returns", "mmap-locks")
 RSB_DEPTH = 16
 
 
@@ -105,7 +103,7 @@ class BenchResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"rates_mps": self.rates, "mean_mps": self.mean, "stdev_mps": self.stdev,
-                "accounting_per_hit": dict(zip(ACCOUNTING_HEADER, (float(x) for x in self.accounting.row()), strict=True))}
+                "accounting_per_hit": dict(zip(ACCOUNTING_HEADER, self.accounting.values(), strict=True))}
 
 
 class _Tally:
@@ -183,20 +181,40 @@ def measure(design: str, workload: Workload, duration_s: float, runs: int) -> Be
     return BenchResult(design, workload.name, rates, hits / iterations, account(design, workload))
 
 
+@dataclass(frozen=True, slots=True)
+class LoopTally:
+    """What a run of the loop executed: instructions, calls, rets, RSB mispredicts, syscalls of any kind."""
+
+    insns: int
+    calls: int
+    rets: int
+    mispredicted: int
+    syscalls: int
+
+
+@functools.cache
+def unprobed(trig: str, iterations: int) -> LoopTally:
+    """The loop without probes: it runs the same under every design (nothing is patched), so it is run once."""
+    m, _ = _machine("linux-6.18", Workload(trig, trig, None), iterations)
+    t = _Tally(m)
+    rsb = RsbModel(CallRetTracker(m), RSB_DEPTH)
+    m.run()
+    return LoopTally(t.insns, t.calls, t.rets, rsb.stats.mispredicted, sum(m.kernel.counts.values()))
+
+
 def account(design: str, workload: Workload, iterations: int = 200) -> Accounting:
     """Per-hit deltas: probed run minus the same workload unprobed (first, INT3-only hit excluded by
     differencing two probed runs of different lengths)."""
-    def tally(n: int, probed: bool) -> tuple[_Tally, Machine, int, RsbModel]:
-        wl = workload if probed else Workload(workload.name, workload.trig, None)
-        m, consumer = _machine(design, wl, n)
+    def tally(n: int) -> tuple[_Tally, Machine, int, RsbModel]:
+        m, consumer = _machine(design, workload, n)
         t = _Tally(m)
         rsb = RsbModel(CallRetTracker(m), RSB_DEPTH)
         m.run()
-        return t, m, _hits(wl, consumer, n), rsb
+        return t, m, _hits(workload, consumer, n), rsb
 
     short, long_ = iterations, iterations * 2
-    (a, ma, ha, ra), (b, mb, hb, rb) = tally(short, True), tally(long_, True)
-    (ua, _, _, ura), (ub, _, _, urb) = tally(short, False), tally(long_, False)
+    (a, ma, ha, ra), (b, mb, hb, rb) = tally(short), tally(long_)
+    ua, ub = unprobed(workload.trig, short), unprobed(workload.trig, long_)
     hits = max(hb - ha, 1)
 
     def per(x: float, y: float) -> float:
@@ -215,7 +233,10 @@ def account(design: str, workload: Workload, iterations: int = 200) -> Accountin
         calls=per(a.calls - ua.calls, b.calls - ub.calls),
         rets=per(a.rets - ua.rets, b.rets - ub.rets),
         copied=per(sa.copied, sb.copied),
-        rsb_mispredicts=per(ra.stats.mispredicted - ura.stats.mispredicted, rb.stats.mispredicted - urb.stats.mispredicted),
+        rsb_mispredicts=per(ra.stats.mispredicted - ua.mispredicted, rb.stats.mispredicted - ub.mispredicted),
+        single_steps=per(sa.xol_steps, sb.xol_steps),
+        uret_returns=per(sa.ret_hits, sb.ret_hits),
+        mmap_locks=per(sa.mmap_locks, sb.mmap_locks),
     )
 
 
@@ -243,56 +264,3 @@ def results_table(results: Sequence[BenchResult]) -> str:
     for r in results:
         rows.append((r.design, r.workload, f"{r.mean:.3f}±{r.stdev:.3f}", *r.accounting.row()))
     return table(rows)
-
-
-def report_markdown(results: Sequence[BenchResult]) -> str:
-    lines = ["# uprobe-emu bench report", "",
-             "Emulated rates measure the harness, not a CPU; the per-hit counts are exact and are what",
-             "explains native tables. Native figures: the Linux 6.18 nop5-optimization commit (spec 7).", ""]
-    designs = sorted({r.design for r in results}, key=list(known_designs()).index)
-    for design in designs:
-        lines += [f"## {design}", "", "| workload | emulated M/s | native 6.18 M/s | " + " | ".join(ACCOUNTING_HEADER) + " |",
-                  "|" + "---|" * (3 + len(ACCOUNTING_HEADER))]
-        for r in (r for r in results if r.design == design):
-            native = PUBLISHED_618.get(r.workload)
-            lines.append(f"| {r.workload} | {r.mean:.3f} | {native if native is not None else '-'} | "
-                         + " | ".join(r.accounting.row()) + " |")
-        lines.append("")
-    lines += _redzone_fix(results)
-    lines += _explanations(results)
-    return "\n".join(lines) + "\n"
-
-
-def _redzone_fix(results: Sequence[BenchResult]) -> list[str]:
-    """The red-zone fix's comparison: usdt-nop (INT3), nop5-base (6.18's call) and nop5-fix (jmp slots)."""
-    pick = {("linux-6.18", "usdt-nop"): "usdt-nop", ("linux-6.18", "uprobe-nop5"): "nop5-base",
-            ("jmp-slots", "uprobe-nop5"): "nop5-fix"}
-    rows = [(pick[(r.design, r.workload)], r) for r in results if (r.design, r.workload) in pick]
-    if len(rows) < 2:
-        return []
-    out = ["## The red-zone fix: usdt-nop, nop5-base, nop5-fix", "",
-           "| row | emulated M/s | traps | syscalls | sysret | iret | calls | rets | bytes copied |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for name, r in rows:
-        a = r.accounting
-        out.append(f"| {name} | {r.mean:.3f} | {a.traps:g} | {a.syscalls:g} | {a.sysret:g} | {a.iret:g} | "
-                   f"{a.calls:g} | {a.rets:g} | {a.copied:g} |")
-    out += ["", "The fix replaces the call/ret pair and the SYSRET of 6.18 by a jmp and an IRET: no return",
-            "address is pushed (nothing lands in the red zone) and fewer bytes are copied, but IRET is the slower",
-            "exit on most CPUs, which is what the native per-CPU table of the fix's thread measures (those native",
-            "figures are not in this project's reference material, so they are not reproduced here).", ""]
-    return out
-
-
-def _explanations(results: Sequence[BenchResult]) -> list[str]:
-    out = ["## What the counts say", ""]
-    for r in results:
-        a = r.accounting
-        if not a.traps and not a.syscalls:
-            continue
-        exit_kind = "IRET" if a.iret > a.sysret else "SYSRET" if a.sysret else "no syscall"
-        out.append(f"- {r.design} {r.workload}: {a.traps:g} trap(s), {a.syscalls:g} uprobe syscall(s) per hit "
-                   f"leaving by {exit_kind}; {a.kernel_page_insns:g} instructions in the kernel's pages; "
-                   f"{a.calls:g} extra call(s) and {a.rets:g} extra ret(s); {a.copied:g} bytes copied; "
-                   f"{a.rsb_mispredicts:g} extra return mispredict(s) ({RSB_DEPTH}-entry RSB model).")
-    return out + [""]

@@ -47,6 +47,7 @@ class NativeRun:
     returncode: int
     counts: tuple[int, ...]
     site_bytes: tuple[bytes, ...] = ()  # what was at each peeked file offset when the process exited
+    cpu_s: float = 0.0  # the process's user + system CPU time (wait4's rusage): probe handling is system time
 
 
 def available(kernel_release_prefix: str = "") -> bool:
@@ -138,7 +139,7 @@ def run_native(argv: Sequence[str], probes: Sequence[NativeProbe], env: dict[str
     try:
         with os.fdopen(in_w, "wb") as fh:
             fh.write(stdin)
-        status, sites = _wait(pid, argv[0], peek)
+        status, sites, cpu_s = _wait(pid, argv[0], peek)
         drainer.join(timeout)
         counts = tuple(struct.unpack("<Q", os.read(fd, 8))[0] for fd in fds)
     finally:
@@ -146,16 +147,17 @@ def run_native(argv: Sequence[str], probes: Sequence[NativeProbe], env: dict[str
             os.close(fd)
     out, err = drained.get("out", (b"", b""))
     returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    return NativeRun(out, err, returncode, counts, sites)
+    return NativeRun(out, err, returncode, counts, sites, cpu_s)
 
 
-def _wait(pid: int, exe: str, peek: Sequence[tuple[int, int]]) -> tuple[int, tuple[bytes, ...]]:
-    """Wait for the child; when traced, read the peeked bytes at its exit stop, forward other signals."""
+def _wait(pid: int, exe: str, peek: Sequence[tuple[int, int]]) -> tuple[int, tuple[bytes, ...], float]:
+    """Wait for the child; when traced, read the peeked bytes at its exit stop, forward other signals.
+    Returns the status, the peeked bytes and the child's CPU time."""
     sites: tuple[bytes, ...] = ()
     while True:
-        _, status = os.waitpid(pid, 0)
+        _, status, usage = os.wait4(pid, 0)
         if not os.WIFSTOPPED(status):
-            return status, sites
+            return status, sites, usage.ru_utime + usage.ru_stime
         sig, event = os.WSTOPSIG(status), status >> 16
         deliver = 0
         if sig == signal.SIGTRAP and event == PTRACE_EVENT_EXIT:

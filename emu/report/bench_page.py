@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from emu import published
 from emu.report import svg
 from emu.report.html import Page
 
@@ -15,24 +16,21 @@ if TYPE_CHECKING:
 
 EVENTS = (("traps", "traps"), ("syscalls", "syscalls"), ("sysret", "SYSRET"), ("iret", "IRET"), ("calls", "calls"),
           ("rets", "rets"), ("rsb_mispredicts", "RSB misses"))
-# The published native figures this page needs, from ../shared/notes/published-figures.md (kept here,
-# small, until the project has one module of published figures). The 6.18 optimization's commit
-# message (section 2; spec 7), M/s, as emu/bench.py's Markdown report uses them (the linux-6.18 design).
-PUBLISHED_618 = {
-    "uprobe-nop": 3.148, "uprobe-push": 2.976, "uprobe-ret": 1.068, "uprobe-nop5": 7.038,
-    "uretprobe-nop": 2.109, "uretprobe-push": 2.035, "uretprobe-ret": 0.908, "uretprobe-nop5": 3.377,
-    "syscall-count": 14.3,
-}
-# Section 3: the uretprobe syscall RFC on an i7-1165G7, M/s,
-# (current INT3 return trampoline, with the syscall): the int3 and uretprobe-rfc designs.
-PUBLISHED_RFC = {
-    "uprobe-nop": (2.797, 2.841), "uprobe-push": (2.580, 2.666), "uprobe-ret": (1.001, 1.037),
-    "uretprobe-nop": (1.373, 1.718), "uretprobe-push": (1.346, 1.658), "uretprobe-ret": (0.747, 0.853),
-}
-# Section 1: the red-zone fix, usdt workloads per CPU, M/s: (usdt-nop, usdt-nop5-base, usdt-nop5-fix),
-# that is INT3, the linux-6.18 call trampoline and the jmp-slots design.
-PUBLISHED_FIX = {"Skylake": (3.149, 6.422, 4.865), "Milan": (2.910, 3.443, 3.820),
-                 "Sapphire Rapids": (1.896, 4.023, 3.693), "Bergamo": (3.393, 3.895, 3.849)}
+
+
+def _rates(cpu: str) -> dict[str, float]:
+    return {f.label: f.mps for f in published.figures_of(cpu)}
+
+
+# The published native figures beside the counts (emu/published.py): the 6.18 commit's rates (the
+# linux-6.18 design), the uretprobe syscall RFC on an i7-1165G7 as (INT3 return, with the syscall)
+# (int3, uretprobe-rfc), and the red-zone fix's usdt table per CPU as (usdt-nop, nop5-base, nop5-fix)
+# (int3, linux-6.18, jmp-slots).
+PUBLISHED_618 = _rates("intel-6.18")
+PUBLISHED_RFC = {label.removesuffix(" (current)"): (mps, _rates("i7-1165g7")[label.replace("current", "syscall")])
+                 for label, mps in _rates("i7-1165g7").items() if label.endswith(" (current)") and label != "base (current)"}
+PUBLISHED_FIX = {c.name: tuple(_rates(c.slug)[k] for k in ("usdt-nop", "usdt-nop5-base", "usdt-nop5-fix"))
+                 for c in published.CPUS if c.slug in published.REDZONE_CPUS}
 
 
 def _probed(results: Sequence[BenchResult]) -> list[BenchResult]:

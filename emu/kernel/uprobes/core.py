@@ -93,6 +93,7 @@ class UprobeStats:
     exits: Counter[str] = field(default_factory=Counter)
     ret_hits: int = 0
     copied: int = 0  # bytes the kernel copied from or to user memory
+    mmap_locks: int = 0  # mmap_lock read acquisitions on a hit's path (see Uprobes.in_trampoline)
 
 
 class XolArea:
@@ -213,6 +214,13 @@ class Uprobes:
         (value,) = struct.unpack("<H", self.mem.read(probe.ref_ctr, 2))
         self.mem.write(probe.ref_ctr, struct.pack("<H", (value + delta) & 0xFFFF))
 
+    def in_trampoline(self, ip: int) -> bool:
+        """sys_uprobe's check that it was called from a trampoline (spec 2.1 step 1): a VMA lookup, counted
+        as one mmap_lock read acquisition, as the red-zone fix's thread describes the call-trampoline base
+        it compares with; a slot design's lookup by slot index is RCU-only and does not come here."""
+        self.stats.mmap_locks += 1
+        return self.sites.in_trampoline(ip)
+
     def is_optimized(self, probe: Uprobe) -> bool:
         return probe.can_optimize and self.sites.is_optimized(probe.vaddr)
 
@@ -221,6 +229,7 @@ class Uprobes:
         """#BP from user mode: True if a uprobe (or the INT3 uretprobe trampoline) owned it."""
         bp = self.cpu.read(Reg.RIP) - 1
         if self.xol is not None and bp == self.xol.vaddr and self.design.uretprobe.nr is None:
+            self.stats.traps += 1  # the INT3 return trampoline's #BP (spec 5.2) costs a trap like a probe's
             regs = regs_from_cpu(self.cpu)
             self.handle_trampoline(regs)
             regs_to_cpu(self.cpu, regs)

@@ -83,7 +83,9 @@ class FastPaths:
         if vaddr is None:
             vaddr = (struct.unpack_from("<Q", raw, 8 * len(handler.saved))[0] - self.branch_end) & U64
         if not self._counting_only(vaddr, self.path):
-            return False
+            return False  # the full path looks the trampoline up again, and counts that lookup
+        if not self.by_slot:
+            up.stats.mmap_locks += 1  # the lookup Uprobes.in_trampoline counts on the full path
         if handler.exit == "trampoline":
             up.stats.copied += 16 * words  # the words are read and written back unchanged
             up.stats.exits["sysret"] += 1

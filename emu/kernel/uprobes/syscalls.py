@@ -64,7 +64,7 @@ def _locate(up: Uprobes, regs: PtRegs, handler: Handler) -> tuple[int, list[int]
     None if the call came from anywhere but a trampoline or slot."""
     by_slot = handler.probe_from == "slot"
     vaddr = up.sites.probe_of_slot(regs.ip) if by_slot else None
-    if vaddr is None if by_slot else not up.sites.in_trampoline(regs.ip):
+    if vaddr is None if by_slot else not up.in_trampoline(regs.ip):
         return None
     words = _read_words(up, regs, regs.sp + handler.saved_offset, len(handler.saved) + (0 if by_slot else 1))
     if vaddr is not None:
