@@ -580,6 +580,20 @@ def instructions_run(codes: Sequence[bytes]) -> list[bool]:
     return results
 
 
+def unicorn_cpuid(queries: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """What Unicorn's own CPU model answers to each (eax, ecx), with no CPUID hook in the way."""
+    cpu = Cpu()
+    cpu.mem_map(_PROBE_CODE, PAGE_SIZE, Prot.READ | Prot.EXEC)
+    cpu.mem_write(_PROBE_CODE, b"\x0f\xa2")  # cpuid
+    answers = []
+    for leaf, subleaf in queries:
+        cpu.write(Reg.RAX, leaf)
+        cpu.write(Reg.RCX, subleaf)
+        cpu.run(_PROBE_CODE, count=1)
+        answers.append((cpu.read(Reg.RAX), cpu.read(Reg.RBX), cpu.read(Reg.RCX), cpu.read(Reg.RDX)))
+    return answers
+
+
 def _reason(errno: int) -> StopReason:
     if errno == unicorn.UC_ERR_INSN_INVALID:
         return StopReason.INVALID_INSN

@@ -16,8 +16,8 @@ tests/test_cpu_model.py runs each on a scratch Unicorn, and ``run --cpu-info`` d
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 
 MAX_CPUS = 256  # NR_CPUS of the modelled kernel: /sys/devices/system/cpu/kernel_max says 255
 DEFAULT_CPUS = 1  # the emulator runs every thread of a process on one CPU, in turn (kernel/sched.py)
@@ -172,6 +172,7 @@ class CpuModel:
     """The emulated CPU, ``cpus`` of them."""
 
     cpus: int = DEFAULT_CPUS
+    leaves: Mapping[tuple[int, int], tuple[int, int, int, int]] = field(default_factory=lambda: LEAVES, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.cpus <= MAX_CPUS:
@@ -181,14 +182,14 @@ class CpuModel:
         """What the CPUID instruction returns (as an Intel CPU does past the maximum leaves: the
         highest basic leaf's answer)."""
         leaf &= 0xFFFFFFFF
-        basic_max, ext_max = LEAVES[(0, 0)][0], LEAVES[(0x80000000, 0)][0]
+        basic_max, ext_max = self.leaves[(0, 0)][0], self.leaves[(0x80000000, 0)][0]
         if 0x40000000 <= leaf < 0x80000000 and leaf > basic_max:
             return (0, 0, 0, 0) if leaf < 0x50000000 else self.cpuid(basic_max, subleaf)
         if basic_max < leaf < 0x40000000 or leaf > ext_max:
             leaf = basic_max
         if leaf not in (0x4, 0x7, 0xB, 0xD):
             subleaf = 0  # leaves without subleaves ignore ecx
-        eax, ebx, ecx, edx = LEAVES.get((leaf, subleaf & 0xFFFFFFFF), (0, 0, 0, 0))
+        eax, ebx, ecx, edx = self.leaves.get((leaf, subleaf & 0xFFFFFFFF), (0, 0, 0, 0))
         if leaf == 1:
             # ebx 23:16: addressable logical processors; ht (edx 28) says that field is meaningful
             ebx = (ebx & 0xFF00FFFF) | (min(self.cpus, 255) << 16 if self.cpus > 1 else 0)
@@ -263,3 +264,21 @@ class CpuModel:
 
     def affinity_mask(self) -> int:
         return (1 << self.cpus) - 1
+
+    def affinity_hex(self) -> str:
+        """The mask as /proc/<pid>/status prints it (``%*pb`` over nr_cpu_ids bits): hex, 32 bits a group."""
+        digits = f"{self.affinity_mask():0{(self.cpus + 3) // 4}x}"
+        groups: list[str] = []
+        while digits:
+            groups.insert(0, digits[-8:])
+            digits = digits[:-8]
+        return ",".join(groups)
+
+
+def advertised_unrunnable(model: CpuModel) -> list[str]:
+    """The features ``model`` advertises whose probe instruction Unicorn does not run (should be none)."""
+    from emu.cpu import instructions_run
+
+    probed = [f for f in model.features() if f.probe is not None]
+    runs = instructions_run([f.probe for f in probed if f.probe is not None])
+    return [f.name for f, ok in zip(probed, runs, strict=True) if not ok]

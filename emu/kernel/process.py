@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from emu.abi import Prot
 from emu.cpu import Reg
+from emu.cpumodel import MAX_CPUS
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestExit
 
@@ -20,6 +21,7 @@ ARCH_SET_GS, ARCH_SET_FS, ARCH_GET_FS, ARCH_GET_GS = 0x1001, 0x1002, 0x1003, 0x1
 CLOCK_IDS = range(0, 12)
 RSEQ_SIG_MIN_LEN = 32
 RLIM_INFINITY = (1 << 64) - 1
+CPUMASK_SIZE = MAX_CPUS // 8  # bytes of a cpumask with NR_CPUS bits (Linux 6.18 here answers 32)
 SYSINFO_FORMAT = "<q3Q6QHH4xQQI"  # uptime loads[3] totalram..freeswap procs pad (pad) totalhigh freehigh mem_unit
 SYSINFO_SIZE = 112
 SYSINFO_TOTALRAM = 4 << 30
@@ -222,10 +224,12 @@ def sys_clock_nanosleep(k: Kernel, clock: int, flags: int, req: int, rem: int, *
 def sys_sched_getaffinity(k: Kernel, pid: int, size: int, mask: int, *_: int) -> int:
     if pid not in (0, k.ident.pid):
         raise SyscallError(errno.ESRCH)
-    if size < 8 or size % 8:
+    cpus = k.cpu_model.cpus
+    if size * 8 < cpus or size % 8:
         raise SyscallError(errno.EINVAL)
-    k.mem.write_user(mask, struct.pack("<Q", 1))  # one CPU: the emulated one
-    return 8
+    written = min(size, CPUMASK_SIZE)  # the kernel copies cpumask_size() bytes at most, and says how many
+    k.mem.write_user(mask, k.cpu_model.affinity_mask().to_bytes(written, "little"))
+    return written
 
 
 def sys_sched_yield(k: Kernel, *_: int) -> int:
