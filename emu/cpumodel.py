@@ -282,3 +282,23 @@ def advertised_unrunnable(model: CpuModel) -> list[str]:
     probed = [f for f in model.features() if f.probe is not None]
     runs = instructions_run([f.probe for f in probed if f.probe is not None])
     return [f.name for f, ok in zip(probed, runs, strict=True) if not ok]
+
+
+def host_flags(cpuinfo: str) -> list[str]:
+    """The flags of the first CPU in a /proc/cpuinfo text."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return value.split()
+    return []
+
+
+def feature_rows(model: CpuModel, runs: dict[str, bool], host: list[str]) -> list[tuple[str, str, str, str]]:
+    """One row a known feature: name, in the emulated CPUID, runs under Unicorn (probe), on the host."""
+    shown = set(host)
+    rows = [("feature", "emulated", "runs here", "host")]
+    for feature in FEATURES:
+        run = "-" if feature.probe is None else "yes" if runs.get(feature.name) else "no"
+        on_host = "yes" if feature.name in shown else "no" if feature.shown else "-"
+        rows.append((feature.name, "yes" if model.has(feature) else "no", run, on_host))
+    return rows

@@ -151,3 +151,32 @@ def test_status_tells_the_affinity() -> None:
     out = run_emulated(["/bin/grep", "Cpus_allowed", "/proc/self/status"], cpus=40).out
     assert out == b"Cpus_allowed:\tff,ffffffff\nCpus_allowed_list:\t0-39\n"
     assert CpuModel(1).affinity_hex() == "1" and CpuModel(2).affinity_hex() == "3"
+
+
+def _advertised_but_not_running(rows: list[tuple[str, ...]]) -> list[str]:
+    return [row[0] for row in rows[1:] if row[1] == "yes" and row[2] == "no"]
+
+
+def test_cpu_info_lists_the_model_next_to_the_host() -> None:
+    proc = subprocess.run([sys.executable, "-m", "emu", "run", "--cpus", "2", "--cpu-info"], capture_output=True,
+                          text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith(f"emulated: {CpuModel().model_name} (GenuineIntel, family 6 model 60), 2 CPUs")
+    assert f"AT_HWCAP {CpuModel(2).hwcap:#x}" in lines[2]
+    rows = [tuple(line.split()) for line in lines[3:] if len(line.split()) == 4]
+    table = {row[0]: row[1:] for row in rows}
+    assert table["sse4_2"][:2] == ("yes", "yes") and table["avx"][:2] == ("no", "no")
+    assert len(rows) == len(FEATURES)
+    assert _advertised_but_not_running([("feature", "emulated", "runs here", "host"), *rows]) == []
+
+
+def test_cpu_info_rows_would_show_an_unrunnable_feature() -> None:
+    from emu.cpumodel import feature_rows
+
+    leaves = dict(LEAVES)
+    eax, ebx, ecx, edx = leaves[(7, 0)]
+    leaves[(7, 0)] = (eax, ebx | 1 << BY_NAME["avx2"].bit, ecx, edx)
+    runs = {f.name: f.name != "avx2" for f in FEATURES}
+    rows = feature_rows(CpuModel(leaves=leaves), runs, [])
+    assert _advertised_but_not_running(rows) == ["avx2"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from emu.commands.common import add_binary, guest_env
+from emu.commands.common import PROG, add_binary, guest_env, stderr_line
 
 NAME = "diff"
 HELP = "run natively with the host kernel's uprobes and emulated (linux-6.18); print agreement or the first difference"
@@ -23,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from emu.diff import run_diff  # heavy: only when run
 
     report = run_diff(args.binary, [args.binary, *args.args], args.probe, guest_env(args), args.kernel)
+    warn_ifunc_probes(args)
     difference = report.first_difference()
     counts = ", ".join(f"{s}={n}" for s, n in zip(report.specs, report.hits, strict=True))
     if difference is None:
@@ -32,3 +33,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"differ: {difference}")
     return EXIT_DIFFERENT
+
+
+def warn_ifunc_probes(args: argparse.Namespace) -> None:
+    """A probe in an ifunc variant: the emulated CPU may make glibc call another one (emu/ifunc.py)."""
+    if not args.probe:
+        return
+    from emu.ifunc import ifunc_probes
+
+    for found in ifunc_probes(args.binary, [args.binary, *args.args], guest_env(args), args.probe):
+        stderr_line(f"{PROG}: {found.line()}")
