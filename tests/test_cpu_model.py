@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,7 +20,9 @@ from emu.cpumodel import (
     R,
     advertised_unrunnable,
 )
-from tests.conftest import REPO, run_emulated, run_native, sample
+from emu.diff import run_diff
+from emu.native import available as native_available
+from tests.conftest import DEFAULT_ENV, REPO, run_emulated, run_native, sample
 
 CPU_STATE = sample("cpu_state")
 
@@ -180,3 +183,11 @@ def test_cpu_info_rows_would_show_an_unrunnable_feature() -> None:
     runs = {f.name: f.name != "avx2" for f in FEATURES}
     rows = feature_rows(CpuModel(leaves=leaves), runs, [])
     assert _advertised_but_not_running(rows) == ["avx2"]
+
+
+@pytest.mark.skipif(not native_available("6.18"), reason="needs root, Linux 6.18 and the uprobe PMU")
+def test_diff_with_the_hosts_cpu_count_agrees_on_nproc() -> None:
+    host = len(os.sched_getaffinity(0))
+    assert run_diff("/usr/bin/nproc", ["nproc"], [], DEFAULT_ENV, cpus=host).first_difference() is None
+    other = run_diff("/usr/bin/nproc", ["nproc"], [], DEFAULT_ENV, cpus=host + 1).first_difference()
+    assert other == f"stdout line 1: native b'{host}', emulated b'{host + 1}'"
