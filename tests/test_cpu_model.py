@@ -191,3 +191,8 @@ def test_diff_with_the_hosts_cpu_count_agrees_on_nproc() -> None:
     assert run_diff("/usr/bin/nproc", ["nproc"], [], DEFAULT_ENV, cpus=host).first_difference() is None
     other = run_diff("/usr/bin/nproc", ["nproc"], [], DEFAULT_ENV, cpus=host + 1).first_difference()
     assert other == f"stdout line 1: native b'{host}', emulated b'{host + 1}'"
+
+
+def test_proc_stat_has_a_line_a_cpu() -> None:
+    out = run_emulated(["/bin/grep", "-c", "^cpu[0-9]", "/proc/stat"], cpus=5).out
+    assert out == b"5\n"

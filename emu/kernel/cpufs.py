@@ -1,4 +1,4 @@
-"""/proc/cpuinfo and /sys/devices/system/cpu, made up from the emulated CPU model (cpumodel.py).
+"""/proc/cpuinfo, /proc/stat and /sys/devices/system/cpu, made up from the emulated CPU model (cpumodel.py).
 
 Served whatever the root, as the host's would describe another CPU: glibc's get_nprocs() and
 sysconf(_SC_NPROCESSORS_ONLN/CONF) read /sys/devices/system/cpu/{online,possible} (Python's
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
 
 CPUINFO = "/proc/cpuinfo"
+STAT = "/proc/stat"
 CPU_DIR = "/sys/devices/system/cpu"
 _CPU_N = re.compile(rf"^{CPU_DIR}/cpu(0|[1-9][0-9]*)(/online)?$")
 DT_DIR, DT_REG = DT_TYPES[stat.S_IFDIR], DT_TYPES[stat.S_IFREG]
@@ -38,6 +39,16 @@ def _files(k: Kernel) -> dict[str, bytes]:
     }
 
 
+def _stat(k: Kernel) -> str:
+    """/proc/stat with one line a CPU (glibc's get_nprocs falls back to counting them): no time spent
+    anywhere yet, booted when the virtual clock starts."""
+    idle = " 0" * 10
+    lines = [f"cpu {idle}"] + [f"cpu{n}{idle}" for n in range(k.cpu_model.cpus)]
+    lines += ["intr 0", "ctxt 0", f"btime {k.config.realtime_start_ns // 10**9}", "processes 1", "procs_running 1",
+              "procs_blocked 0", "softirq" + " 0" * 11]
+    return "\n".join(lines) + "\n"
+
+
 def _cpu(k: Kernel, path: str) -> tuple[int, bool] | None:
     """(n, asks for its online file) for /sys/devices/system/cpu/cpuN[/online] of an existing CPU."""
     match = _CPU_N.match(path)
@@ -50,12 +61,14 @@ def _cpu(k: Kernel, path: str) -> tuple[int, bool] | None:
 
 def serves(k: Kernel, path: str) -> bool:
     norm = posixpath.normpath(path)
-    return norm in (CPUINFO, CPU_DIR) or norm.startswith(CPU_DIR + "/")
+    return norm in (CPUINFO, STAT, CPU_DIR) or norm.startswith(CPU_DIR + "/")
 
 
 def _content(k: Kernel, guest: str) -> bytes | None:
     if guest == CPUINFO:
         return k.cpu_model.cpuinfo().encode()
+    if guest == STAT:
+        return _stat(k).encode()
     if guest.startswith(CPU_DIR + "/") and "/" not in guest[len(CPU_DIR) + 1:]:
         return _files(k).get(guest[len(CPU_DIR) + 1:])
     cpu = _cpu(k, guest)
@@ -88,7 +101,7 @@ def stat_of(k: Kernel, guest: str) -> StatInfo | None:
     if content is None:
         raise SyscallError(errno.ENOENT)
     # sysfs files say 4096 bytes whatever they hold; procfs files say 0
-    return synthetic_stat(stat.S_IFREG | 0o444, 0 if guest == CPUINFO else abi.PAGE_SIZE)
+    return synthetic_stat(stat.S_IFREG | 0o444, 0 if guest.startswith("/proc/") else abi.PAGE_SIZE)
 
 
 def open_file(k: Kernel, guest: str, flags: int) -> OpenFile | None:
