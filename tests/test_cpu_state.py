@@ -100,3 +100,14 @@ def test_sigreturn_without_xsave_magic_loads_the_legacy_area_only() -> None:
     struct.pack_into("<I", block, fpu.SW_BYTES_OFFSET, 0)  # no magic1: FXRSTOR of the 512 bytes, header ignored
     legacy = fpu.parse(bytes(block))
     assert legacy is not None and legacy[160 + 32] == 0x55
+
+
+def test_sigfpe_code_names_the_unmasked_pending_exception() -> None:
+    cpu = Cpu()
+    assert fpu.exception_code(cpu, 16) == 0 and fpu.exception_code(cpu, 19) == 0  # nothing pending: spurious
+    cpu.write(Reg.FPSW, 0x4)  # zero divide pending, masked by the init control word
+    assert fpu.exception_code(cpu, 16) == 0
+    cpu.write(Reg.FPCW, EXEC_FCW & ~0x4)
+    assert fpu.exception_code(cpu, 16) == fpu.FPE_FLTDIV
+    cpu.write(Reg.MXCSR, (EXEC_MXCSR & ~0x400) | 0x8)  # overflow pending and unmasked
+    assert fpu.exception_code(cpu, 19) == fpu.FPE_FLTOVF
