@@ -4,13 +4,14 @@ glibc picks memcpy, strlen and their kin once, at start-up, from CPUID: each IRE
 relocation names a GOT slot and the resolver whose answer goes there. The emulated CPU is not
 the host's (cpumodel.py), so the two runs of one static binary may call different variants,
 and a probe on one variant is hit in one run and not in the other. This module reads the
-slots in both processes when they reach ``main`` (the relocations are applied by then): the
-emulated one under a probe on main, the native one under ptrace with an int3 on main.
+slots of the executable and of each probed library in both processes once they are filled (at
+``main`` in a static binary, at the entry of a dynamic one): the emulated process under a probe
+there, the native one under ptrace with an int3 there.
 
 A probe is reported when its function is a variant: the target of a slot in either run, or a
 function named ``__<ifunc>_<suffix>`` (glibc's naming), so variants neither run picks count too.
-Only the executable's own relocations are read (static binaries); a dynamic executable's libc
-picks inside libc.so, which ``diff`` does not probe.
+In a file without a symbol table (Debian's libc.so.6) variants have no names: a probe there is
+reported only at a variant's first byte, and the variants are named by address.
 """
 
 from __future__ import annotations
@@ -23,14 +24,18 @@ import signal
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from emu.errors import EmuError, UsageError
+from emu.errors import UsageError
+
+if TYPE_CHECKING:
+    from emu.elf import LoadPlan
 
 R_X86_64_IRELATIVE = 37
 PTRACE_TRACEME, PTRACE_CONT = 0, 7
 
 
-Choices = dict[str, tuple[str, ...]]  # ifunc name -> the names of the variant its slot points to
+Choices = dict[str, tuple[str, ...]]  # ifunc name -> the names of the variant its slot points to (or its address)
 
 
 class _AtMain(Exception):
@@ -54,6 +59,8 @@ class Symbols:
     slots: tuple[Slot, ...]
     is_dyn: bool
     first_vaddr: int
+    entry: int
+    dynamic: bool  # has an interpreter (ld.so relocates it before its entry)
 
     @classmethod
     def read(cls, path: str) -> Symbols:
@@ -89,8 +96,9 @@ class Symbols:
                         slots.append(Slot(rel["r_offset"], addend, resolvers.get(addend, f"{addend:#x}")))
         ordered = tuple(sorted(functions.values()))
         loads = [seg["p_vaddr"] for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD"]
+        interp = any(seg["p_type"] == "PT_INTERP" for seg in elf.iter_segments())
         return cls(tuple(f[0] for f in ordered), ordered, addresses, tuple(slots), elf["e_type"] == "ET_DYN",
-                   min(loads) & ~0xFFF if loads else 0)
+                   min(loads) & ~0xFFF if loads else 0, elf["e_entry"], interp)
 
     def function_at(self, vaddr: int) -> tuple[str, ...]:
         """Every name of the function holding ``vaddr`` (none outside functions)."""
@@ -127,40 +135,65 @@ def _targets(symbols: Symbols, words: dict[int, int], bias: int) -> Choices:
     out: Choices = {}
     for slot in symbols.slots:
         target = words.get(slot.got)
-        names = symbols.function_at(target - bias) if target is not None else ()
-        if names:
-            out.setdefault(slot.ifunc, names)
+        if target is not None:  # a stripped file (Debian's libc.so.6) names it by address
+            out.setdefault(slot.ifunc, symbols.function_at(target - bias) or (f"{target - bias:#x}",))
     return out
 
 
-def emulated_choices(path: str, argv: Sequence[str], env: dict[str, str], symbols: Symbols) -> Choices | None:
-    """The variants the emulated process's resolvers chose, read when it reaches main (None: it did not)."""
+def _stop_at(exe: Symbols) -> int | None:
+    """Where the slots are filled (link-time address): a static binary's libc applies its IRELATIVE
+    relocations in __libc_start_main, before main; ld.so relocates every library before the entry."""
+    return exe.entry if exe.dynamic else exe.addresses.get("main")
+
+
+def emulated_choices(exe: str, argv: Sequence[str], env: dict[str, str],
+                     files: dict[str, Symbols]) -> dict[str, Choices] | None:
+    """Per file (host path): the variants the emulated process's resolvers chose, read where
+    :func:`_stop_at` says (None: the run never got there)."""
     from emu.guestio import GuestIO
     from emu.kernel.uprobes.consumers import Consumer, Hit
+    from emu.libprobes import library_bias
     from emu.machine import Machine
 
-    if "main" not in symbols.addresses:
+    stop_at = _stop_at(files[exe])
+    if stop_at is None:
         return None
 
     def stop(_hit: Hit) -> int:
         raise _AtMain
 
-    machine = Machine(path, list(argv), env, io=GuestIO.captured())
-    machine.attach("uprobe:main", Consumer(handler=stop))
+    machine = Machine(exe, list(argv), env, io=GuestIO.captured())
+    machine.attach(f"uprobe:{stop_at + machine.exe.bias:#x}", Consumer(handler=stop))
     try:
         machine.run()
     except _AtMain:
-        bias = machine.exe.bias
-        words = {s.got: struct.unpack("<Q", machine.mem.read(s.got + bias, 8))[0] for s in symbols.slots}
-        return _targets(symbols, words, bias)
+        out = {}
+        for path, symbols in files.items():
+            bias = machine.exe.bias if path == exe else None
+            if bias is None:
+                st = os.stat(path)
+                ident = ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino)
+                vma = next((v for v in machine.mem if (v.dev, v.inode) == ident), None)
+                bias = library_bias(_plan(path), vma) if vma is not None else None
+            if bias is not None:
+                words = {s.got: struct.unpack("<Q", machine.mem.read(s.got + bias, 8))[0] for s in symbols.slots}
+                out[path] = _targets(symbols, words, bias)
+        return out
     return None
 
 
-def host_choices(path: str, argv: Sequence[str], env: dict[str, str], symbols: Symbols) -> Choices | None:
-    """The variants the host's resolvers chose: the program runs natively under ptrace up to an int3 on
-    main (its output to /dev/null), its GOT slots are read from /proc/<pid>/mem, then it is killed."""
-    main = symbols.addresses.get("main")
-    if main is None:
+def _plan(path: str) -> LoadPlan:
+    from emu.elf import load_plan
+
+    return load_plan(path)
+
+
+def host_choices(exe: str, argv: Sequence[str], env: dict[str, str],
+                 files: dict[str, Symbols]) -> dict[str, Choices] | None:
+    """As emulated_choices, for the host: the program runs natively under ptrace up to an int3 at the
+    same place (its output to /dev/null), the slots are read from /proc/<pid>/mem, then it is killed."""
+    stop_at = _stop_at(files[exe])
+    if stop_at is None:
         return None
     libc = ctypes.CDLL(None, use_errno=True)
     libc.ptrace.restype = ctypes.c_long
@@ -172,11 +205,11 @@ def host_choices(path: str, argv: Sequence[str], env: dict[str, str], symbols: S
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
             libc.ptrace(PTRACE_TRACEME, 0, None, None)
-            os.execve(path, list(argv), env)
+            os.execve(exe, list(argv), env)
         finally:
             os._exit(127)
     try:
-        return _read_at_main(libc, pid, path, main, symbols)
+        return _read_when_stopped(libc, pid, exe, stop_at, files)
     finally:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -185,37 +218,48 @@ def host_choices(path: str, argv: Sequence[str], env: dict[str, str], symbols: S
             pass
 
 
-def _read_at_main(libc: ctypes.CDLL, pid: int, path: str, main: int, symbols: Symbols) -> Choices | None:
+def _read_when_stopped(libc: ctypes.CDLL, pid: int, exe: str, stop_at: int,
+                       files: dict[str, Symbols]) -> dict[str, Choices] | None:
     _, status = os.waitpid(pid, 0)
     if not os.WIFSTOPPED(status):
         return None  # the exec failed
-    bias = _bias(pid, path, symbols) if symbols.is_dyn else 0
+    exe_bias = _bias(pid, exe, files[exe]) if files[exe].is_dyn else 0
+    if exe_bias is None:
+        return None
+    where = stop_at + exe_bias
     with open(f"/proc/{pid}/mem", "r+b", buffering=0) as mem:
-        mem.seek(main + bias)
+        mem.seek(where)
         original = mem.read(1)
-        mem.seek(main + bias)
+        mem.seek(where)
         mem.write(b"\xcc")
         libc.ptrace(PTRACE_CONT, pid, None, None)
         _, status = os.waitpid(pid, 0)
         if not (os.WIFSTOPPED(status) and os.WSTOPSIG(status) == signal.SIGTRAP):
             return None
-        words = {}
-        for slot in symbols.slots:
-            mem.seek(slot.got + bias)
-            words[slot.got] = struct.unpack("<Q", mem.read(8))[0]
-        mem.seek(main + bias)
+        out = {}
+        for path, symbols in files.items():
+            bias = _bias(pid, path, symbols) if symbols.is_dyn else 0
+            if bias is None:
+                continue
+            words = {}
+            for slot in symbols.slots:
+                mem.seek(slot.got + bias)
+                words[slot.got] = struct.unpack("<Q", mem.read(8))[0]
+            out[path] = _targets(symbols, words, bias)
+        mem.seek(where)
         mem.write(original)
-    return _targets(symbols, words, bias)
+    return out
 
 
-def _bias(pid: int, path: str, symbols: Symbols) -> int:
+def _bias(pid: int, path: str, symbols: Symbols) -> int | None:
+    """Load bias of ``path`` in the traced process, from its mapping of file offset 0 (None: not mapped)."""
     real = os.path.realpath(path)
     with open(f"/proc/{pid}/maps") as fh:
         for line in fh:
             fields = line.split()
-            if len(fields) >= 6 and fields[5] == real:
+            if len(fields) >= 6 and fields[5] == real and int(fields[2], 16) == 0:
                 return int(fields[0].split("-")[0], 16) - symbols.first_vaddr
-    raise EmuError(f"{path}: not mapped in the traced process")
+    return None
 
 
 def variant_family(symbols: Symbols, names: Sequence[str], targets: Sequence[Choices]) -> str | None:
@@ -236,35 +280,49 @@ def variant_family(symbols: Symbols, names: Sequence[str], targets: Sequence[Cho
 
 
 def ifunc_probes(path: str, argv: Sequence[str], env: dict[str, str], specs: Sequence[str]) -> list[IfuncProbe]:
-    """The probes among ``specs`` (symbols or addresses in the executable) that sit in an ifunc variant."""
+    """The probes among ``specs`` (by symbol or address, in the executable or a library) that sit in an
+    ifunc variant, with the variant each run picks."""
     from emu.probes import ProbeKind, parse_spec
 
-    try:
-        symbols = Symbols.read(path)
-    except (OSError, Exception) as exc:  # pyelftools raises many kinds on a corrupt file
-        raise UsageError(f"cannot read the symbols of {path}: {exc}") from None
-    if not symbols.slots:
-        return []
-    places: list[tuple[str, tuple[str, ...]]] = []
+    exe = os.path.realpath(path)
+    files = {exe: _symbols(exe)}
+    places: list[tuple[str, str, tuple[str, ...]]] = []  # spec, file, names of its function
     for text in specs:
         spec = parse_spec(text)
-        if spec.path is not None or spec.kind is ProbeKind.USDT:
+        if spec.kind is ProbeKind.USDT:
             continue
+        where = exe if spec.path is None else os.path.realpath(spec.path)
+        if where not in files:
+            if not os.path.isfile(where):
+                continue  # the command reports a missing library itself
+            files[where] = _symbols(where)
+        symbols = files[where]
         vaddr = spec.address if spec.address is not None else symbols.addresses.get(spec.symbol or "")
-        names = symbols.function_at(vaddr + spec.offset) if vaddr is not None else ()
+        if vaddr is None or not symbols.slots:
+            continue
+        names = symbols.function_at(vaddr + spec.offset) or (f"{vaddr + spec.offset:#x}",)
         if names:
             own = [n for n in names if n == spec.symbol]
-            places.append((text, (*own, *(n for n in names if n != spec.symbol))))
+            places.append((text, where, (*own, *(n for n in names if n != spec.symbol))))
     if not places:
         return []
-    emulated = emulated_choices(path, argv, env, symbols)
-    host = host_choices(path, argv, env, symbols)
+    emulated = emulated_choices(exe, argv, env, files) or {}
+    host = host_choices(exe, argv, env, files) or {}
     found = []
-    for text, names in places:
-        ifunc = variant_family(symbols, names, [t for t in (emulated, host) if t is not None])
+    for text, where, names in places:
+        picks = [chosen[where] for chosen in (emulated, host) if where in chosen]
+        ifunc = variant_family(files[where], names, picks)
         if ifunc is not None:
-            found.append(IfuncProbe(text, _named(names, ifunc), ifunc, _choice(emulated, ifunc), _choice(host, ifunc)))
+            found.append(IfuncProbe(text, _named(names, ifunc), ifunc, _choice(emulated.get(where), ifunc),
+                                    _choice(host.get(where), ifunc)))
     return found
+
+
+def _symbols(path: str) -> Symbols:
+    try:
+        return Symbols.read(path)
+    except Exception as exc:  # pyelftools raises many kinds on a corrupt file
+        raise UsageError(f"cannot read the symbols of {path}: {exc}") from None
 
 
 def _choice(chosen: Choices | None, ifunc: str) -> str | None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from emu.diff import run_diff
-from emu.ifunc import IfuncProbe, Symbols, ifunc_probes, variant_family
+from emu.ifunc import IfuncProbe, Symbols, emulated_choices, host_choices, ifunc_probes, variant_family
 from emu.native import available as native_available
 from tests.conftest import DEFAULT_ENV, REPO, sample
 
@@ -54,3 +55,23 @@ def test_diff_warns_on_stderr() -> None:
                           capture_output=True, text=True, cwd=REPO)
     assert "warning: uprobe:__strlen_avx2 is in __strlen_avx2, a variant of the ifunc strlen" in proc.stderr
     assert proc.returncode == 1 and proc.stdout.startswith("differ: ")
+
+
+LIBC = os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")
+
+
+@pytest.mark.skipif(not os.path.isfile(LIBC), reason=f"{LIBC} absent")
+def test_a_stripped_libc_names_its_variants_by_address() -> None:
+    """A dynamic executable: both runs stop at its entry (ld.so has run libc's resolvers by then)."""
+    exe = os.path.realpath(sample("hello_dynamic"))
+    files = {exe: Symbols.read(exe), LIBC: Symbols.read(LIBC)}
+    emulated = emulated_choices(exe, [exe], DEFAULT_ENV, files)
+    host = host_choices(exe, [exe], DEFAULT_ENV, files)
+    assert emulated is not None and host is not None
+    pick = emulated[LIBC]["strlen"][0]
+    assert pick.startswith("0x")
+    with open("/proc/cpuinfo") as fh:
+        if " avx2" in fh.read():  # the emulated CPU has no AVX2: glibc must pick another strlen
+            assert host[LIBC]["strlen"] != emulated[LIBC]["strlen"]
+    found = ifunc_probes(exe, [exe], DEFAULT_ENV, [f"uprobe:{LIBC}:{pick}", f"uprobe:{LIBC}:0x1234"])
+    assert [(p.ifunc, p.emulated, p.host) for p in found] == [("strlen", pick, host[LIBC]["strlen"][0])]
