@@ -4,8 +4,9 @@ glibc picks memcpy, strlen and their kin once, at start-up, from CPUID: each IRE
 relocation names a GOT slot and the resolver whose answer goes there. The emulated CPU is not
 the host's (cpumodel.py), so the two runs of one static binary may call different variants,
 and a probe on one variant is hit in one run and not in the other. This module reads the
-slots of the executable and of each probed library in both processes once they are filled (at
-``main`` in a static binary, at the entry of a dynamic one): the emulated process under a probe
+slots of the executable and of each probed library in both processes once they are filled and
+before the program's own code runs (at __libc_setup_tls in a static binary, at the entry of a
+dynamic one): the emulated process under a probe
 there, the native one under ptrace with an int3 there.
 
 A probe is reported when its function is a variant: the target of a slot in either run, or a
@@ -141,9 +142,12 @@ def _targets(symbols: Symbols, words: dict[int, int], bias: int) -> Choices:
 
 
 def _stop_at(exe: Symbols) -> int | None:
-    """Where the slots are filled (link-time address): a static binary's libc applies its IRELATIVE
-    relocations in __libc_start_main, before main; ld.so relocates every library before the entry."""
-    return exe.entry if exe.dynamic else exe.addresses.get("main")
+    """Where the slots are filled and no code of the program has run yet (link-time address): a static
+    binary's __libc_start_main applies its IRELATIVE relocations right before __libc_setup_tls (then
+    come the constructors and main); ld.so relocates every library before the executable's entry."""
+    if exe.dynamic:
+        return exe.entry
+    return exe.addresses.get("__libc_setup_tls", exe.addresses.get("main"))
 
 
 def emulated_choices(exe: str, argv: Sequence[str], env: dict[str, str],
