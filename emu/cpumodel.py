@@ -258,16 +258,29 @@ class CpuModel:
             )
         return "".join(blocks)
 
-    def cpu_list(self) -> str:
-        """The kernel's cpulist format of every CPU: ``0`` or ``0-N``."""
-        return "0" if self.cpus == 1 else f"0-{self.cpus - 1}"
+    def cpu_list(self, mask: int | None = None) -> str:
+        """The kernel's cpulist format (``%*pbl``) of ``mask`` (default every CPU): ``0``, ``0-3``, ``0,2-3``."""
+        bits = self.affinity_mask() if mask is None else mask
+        ranges: list[str] = []
+        n = 0
+        while n < self.cpus:
+            if bits >> n & 1:
+                end = n
+                while end + 1 < self.cpus and bits >> (end + 1) & 1:
+                    end += 1
+                ranges.append(str(n) if end == n else f"{n}-{end}")
+                n = end + 1
+            else:
+                n += 1
+        return ",".join(ranges)
 
     def affinity_mask(self) -> int:
         return (1 << self.cpus) - 1
 
-    def affinity_hex(self) -> str:
-        """The mask as /proc/<pid>/status prints it (``%*pb`` over nr_cpu_ids bits): hex, 32 bits a group."""
-        digits = f"{self.affinity_mask():0{(self.cpus + 3) // 4}x}"
+    def affinity_hex(self, mask: int | None = None) -> str:
+        """``mask`` (default every CPU) as /proc/<pid>/status prints it (``%*pb`` over nr_cpu_ids bits):
+        hex, 32 bits a group."""
+        digits = f"{self.affinity_mask() if mask is None else mask:0{(self.cpus + 3) // 4}x}"
         groups: list[str] = []
         while digits:
             groups.insert(0, digits[-8:])

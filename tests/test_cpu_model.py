@@ -196,3 +196,19 @@ def test_diff_with_the_hosts_cpu_count_agrees_on_nproc() -> None:
 def test_proc_stat_has_a_line_a_cpu() -> None:
     out = run_emulated(["/bin/grep", "-c", "^cpu[0-9]", "/proc/stat"], cpus=5).out
     assert out == b"5\n"
+
+
+def test_sched_setaffinity_narrows_what_the_process_is_told() -> None:
+    out = run_emulated(["/usr/bin/taskset", "-c", "1,3", "/bin/grep", "Cpus_allowed_list", "/proc/self/status"], cpus=4)
+    assert out.out == b"Cpus_allowed_list:\t1,3\n"
+    assert run_emulated(["/usr/bin/taskset", "-c", "1,3", "/usr/bin/nproc"], cpus=4).out == b"2\n"
+    assert CpuModel(8).cpu_list(0b10110111) == "0-2,4-5,7"
+
+
+def test_an_affinity_with_no_existing_cpu_fails_as_natively() -> None:
+    host = len(os.sched_getaffinity(0))
+    argv = ["/usr/bin/taskset", "-c", str(host + 3), "/usr/bin/nproc"]
+    native, emulated = run_native(argv), run_emulated(argv, cpus=host)
+    assert native.status == 1 and b"Invalid argument" in native.err
+    pid = re.compile(rb"pid \d+")
+    assert (emulated.status, pid.sub(b"pid N", emulated.err)) == (native.status, pid.sub(b"pid N", native.err))

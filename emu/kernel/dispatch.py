@@ -112,6 +112,7 @@ class Kernel:
         self.exec: ExecFn | None = None  # set by the machine: execve (path, argv, envp)
         self.family: Family | None = None  # the run's processes (fork.py), set by the machine
         self.cpu_model = CpuModel(config.cpus)
+        self.affinity = self.cpu_model.affinity_mask()  # sched_setaffinity's mask (one for the process)
 
     @property
     def task(self) -> Task:

@@ -221,15 +221,31 @@ def sys_clock_nanosleep(k: Kernel, clock: int, flags: int, req: int, rem: int, *
     return _sleep(k, req)
 
 
-def sys_sched_getaffinity(k: Kernel, pid: int, size: int, mask: int, *_: int) -> int:
-    if pid not in (0, k.ident.pid):
+def _affinity_target(k: Kernel, pid: int) -> None:
+    """The process itself or one of its threads (the mask is kept per process here)."""
+    if pid not in (0, k.ident.pid) and pid not in k.sched.tasks:
         raise SyscallError(errno.ESRCH)
+
+
+def sys_sched_getaffinity(k: Kernel, pid: int, size: int, mask: int, *_: int) -> int:
+    _affinity_target(k, pid)
     cpus = k.cpu_model.cpus
     if size * 8 < cpus or size % 8:
         raise SyscallError(errno.EINVAL)
     written = min(size, CPUMASK_SIZE)  # the kernel copies cpumask_size() bytes at most, and says how many
-    k.mem.write_user(mask, k.cpu_model.affinity_mask().to_bytes(written, "little"))
+    k.mem.write_user(mask, k.affinity.to_bytes(written, "little"))
     return written
+
+
+def sys_sched_setaffinity(k: Kernel, pid: int, size: int, mask: int, *_: int) -> int:
+    """Keep the CPUs of ``mask`` that exist; none of them is EINVAL (sched_setaffinity's cpumask_and).
+    Every thread still runs on the one emulated CPU: the mask is only what the process is told."""
+    _affinity_target(k, pid)
+    wanted = int.from_bytes(k.mem.read_user(mask, min(size, CPUMASK_SIZE)), "little") & k.cpu_model.affinity_mask()
+    if not wanted:
+        raise SyscallError(errno.EINVAL)
+    k.affinity = wanted
+    return 0
 
 
 def sys_sched_yield(k: Kernel, *_: int) -> int:
