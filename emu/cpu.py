@@ -60,7 +60,32 @@ class Reg(enum.IntEnum):
     FS_BASE = x86.UC_X86_REG_FS_BASE
     GS_BASE = x86.UC_X86_REG_GS_BASE
     MXCSR = x86.UC_X86_REG_MXCSR
+    FPCW = x86.UC_X86_REG_FPCW
+    FPSW = x86.UC_X86_REG_FPSW  # the top-of-stack field (bits 13:11) included
+    FPTAG = x86.UC_X86_REG_FPTAG  # the full tag word: two bits a physical register, 3 = empty
+    CS = x86.UC_X86_REG_CS
+    SS = x86.UC_X86_REG_SS
+    DS = x86.UC_X86_REG_DS
+    ES = x86.UC_X86_REG_ES
+    FS = x86.UC_X86_REG_FS
+    GS = x86.UC_X86_REG_GS
+    CR0 = x86.UC_X86_REG_CR0
 
+
+# What Linux hands a task at exec: start_thread() (rflags IF and the reserved bit, __USER_CS and
+# __USER_DS in cs and ss, null data selectors, fs and gs bases 0) and the FPU's init state
+# (fpstate_init_user: x87 control word 0x37f, every x87 register empty, MXCSR 0x1f80, xmm and ymm 0).
+USER_CS, USER_DS = 0x33, 0x2B
+EXEC_RFLAGS, EXEC_FCW, EXEC_MXCSR, EMPTY_TAGS = 0x202, 0x37F, 0x1F80, 0xFFFF
+# Unicorn starts with CR0 = PE|ET. Linux runs with NE (an unmasked x87 exception is #MF, vector 16,
+# rather than the legacy FERR# line, which Unicorn ignores) and MP (fwait honours TS).
+CR0_MP, CR0_NE = 1 << 1, 1 << 5
+EXEC_STATE: tuple[tuple[Reg, int], ...] = (
+    (Reg.RFLAGS, EXEC_RFLAGS), (Reg.CS, USER_CS), (Reg.SS, USER_DS), (Reg.DS, 0), (Reg.ES, 0), (Reg.FS, 0),
+    (Reg.GS, 0), (Reg.FS_BASE, 0), (Reg.GS_BASE, 0), (Reg.FPCW, EXEC_FCW), (Reg.FPSW, 0), (Reg.FPTAG, EMPTY_TAGS),
+    (Reg.MXCSR, EXEC_MXCSR),
+)
+FXSAVE_SIZE = 512
 
 GPRS: tuple[Reg, ...] = (
     Reg.RAX, Reg.RBX, Reg.RCX, Reg.RDX, Reg.RSI, Reg.RDI, Reg.RBP, Reg.RSP,
@@ -106,6 +131,7 @@ _UC_ACCESS = {
 }
 
 _SYSCALL_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_CPUID_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _INTR_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p)
 _CODE_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p)
 _MEM_CB = ctypes.CFUNCTYPE(
@@ -209,9 +235,30 @@ class Cpu:
         self.before_interrupt: list[Callable[[int], None]] = []
         self.after_interrupt: list[Callable[[int], None]] = []
         self._add_hook(_HOOK_MEM_INVALID, _MEM_CB(self._on_invalid_mem), 1, 0)
+        self._wide = ctypes.create_string_buffer(32)  # one x87 or xmm register (fxsave_image)
+        self._exec_context = self._linux_exec_state()
+
+    def _linux_exec_state(self) -> CpuContext:
+        """Put the registers as Linux leaves them at exec (EXEC_STATE; GPRs, xmm, ymm and the x87 stack
+        are Unicorn's zeros) and keep that context for load_exec_state."""
+        self.write(Reg.CR0, self.read(Reg.CR0) | CR0_MP | CR0_NE)
+        for reg, value in EXEC_STATE:
+            self.write(reg, value)
+        return self.save_context()
+
+    def load_exec_state(self) -> None:
+        """Every register as a freshly exec'd task has it (fs/exec.c: fpu_flush_thread, start_thread),
+        rip 0 and rsp 0 included: the caller sets those."""
+        self.restore_context(self._exec_context)
 
     # ---------------------------------------------------------------- registers
     def read(self, reg: Reg) -> int:
+        _reg_read(self._uch, reg, self._one_ref)
+        return self._one.value
+
+    def read_narrow(self, reg: Reg) -> int:
+        """A register narrower than 64 bits (x87 words, MXCSR, selectors): Unicorn writes only its width."""
+        self._one.value = 0
         _reg_read(self._uch, reg, self._one_ref)
         return self._one.value
 
@@ -277,6 +324,34 @@ class Cpu:
         ctypes.memmove(ctypes.addressof(self._ext_buf) + 24, xmm, 256)
         b = self._ext_batch
         _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
+
+    def fxsave_image(self) -> bytearray:
+        """The x87 and SSE state as the 512-byte FXSAVE64 image (what a signal frame's fpstate holds):
+        control, status and abridged tag words, MXCSR, st0-7, xmm0-15. The last-instruction and operand
+        pointers read 0 (Unicorn keeps none); MXCSR_MASK is 0xffff, as Unicorn's own fxsave stores it."""
+        image = bytearray(FXSAVE_SIZE)
+        tags = self.read_narrow(Reg.FPTAG)
+        abridged = sum(1 << i for i in range(8) if (tags >> (2 * i)) & 3 != 3)
+        struct.pack_into("<HHB", image, 0, self.read_narrow(Reg.FPCW), self.read_narrow(Reg.FPSW), abridged)
+        struct.pack_into("<II", image, 24, self.read_narrow(Reg.MXCSR), 0xFFFF)
+        for i in range(8):
+            _reg_read(self._uch, x86.UC_X86_REG_ST0 + i, self._wide)
+            image[32 + 16 * i : 42 + 16 * i] = self._wide.raw[:10]
+        image[160:416] = self.read_extended()[2]
+        return image
+
+    def load_fxsave_image(self, image: bytes) -> None:
+        """Inverse of fxsave_image (rt_sigreturn); MXCSR bits the CPU does not have are the caller's check."""
+        fcw, fsw, abridged = struct.unpack_from("<HHB", image, 0)
+        (mxcsr,) = struct.unpack_from("<I", image, 24)
+        self.write(Reg.FPCW, fcw)
+        self.write(Reg.FPSW, fsw)  # sets the top of stack first: st(i) below are relative to it
+        for i in range(8):
+            ctypes.memmove(self._wide, bytes(image[32 + 16 * i : 42 + 16 * i]), 10)
+            _reg_write(self._uch, x86.UC_X86_REG_ST0 + i, self._wide)
+        self.write(Reg.FPTAG, sum((0 if abridged >> i & 1 else 3) << (2 * i) for i in range(8)))
+        fs, gs, _xmm, _mxcsr = self.read_extended()
+        self.write_extended((fs, gs, bytes(image[160:416]), mxcsr))
 
     def write_xmm(self, index: int, value: int) -> None:
         self._uc.reg_write(x86.UC_X86_REG_XMM0 + index, value)
@@ -381,6 +456,24 @@ class Cpu:
 
         return self._add_hook(unicorn.UC_HOOK_INSN, _SYSCALL_CB(on_syscall), 1, 0, x86.UC_X86_INS_SYSCALL)
 
+    def add_cpuid_hook(self, answer: Callable[[int, int], tuple[int, int, int, int]]) -> HookHandle:
+        """Answer every CPUID instruction with ``answer(eax, ecx)`` -> eax, ebx, ecx, edx (zero-extended
+        into the 64-bit registers, as the instruction does) instead of Unicorn's built-in model."""
+        batch = _RegBatch((Reg.RAX, Reg.RBX, Reg.RCX, Reg.RDX))
+
+        def on_cpuid(_uc: object, _ud: object) -> int:
+            try:
+                _reg_read_batch(self._uch, batch.ids, batch.ptrs, batch.count)
+                values = answer(batch.values[0] & 0xFFFFFFFF, batch.values[2] & 0xFFFFFFFF)
+                for i in range(4):
+                    batch.values[i] = values[i] & 0xFFFFFFFF
+                _reg_write_batch(self._uch, batch.ids, batch.ptrs, batch.count)
+            except BaseException as exc:
+                hook_raised(self, exc)
+            return 1  # skip Unicorn's own cpuid
+
+        return self._add_hook(unicorn.UC_HOOK_INSN, _CPUID_CB(on_cpuid), 1, 0, x86.UC_X86_INS_CPUID)
+
     def add_interrupt_hook(self, callback: Callable[[int], None]) -> HookHandle:
         """As add_syscall_hook, with ``before_interrupt`` and ``after_interrupt``."""
         before, after = self.before_interrupt, self.after_interrupt
@@ -455,6 +548,50 @@ class Cpu:
 
     def stop(self) -> None:
         uclib.uc_emu_stop(self._uch)
+
+
+_PROBE_CODE, _PROBE_DATA = 0x10000, 0x20000
+
+
+def instructions_run(codes: Sequence[bytes]) -> list[bool]:
+    """For each machine-code snippet (one instruction, typically), whether Unicorn runs it to its end
+    without an exception, on a scratch CPU in Linux's exec state. Memory operands written as (%rsp)
+    reach a 64-byte aligned scratch page; rax = 3 and rdx = 0 (XCR0, for xsave), rcx = 0."""
+    cpu = Cpu()
+    cpu.mem_map(_PROBE_CODE, PAGE_SIZE, Prot.READ | Prot.EXEC)
+    cpu.mem_map(_PROBE_DATA, 2 * PAGE_SIZE, Prot.READ | Prot.WRITE)
+    raised: list[int] = []
+
+    def on_exception(intno: int) -> None:
+        raised.append(intno)
+        cpu.stop()
+
+    cpu.add_interrupt_hook(on_exception)
+    results = []
+    for code in codes:
+        raised.clear()
+        cpu.load_exec_state()
+        cpu.mem_write(_PROBE_CODE, code + b"\xf4")  # hlt after it: a run past the end shows
+        for reg, value in ((Reg.RSP, _PROBE_DATA + PAGE_SIZE), (Reg.RAX, 3), (Reg.RDX, 0), (Reg.RCX, 0)):
+            cpu.write(reg, value)
+        cpu.flush_code(_PROBE_CODE, _PROBE_CODE + PAGE_SIZE)
+        reason = cpu.run(_PROBE_CODE, count=1)
+        results.append(reason is StopReason.FINISHED and not raised and cpu.read(Reg.RIP) == _PROBE_CODE + len(code))
+    return results
+
+
+def unicorn_cpuid(queries: Sequence[tuple[int, int]]) -> list[tuple[int, int, int, int]]:
+    """What Unicorn's own CPU model answers to each (eax, ecx), with no CPUID hook in the way."""
+    cpu = Cpu()
+    cpu.mem_map(_PROBE_CODE, PAGE_SIZE, Prot.READ | Prot.EXEC)
+    cpu.mem_write(_PROBE_CODE, b"\x0f\xa2")  # cpuid
+    answers = []
+    for leaf, subleaf in queries:
+        cpu.write(Reg.RAX, leaf)
+        cpu.write(Reg.RCX, subleaf)
+        cpu.run(_PROBE_CODE, count=1)
+        answers.append((cpu.read(Reg.RAX), cpu.read(Reg.RBX), cpu.read(Reg.RCX), cpu.read(Reg.RDX)))
+    return answers
 
 
 def _reason(errno: int) -> StopReason:

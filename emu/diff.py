@@ -11,8 +11,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from emu.cpumodel import DEFAULT_CPUS
 from emu.errors import UsageError
 from emu.guestio import GuestIO
+from emu.kernel.dispatch import KernelConfig
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.loader import LoadedImage
 from emu.machine import Machine, RunOptions
@@ -78,9 +80,9 @@ def native_probe(machine: Machine, spec_text: str) -> NativeProbe:
 
 
 def run_diff(binary: str, argv: Sequence[str], specs: Sequence[str], env: dict[str, str],
-             design: str = "linux-6.18", stdin: bytes = b"") -> DiffReport:
+             design: str = "linux-6.18", stdin: bytes = b"", cpus: int = DEFAULT_CPUS) -> DiffReport:
     io = GuestIO.captured(stdin)
-    machine = Machine(binary, list(argv), env, RunOptions(design=design), io)
+    machine = Machine(binary, list(argv), env, RunOptions(kernel=KernelConfig(cpus=cpus), design=design), io)
     natives = [native_probe(machine, s) for s in specs]
     attachments = [machine.attach(s) for s in specs]
     length = machine.design.site_length

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from emu import abi
 from emu.abi import AuxType, Prot, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
+from emu.cpumodel import MIN_SIGSTKSZ
 from emu.designs import DEFAULT_DESIGN, Design, get_design
 from emu.disasm import cs64, insn_text
 from emu.elf import LoadPlan, load_plan
@@ -39,9 +40,7 @@ if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a bina
     from emu.libprobes import LibraryProbe, LibraryProbes
     from emu.probes import ProbeSpec, ResolvedProbe, Resolver
 
-HWCAP = 0x178BFBFF  # cpuid(1).edx of a baseline x86-64 CPU
 CLOCK_TICKS = 100
-MIN_SIGSTKSZ = 2048
 MAX_SPURIOUS_STOPS = 10_000  # emu_start returning for no reason, per process, before it counts as a hlt
 
 SI_KERNEL, ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 0x80, 2, 1, 1, 2
@@ -227,6 +226,7 @@ class Machine:
         self.kernel.family = self.family
         self.cpu.add_syscall_hook(self.kernel.on_syscall)
         self.cpu.add_interrupt_hook(self._on_interrupt)
+        self.cpu.add_cpuid_hook(self.kernel.cpu_model.cpuid)
 
     @classmethod
     def _forked(cls, parent: Machine, pid: int, args: CloneArgs) -> Machine:
@@ -259,13 +259,14 @@ class Machine:
     def _copy_registers(self, parent: Machine, args: CloneArgs) -> None:
         from emu.kernel.threads import CLONE_SETTLS
 
+        # every register, the x87, SSE and AVX state and the segments included (fpu_clone copies the FPU)
+        self.cpu.restore_context(parent.cpu.save_context())
         state = parent.cpu.read_user_state()
         rip = state[16] + 2  # the parent's rip is at its syscall instruction
         state[0], state[2], state[11], state[16] = 0, rip, state[17], rip  # rax = 0; rcx, r11 as after SYSRET
         if args.stack:
             state[7] = args.stack
         self.cpu.write_user_state(state, write_rip=True)
-        self.cpu.write_extended(parent.cpu.read_extended())
         if args.flags & CLONE_SETTLS:
             self.cpu.write(Reg.FS_BASE, args.tls)
         self.kernel.task.pc = rip
@@ -475,8 +476,8 @@ class Machine:
             (AuxType.AT_GID, self.kernel.ident.gid),
             (AuxType.AT_EGID, self.kernel.ident.gid),
             (AuxType.AT_SECURE, 0),
-            (AuxType.AT_HWCAP, HWCAP),
-            (AuxType.AT_HWCAP2, 0),
+            (AuxType.AT_HWCAP, self.kernel.cpu_model.hwcap),
+            (AuxType.AT_HWCAP2, self.kernel.cpu_model.hwcap2),
             (AuxType.AT_CLKTCK, CLOCK_TICKS),
             (AuxType.AT_MINSIGSTKSZ, MIN_SIGSTKSZ),
         ]
@@ -507,6 +508,10 @@ class Machine:
         if intno == 3 and self.uprobes.handle_int3():
             return
         signal, what, code = EXCEPTION_SIGNALS.get(intno, (Signal.SIGSEGV, f"exception {intno}", SI_KERNEL))
+        if intno in (16, 19):  # math_error: the si_code names the unmasked exception pending
+            from emu.kernel.fpu import exception_code
+
+            code = exception_code(self.cpu, intno) or SI_KERNEL
         rip = self.cpu.read(Reg.RIP)
         at = rip - 1 if intno == 3 else rip  # int3 traps after its byte; the message names the int3
         raise GuestKilled(signal, at, what, code=code, si_addr=0 if code == SI_KERNEL else rip, resume_ip=rip)
@@ -545,10 +550,9 @@ class Machine:
         return self._run_until_end(pc, int(timeout_s * 1e6), time.perf_counter())
 
     def _reset_registers(self) -> None:
+        """Every register as exec leaves it (cpu.EXEC_STATE), on the new stack."""
+        self.cpu.load_exec_state()
         self.cpu.write(Reg.RSP, self.entry_sp)
-        for reg in (Reg.RAX, Reg.RBX, Reg.RCX, Reg.RDX, Reg.RSI, Reg.RDI, Reg.RBP, Reg.R8, Reg.R9, Reg.R10,
-                    Reg.R11, Reg.R12, Reg.R13, Reg.R14, Reg.R15, Reg.FS_BASE, Reg.GS_BASE):
-            self.cpu.write(reg, 0)
 
     def _run_until_end(self, entry: int, timeout_us: int, start: float) -> tuple[Ending, int, Signal | None, str | None]:
         sched = self.kernel.sched

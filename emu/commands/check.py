@@ -59,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         shstk=args.shstk, rsb=args.rsb, tracer=tracer,
     )
     reports = run_check(request)
+    from emu.commands.diff import warn_ifunc_probes
+
+    warn_ifunc_probes(args)
     print(check_table(reports))
     for report in reports:
         if report.divergence:

@@ -41,6 +41,16 @@ def positive_float(text: str) -> float:
     return max(value, 1e-6)
 
 
+def cpu_count(text: str) -> int:
+    """The ``--cpus N`` argument: 1..MAX_CPUS."""
+    from emu.cpumodel import MAX_CPUS
+
+    value = int_arg(text)
+    if not 1 <= value <= MAX_CPUS:
+        raise argparse.ArgumentTypeError(f"must be 1..{MAX_CPUS}, got {text!r}")
+    return value
+
+
 def add_process_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rootfs", default="/", metavar="DIR", help="guest root directory (read-only; default /)")
     p.add_argument("--max-insns", type=positive_int, metavar="N", help="stop the guest after N instructions")
@@ -50,6 +60,9 @@ def add_process_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exe-base", type=int_arg, metavar="ADDR", help="load address of a PIE executable")
     p.add_argument("--interp-base", type=int_arg, metavar="ADDR", help="load address of the interpreter")
     p.add_argument("--seed", type=int_arg, default=0, help="seed for getrandom and AT_RANDOM (default 0)")
+    p.add_argument("--cpus", type=cpu_count, default=None, metavar="N",
+                   help="CPUs the guest is told it has: sched_getaffinity, sysconf, /proc/cpuinfo, "
+                        "/sys/devices/system/cpu, CPUID (default 1: the emulator runs every thread on one)")
 
 
 def add_binary(p: argparse.ArgumentParser) -> None:
@@ -73,7 +86,8 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
 
     if not os.path.isdir(args.rootfs):
         raise UsageError(f"--rootfs {args.rootfs}: not a directory")
-    kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed)
+    cpus = {} if args.cpus is None else {"cpus": args.cpus}
+    kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed, **cpus)
     return RunOptions(kernel=kernel, exe_base=args.exe_base, interp_base=args.interp_base,
                       max_insns=args.max_insns, timeout_s=args.timeout, **extra)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from emu.commands.common import add_binary, guest_env
+from emu.commands.common import PROG, add_binary, cpu_count, guest_env, stderr_line
 
 NAME = "diff"
 HELP = "run natively with the host kernel's uprobes and emulated (linux-6.18); print agreement or the first difference"
@@ -16,13 +16,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default="linux-6.18", metavar="DESIGN", help="emulated design (default linux-6.18)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="set an environment variable")
     p.add_argument("--clear-env", action="store_true", help="run both sides with an empty environment")
+    p.add_argument("--cpus", type=cpu_count, default=1, metavar="N",
+                   help="CPUs the emulated side is told it has (default 1; the native side has the host's)")
     add_binary(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from emu.diff import run_diff  # heavy: only when run
 
-    report = run_diff(args.binary, [args.binary, *args.args], args.probe, guest_env(args), args.kernel)
+    report = run_diff(args.binary, [args.binary, *args.args], args.probe, guest_env(args), args.kernel,
+                      cpus=args.cpus)
+    warn_ifunc_probes(args)
     difference = report.first_difference()
     counts = ", ".join(f"{s}={n}" for s, n in zip(report.specs, report.hits, strict=True))
     if difference is None:
@@ -32,3 +36,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"differ: {difference}")
     return EXIT_DIFFERENT
+
+
+def warn_ifunc_probes(args: argparse.Namespace) -> None:
+    """A probe in an ifunc variant: the emulated CPU may make glibc call another one (emu/ifunc.py)."""
+    if not args.probe:
+        return
+    from emu.ifunc import ifunc_probes
+
+    for found in ifunc_probes(args.binary, [args.binary, *args.args], guest_env(args), args.probe):
+        stderr_line(f"{PROG}: {found.line()}")

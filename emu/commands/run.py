@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import struct
 from typing import TYPE_CHECKING
 
 from emu.commands.common import (
@@ -29,8 +30,52 @@ NAME = "run"
 HELP = "run a binary; the exit status is the guest's"
 
 
+class _CpuInfo(argparse.Action):
+    """--cpu-info: print the emulated CPU next to the host's and exit (no binary needed)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="list the emulated CPU's features next to the "
+                         "host's (CPUID, AT_HWCAP, what Unicorn runs) and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(cpu_info(getattr(namespace, "cpus", None) or 1))
+        parser.exit(0)
+
+
+def cpu_info(cpus: int) -> str:
+    from emu.cpu import instructions_run
+    from emu.cpumodel import FEATURES, CpuModel, feature_rows, host_flags
+    from emu.render import table
+
+    model = CpuModel(cpus)
+    probed = [f for f in FEATURES if f.probe is not None]
+    runs = dict(zip((f.name for f in probed), instructions_run([f.probe for f in probed if f.probe]), strict=True))
+    try:
+        with open("/proc/cpuinfo") as fh:
+            host_text = fh.read()
+        with open("/proc/self/auxv", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        host_text, raw = "", b""
+    auxv = dict(struct.iter_unpack("<QQ", raw[: len(raw) // 16 * 16]))
+    host = host_flags(host_text)
+    names = [line.partition(":")[2].strip() for line in host_text.splitlines() if line.startswith("model name")]
+    known = {f.name for f in FEATURES}
+    lines = [
+        f"emulated: {model.model_name} ({model.vendor}, family {model.signature()[0]} model {model.signature()[1]}), "
+        f"{cpus} CPU{'s' if cpus > 1 else ''} (--cpus)",
+        f"host:     {names[0] if names else 'unknown'}, {len(names)} CPUs",
+        f"AT_HWCAP {model.hwcap:#x} (host {auxv.get(16, 0):#x}), AT_HWCAP2 {model.hwcap2:#x} (host {auxv.get(26, 0):#x})",
+        table(feature_rows(model, runs, host)),
+        "host flags not modelled: " + " ".join(f for f in host if f not in known),
+    ]
+    return "\n".join(lines)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_process_options(p)
+    p.add_argument("--cpu-info", action=_CpuInfo)
     p.add_argument("--strace", action="store_true", help="print each syscall on stderr, like strace")
     p.add_argument("--json", metavar="FILE", help="write the run's result as JSON")
     add_one_design_option(p)

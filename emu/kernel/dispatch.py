@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emu.cpu import Cpu
+from emu.cpumodel import DEFAULT_CPUS, CpuModel
 from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
@@ -50,6 +51,7 @@ class KernelConfig:
     seed: int = 0
     realtime_start_ns: int = REALTIME_START_NS
     hostname: str = "uprobe-emu"
+    cpus: int = DEFAULT_CPUS  # what sched_getaffinity, /proc/cpuinfo, /sys/devices/system/cpu and CPUID count
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,8 @@ class Kernel:
         self.fork: ForkFn | None = None  # set by the machine: clone without CLONE_VM (a new process)
         self.exec: ExecFn | None = None  # set by the machine: execve (path, argv, envp)
         self.family: Family | None = None  # the run's processes (fork.py), set by the machine
+        self.cpu_model = CpuModel(config.cpus)
+        self.affinity = self.cpu_model.affinity_mask()  # sched_setaffinity's mask (one for the process)
 
     @property
     def task(self) -> Task:

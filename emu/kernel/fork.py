@@ -177,6 +177,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     child.brk = Brk(parent.brk.start, parent.brk.current)
     child.ident = dataclasses.replace(parent.ident, pid=pid, ppid=parent.ident.pid)
     child.umask, child.next_inode, child.tracer = parent.umask, parent.next_inode, parent.tracer
+    child.affinity = parent.affinity
     theirs, main = parent.task, child.task
     main.signals = SignalState(actions=dict(theirs.signals.actions), mask=theirs.signals.mask,
                                altstack=theirs.signals.altstack)

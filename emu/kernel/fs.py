@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu import abi
-from emu.kernel import procfs, sysfs
+from emu.kernel import cpufs, procfs, sysfs
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestBlocked
 from emu.kernel.vfs import (
@@ -144,6 +144,8 @@ def lookup(k: Kernel, dirfd: int, path: str, follow: bool = True) -> str:
     base = _base_dir(k, dirfd, path)
     if sysfs.serves(k.vfs.absolute(path, base)):
         return sysfs.normalize(k.vfs.absolute(path, base))
+    if cpufs.serves(k, k.vfs.absolute(path, base)):
+        return sysfs.normalize(k.vfs.absolute(path, base))
     special = procfs.canonical(k, k.vfs.absolute(path, base))
     if special is None:
         resolved = k.vfs.resolve(path, base, follow, special=procfs.intercepts(k))
@@ -158,7 +160,7 @@ def _host_errno(exc: OSError, default: int = errno.EIO) -> SyscallError:
 
 
 def stat_path(k: Kernel, guest: str) -> StatInfo:
-    info = procfs.stat_of(k, guest) or sysfs.stat_of(guest)
+    info = procfs.stat_of(k, guest) or sysfs.stat_of(guest) or cpufs.stat_of(k, guest)
     if info is not None:
         return info
     try:
@@ -192,7 +194,7 @@ def open_path(k: Kernel, dirfd: int, path: str, flags: int) -> OpenFile:
             _parent_must_exist(k, dirfd, path)
             raise SyscallError(errno.EROFS) from None  # creating would write to the read-only sandbox
         raise
-    synthetic = procfs.open_file(k, guest, flags) or sysfs.open_file(guest, flags)
+    synthetic = procfs.open_file(k, guest, flags) or sysfs.open_file(guest, flags) or cpufs.open_file(k, guest, flags)
     if synthetic is not None:
         return synthetic
     host = k.vfs.host_path(guest)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from emu.abi import Prot
 from emu.cpu import Reg
+from emu.cpumodel import MAX_CPUS
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestExit
 
@@ -20,6 +21,7 @@ ARCH_SET_GS, ARCH_SET_FS, ARCH_GET_FS, ARCH_GET_GS = 0x1001, 0x1002, 0x1003, 0x1
 CLOCK_IDS = range(0, 12)
 RSEQ_SIG_MIN_LEN = 32
 RLIM_INFINITY = (1 << 64) - 1
+CPUMASK_SIZE = MAX_CPUS // 8  # bytes of a cpumask with NR_CPUS bits (Linux 6.18 here answers 32)
 SYSINFO_FORMAT = "<q3Q6QHH4xQQI"  # uptime loads[3] totalram..freeswap procs pad (pad) totalhigh freehigh mem_unit
 SYSINFO_SIZE = 112
 SYSINFO_TOTALRAM = 4 << 30
@@ -219,13 +221,31 @@ def sys_clock_nanosleep(k: Kernel, clock: int, flags: int, req: int, rem: int, *
     return _sleep(k, req)
 
 
-def sys_sched_getaffinity(k: Kernel, pid: int, size: int, mask: int, *_: int) -> int:
-    if pid not in (0, k.ident.pid):
+def _affinity_target(k: Kernel, pid: int) -> None:
+    """The process itself or one of its threads (the mask is kept per process here)."""
+    if pid not in (0, k.ident.pid) and pid not in k.sched.tasks:
         raise SyscallError(errno.ESRCH)
-    if size < 8 or size % 8:
+
+
+def sys_sched_getaffinity(k: Kernel, pid: int, size: int, mask: int, *_: int) -> int:
+    _affinity_target(k, pid)
+    cpus = k.cpu_model.cpus
+    if size * 8 < cpus or size % 8:
         raise SyscallError(errno.EINVAL)
-    k.mem.write_user(mask, struct.pack("<Q", 1))  # one CPU: the emulated one
-    return 8
+    written = min(size, CPUMASK_SIZE)  # the kernel copies cpumask_size() bytes at most, and says how many
+    k.mem.write_user(mask, k.affinity.to_bytes(written, "little"))
+    return written
+
+
+def sys_sched_setaffinity(k: Kernel, pid: int, size: int, mask: int, *_: int) -> int:
+    """Keep the CPUs of ``mask`` that exist; none of them is EINVAL (sched_setaffinity's cpumask_and).
+    Every thread still runs on the one emulated CPU: the mask is only what the process is told."""
+    _affinity_target(k, pid)
+    wanted = int.from_bytes(k.mem.read_user(mask, min(size, CPUMASK_SIZE)), "little") & k.cpu_model.affinity_mask()
+    if not wanted:
+        raise SyscallError(errno.EINVAL)
+    k.affinity = wanted
+    return 0
 
 
 def sys_sched_yield(k: Kernel, *_: int) -> int:

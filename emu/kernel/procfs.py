@@ -213,6 +213,8 @@ def _status(k: Kernel) -> str:
         f"Name:\t{_comm(k)}\nUmask:\t{k.umask:04o}\nState:\tR (running)\nTgid:\t{i.pid}\nNgid:\t0\n"
         f"Pid:\t{i.pid}\nPPid:\t{i.ppid}\nTracerPid:\t0\nUid:\t{i.uid}\t{i.uid}\t{i.uid}\t{i.uid}\n"
         f"Gid:\t{i.gid}\t{i.gid}\t{i.gid}\t{i.gid}\nThreads:\t1\n"
+        f"Cpus_allowed:\t{k.cpu_model.affinity_hex(k.affinity)}\n"
+        f"Cpus_allowed_list:\t{k.cpu_model.cpu_list(k.affinity)}\n"
     )
 
 

@@ -3,8 +3,9 @@
 Frame (arch/x86/include/asm/sigframe.h, rt_sigframe for 64-bit): the return address (the
 action's restorer), struct ucontext (flags, link, the alternate stack, struct sigcontext,
 the blocked mask), struct siginfo. It goes below the red zone, or on the alternate stack
-for SA_ONSTACK; rsp is 8 mod 16 at the handler, as after a call. No FPU state is saved
-(fpstate = NULL), which rt_sigreturn accepts.
+for SA_ONSTACK; rsp is 8 mod 16 at the handler, as after a call. The FPU state goes between the
+frame and the red zone, 64-byte aligned (fpu__alloc_mathframe; layout in fpu.py), and the handler
+starts with the FPU's init state; rt_sigreturn loads what the fpstate pointer then points at.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
+from emu.kernel import fpu
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.signal import SI_KERNEL
 from emu.memory import UserFault
@@ -28,6 +30,9 @@ SS_ONSTACK, SS_DISABLE = 1, 2
 UC_OFFSET, MCONTEXT_OFFSET, SIGMASK_OFFSET, SIGINFO_OFFSET = 8, 48, 304, 312
 FRAME_SIZE = SIGINFO_OFFSET + 128
 TF, DF, RF = 1 << 8, 1 << 10, 1 << 16
+FPSTATE_OFFSET = MCONTEXT_OFFSET + 184  # sigcontext: 18 words, 4 selectors, err, trapno, oldmask, cr2, fpstate
+UC_FP_XSTATE, UC_SIGCONTEXT_SS, UC_STRICT_RESTORE_SS = 0x1, 0x2, 0x4
+UC_FLAGS = UC_FP_XSTATE | UC_SIGCONTEXT_SS | UC_STRICT_RESTORE_SS  # frame_uc_flags() on a CPU with XSAVE
 # sigcontext order, as indexes into Cpu.read_user_state() (16 GPRs in emu.cpu.GPRS order, rip, rflags)
 SIGCONTEXT_ORDER = (8, 9, 10, 11, 12, 13, 14, 15, 5, 4, 6, 1, 3, 0, 2, 7, 16, 17)
 
@@ -59,10 +64,10 @@ class Action:
         return cls(*struct.unpack_from("<QQQQ", raw))
 
 
-def _sigcontext(state: list[int], signo: int, addr: int) -> bytes:
+def _sigcontext(state: list[int], signo: int, addr: int, fpstate: int) -> bytes:
     words = [state[i] for i in SIGCONTEXT_ORDER]
     segs = struct.pack("<HHHH", 0x33, 0, 0, 0x2B)
-    tail = struct.pack("<QQQQQ", 0, 14 if signo == 11 else 0, 0, addr, 0)  # err, trapno, oldmask, cr2, fpstate
+    tail = struct.pack("<QQQQQ", 0, 14 if signo == 11 else 0, 0, addr, fpstate)  # err, trapno, oldmask, cr2
     return struct.pack(f"<{len(words)}Q", *words) + segs + tail + bytes(64)
 
 
@@ -74,11 +79,14 @@ def setup_frame(k: Kernel, signo: int, info: SigInfo, state: list[int], action: 
     on_alt = ss_sp <= state[7] < ss_sp + ss_size
     if action.flags & SA_ONSTACK and not ss_flags & SS_DISABLE and not on_alt:
         sp = ss_sp + ss_size
-    frame = ((sp - FRAME_SIZE) & ~0xF) - 8
+    fpstate = (sp - fpu.FPSTATE_SIZE) & ~(fpu.FPSTATE_ALIGN - 1)
+    frame = ((fpstate - FRAME_SIZE) & ~0xF) - 8
     uc_stack = struct.pack("<QiiQ", ss_sp, SS_ONSTACK if on_alt else ss_flags, 0, ss_size)
-    blob = (struct.pack("<QQQ", action.restorer, 0, 0) + uc_stack + _sigcontext(state, signo, info.addr)
-            + struct.pack("<Q", k.signals.mask) + info.pack())
+    blob = (struct.pack("<QQQ", action.restorer, UC_FLAGS, 0) + uc_stack
+            + _sigcontext(state, signo, info.addr, fpstate) + struct.pack("<Q", k.signals.mask) + info.pack())
+    k.mem.write_user(fpstate, fpu.save(k.cpu))
     k.mem.write_user(frame, blob)
+    k.cpu.load_fxsave_image(fpu.init_image())  # the handler starts with the init FPU state
     k.signals.mask |= action.mask | (0 if action.flags & SA_NODEFER else 1 << (signo - 1))
     if action.flags & SA_RESETHAND:
         k.signals.actions.pop(signo, None)
@@ -99,5 +107,24 @@ def restore_frame(k: Kernel, sp: int) -> list[int]:
     state = [0] * 18
     for value, index in zip(words, SIGCONTEXT_ORDER, strict=True):
         state[index] = value
+    (fpstate,) = struct.unpack_from("<Q", raw, FPSTATE_OFFSET - UC_OFFSET)
+    image = _saved_fpu(k, fpstate)
     (k.signals.mask,) = struct.unpack_from("<Q", raw, SIGMASK_OFFSET - UC_OFFSET)
+    k.cpu.load_fxsave_image(image)
     return state
+
+
+def _saved_fpu(k: Kernel, fpstate: int) -> bytes:
+    """The FPU image rt_sigreturn loads (restore_fpu_from_sigframe): the init state for a NULL pointer;
+    a misaligned pointer, an unreadable block or reserved MXCSR bits are a bad frame (EFAULT)."""
+    if not fpstate:
+        return fpu.init_image()
+    if fpstate % fpu.FPSTATE_ALIGN:
+        raise SyscallError(errno.EFAULT)
+    try:
+        image = fpu.parse(k.mem.read_user(fpstate, fpu.FPSTATE_SIZE))
+    except UserFault:
+        raise SyscallError(errno.EFAULT) from None
+    if image is None:
+        raise SyscallError(errno.EFAULT)
+    return image

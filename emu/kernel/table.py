@@ -118,6 +118,7 @@ def _rows() -> tuple[Row, ...]:
         r(200, "tkill", signal.sys_tkill, ("d", "sig")),
         r(201, "time", process.sys_time, ("ptr",)),
         r(202, "futex", lazy("futex", "sys_futex"), ("ptr", "d", "d", "ptr", "ptr", "x")),
+        r(203, "sched_setaffinity", process.sys_sched_setaffinity, ("d", "u", "ptr")),
         r(204, "sched_getaffinity", process.sys_sched_getaffinity, ("d", "u", "ptr")),
         r(217, "getdents64", fs.sys_getdents64, ("fd", "ptr", "u")),
         r(218, "set_tid_address", process.sys_set_tid_address, ("ptr",)),
