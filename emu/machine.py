@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import errno
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -284,14 +285,28 @@ class Machine:
         """execve: check the file now (errors go to the caller), replace the image before the next instruction."""
         from emu.kernel.fs import lookup
 
-        host = self.kernel.vfs.host_path(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
-        if not os.path.isfile(host) or not os.access(host, os.X_OK):
-            raise SyscallError(errno.EACCES)
+        host = self._executable(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
         try:
             plan = load_plan(host)
         except EmuError:
             raise SyscallError(errno.ENOEXEC) from None
         self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
+
+    def _executable(self, guest: str) -> str:
+        """The host file execve loads: a regular file with an execute bit the caller may use (EACCES),
+        which the guest's layer has not rewritten (its bytes exist only in memory: ENOEXEC)."""
+        from emu.kernel.fswrite import MAY_EXEC, permitted
+        from emu.kernel.overlay import Inode
+
+        info = self.kernel.vfs.lstat(guest)
+        if not stat.S_ISREG(info.mode) or not permitted(self.kernel, info, MAY_EXEC):
+            raise SyscallError(errno.EACCES)
+        node = self.kernel.vfs.backing(guest)
+        if isinstance(node, Inode):
+            if node.content_from is None:
+                raise SyscallError(errno.ENOEXEC)
+            return node.content_from
+        return node
 
     def _replace_image(self, host: str, plan: LoadPlan, argv: list[bytes], envp: list[bytes]) -> None:
         """The new image in place of the old one (fs/exec.c): the old mappings and probes go; probes

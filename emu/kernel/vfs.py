@@ -1,7 +1,7 @@
-"""Guest paths resolved inside a read-only root directory, and the open-file objects behind fds.
+"""Guest paths resolved inside a root directory, and the open-file objects behind fds.
 
-A guest can never change the host: only reads reach host files; writes reach the
-guest's stdout/stderr sinks and /dev/null.
+A guest can never change the host: only reads reach host files; writes reach the guest's own
+in-memory layer (overlay.py), its stdout/stderr sinks and /dev/null.
 """
 
 from __future__ import annotations
@@ -14,8 +14,14 @@ import stat
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.locks import LockTable
+
+if TYPE_CHECKING:
+    from emu.kernel.overlay import Inode, Overlay
+
 
 MAX_SYMLINKS = 40
 NAME_MAX = 255
@@ -147,6 +153,12 @@ class OpenFile:
 
     def pread(self, size: int, offset: int) -> bytes:
         raise SyscallError(errno.ESPIPE)
+
+    def pwrite(self, data: bytes, offset: int) -> int:
+        raise SyscallError(errno.ESPIPE)
+
+    # O_APPEND moves the offset to the end before each write (regular files of the guest's layer)
+    seekable_end = False
 
     def seek(self, offset: int, whence: int) -> int:
         raise SyscallError(errno.ESPIPE)
@@ -329,6 +341,9 @@ class Device(OpenFile):
             raise SyscallError(errno.ENOSPC)
         return len(data)
 
+    def pwrite(self, data: bytes, offset: int) -> int:
+        return self.write(data)
+
     def seek(self, offset: int, whence: int) -> int:
         return 0
 
@@ -485,12 +500,44 @@ class PipeEnd(OpenFile):
 class Vfs:
     """Resolves guest paths to host paths inside ``root``, following symlinks inside the root."""
 
-    def __init__(self, root: str, cwd: str = "/") -> None:
+    def __init__(self, root: str, cwd: str = "/", overlay: Overlay | None = None,
+                 locks: LockTable | None = None) -> None:
         self.root = os.path.realpath(root)
         self.cwd = cwd
+        self.overlay = overlay  # the guest's writable layer; None: a read-only mount (EROFS)
+        self.locks = locks if locks is not None else LockTable()
+
+    def fork(self) -> Vfs:
+        """A child process's view: its own cwd, the same file system and file locks."""
+        return Vfs(self.root, self.cwd, self.overlay, self.locks)
 
     def host_path(self, guest_abs: str) -> str:
         return os.path.join(self.root, guest_abs.lstrip("/")) if self.root != "/" else guest_abs
+
+    def backing(self, guest: str) -> Inode | str:
+        """What serves a canonical guest path: the guest's own inode, or a host path."""
+        return self.overlay.backing(guest) if self.overlay is not None else self.host_path(guest)
+
+    def host_of(self, guest: str) -> str | None:
+        """The host file behind a guest path, None when the guest's layer holds it."""
+        node = self.backing(guest)
+        return node if isinstance(node, str) else None
+
+    def lstat(self, guest: str) -> StatInfo:
+        if self.overlay is not None:
+            return self.overlay.lstat(guest)
+        try:
+            return StatInfo.from_host(os.lstat(self.host_path(guest)))
+        except OSError as exc:  # ENOENT, ENOTDIR, EACCES, ELOOP, ENAMETOOLONG...: the guest's errno
+            raise SyscallError(exc.errno or errno.ENOENT) from None
+
+    def readlink(self, guest: str) -> str:
+        if self.overlay is not None:
+            return self.overlay.readlink(guest)
+        try:
+            return os.readlink(self.host_path(guest))
+        except OSError as exc:
+            raise SyscallError(exc.errno or errno.EINVAL) from None
 
     def absolute(self, path: str, base: str | None = None) -> str:
         if path.startswith("/"):
@@ -527,28 +574,21 @@ class Vfs:
                 return "/" + "/".join(done + [comp] + pending)
             if len(os.fsencode(comp)) > NAME_MAX:
                 raise SyscallError(errno.ENAMETOOLONG)
-            host = self.host_path(candidate)
-            try:
-                st = os.lstat(host)
-            except OSError as exc:  # ENOENT, ENOTDIR, EACCES, ELOOP, ENAMETOOLONG...: the guest's errno
-                raise SyscallError(exc.errno or errno.ENOENT) from None
+            mode = self.lstat(candidate).mode
             is_last = not pending
-            if stat.S_ISLNK(st.st_mode) and (not is_last or follow or trailing_slash):
+            if stat.S_ISLNK(mode) and (not is_last or follow or trailing_slash):
                 links += 1
                 if links > MAX_SYMLINKS:
                     raise SyscallError(errno.ELOOP)
-                try:
-                    target = os.readlink(host)
-                except OSError as exc:
-                    raise SyscallError(exc.errno or errno.ENOENT) from None
+                target = self.readlink(candidate)
                 parts = [c for c in target.split("/") if c]
                 if target.startswith("/"):
                     done = []
                 pending = parts + pending
                 continue
-            if not is_last and not stat.S_ISDIR(st.st_mode):
+            if not is_last and not stat.S_ISDIR(mode):
                 raise SyscallError(errno.ENOTDIR)
-            if is_last and trailing_slash and not stat.S_ISDIR(st.st_mode):
+            if is_last and trailing_slash and not stat.S_ISDIR(mode):
                 raise SyscallError(errno.ENOTDIR)
             done.append(comp)
         return "/" + "/".join(done)
