@@ -6,6 +6,7 @@ Debian's bash and python3.11 under emulation and natively, in separate temp dirs
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import os
@@ -390,3 +391,13 @@ def test_save_writes_copies_what_the_guest_wrote(tmp_path: Path) -> None:
     assert sorted(p.name for p in work.iterdir()) == ["old"]
     refused = _cli("run", "--save-writes", str(saved), BASH, "-c", "true", cwd=work)
     assert refused.returncode == 2 and refused.stderr.count(b"\n") == 1 and b"not an empty directory" in refused.stderr
+
+
+def test_proc_self_cmdline_is_made_when_read_not_when_opened(tmp_path: Path) -> None:
+    """bash opens the redirection, then execs tr in the same process: tr reads its own arguments."""
+    argv = [BASH, "-c", "tr '\\0' ' ' < /proc/self/cmdline; echo"]
+    assert run_emulated(argv, cwd=tmp_path).observed() == run_native(argv, cwd=tmp_path).observed()
+    g = GuestKernel(cwd=str(tmp_path))
+    fd = g.open("/proc/self/cmdline")
+    g.kernel.ident = dataclasses.replace(g.kernel.ident, argv=(b"changed",))  # what execve does
+    assert g.read_fd(fd) == b"changed\0"

@@ -397,21 +397,32 @@ class SyntheticDir(OpenFile):
 
 
 class MemFile(OpenFile):
-    """A read-only file whose content the kernel made up (procfs)."""
+    """A read-only file whose content the kernel makes up (procfs).
 
-    def __init__(self, guest_path: str, content: bytes, info: StatInfo | None = None) -> None:
+    With ``render``, the content is made when it is read from the start, as a seq_file's is:
+    /proc/self/cmdline opened before an execve shows the new program's arguments.
+    """
+
+    def __init__(self, guest_path: str, content: bytes, info: StatInfo | None = None,
+                 render: Callable[[], bytes] | None = None) -> None:
         self.guest_path = guest_path
         self.content = content
+        self.render = render
         self.pos = 0
         self._info = info or synthetic_stat(stat.S_IFREG | 0o444, 0)
 
+    def _fresh(self, offset: int) -> bytes:
+        if self.render is not None and offset == 0:
+            self.content = self.render()
+        return self.content
+
     def read(self, size: int) -> bytes:
-        chunk = self.content[self.pos : self.pos + size]
+        chunk = self._fresh(self.pos)[self.pos : self.pos + size]
         self.pos += len(chunk)
         return chunk
 
     def pread(self, size: int, offset: int) -> bytes:
-        return self.content[offset : offset + size]
+        return self._fresh(offset)[offset : offset + size]
 
     def seek(self, offset: int, whence: int) -> int:
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: len(self.content)}.get(whence)
