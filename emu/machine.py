@@ -459,6 +459,10 @@ class Machine:
         if interp_plan is not None:
             interp = map_image(self.mem, interp_plan, choose_bias(self.mem, interp_plan, self.options.interp_base),
                                name=self._interp_guest)
+        for image in (exe, interp):
+            if image is not None and image.entry >= abi.TASK_SIZE:
+                # load_elf_binary: BAD_ADDR(elf_entry) fails the execve with EINVAL
+                raise LoadError(image.plan.file.path, f"entry point {image.entry:#x} is outside the user address space")
         brk = abi.page_up(exe.end)
         self.kernel.brk.start = self.kernel.brk.current = brk
         return exe, interp
