@@ -401,3 +401,13 @@ def test_proc_self_cmdline_is_made_when_read_not_when_opened(tmp_path: Path) -> 
     fd = g.open("/proc/self/cmdline")
     g.kernel.ident = dataclasses.replace(g.kernel.ident, argv=(b"changed",))  # what execve does
     assert g.read_fd(fd) == b"changed\0"
+
+
+def test_creat_and_chmod_through_proc_self_fd(tmp_path: Path) -> None:
+    """tar extracts with creat() and sets modes through /proc/self/fd/N: the open file itself changes."""
+    g = _g(tmp_path)
+    fd = g("creat", g.cstr("c"), 0o644)
+    assert fd >= 0 and _write(g, fd, b"c") == 1 and g.slurp("c") == b"c"
+    assert g("chmod", g.cstr(f"/proc/self/fd/{fd}"), 0o600) == 0
+    assert _stat(g, "c")[0] & 0o777 == 0o600  # type: ignore[index]
+    assert g("chmod", g.cstr("/proc/self/status"), 0o600) == -errno.EPERM

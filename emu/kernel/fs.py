@@ -251,6 +251,10 @@ def sys_open(k: Kernel, path_addr: int, flags: int, mode: int, *_: int) -> int:
     return sys_openat(k, abi.AT_FDCWD & 0xFFFFFFFF, path_addr, flags, mode)
 
 
+def sys_creat(k: Kernel, path_addr: int, mode: int, *_: int) -> int:
+    return sys_openat(k, abi.AT_FDCWD & 0xFFFFFFFF, path_addr, abi.O_CREAT | abi.O_WRONLY | abi.O_TRUNC, mode)
+
+
 def sys_close(k: Kernel, fd: int, *_: int) -> int:
     file = k.files.file(_signed32(fd))
     k.files.close(_signed32(fd))

@@ -347,13 +347,31 @@ def sys_renameat(k: Kernel, olddirfd: int, old_addr: int, newdirfd: int, new_add
 # ---------------------------------------------------------------- metadata and sizes
 def _inode_of_fd(k: Kernel, fd: int) -> Inode | None:
     """The guest's own inode behind a descriptor (a host file is copied up first); None: not a file."""
+    return _inode_of_file(k, k.files.file(fs._signed32(fd)))
+
+
+def _inode_of_file(k: Kernel, file: OpenFile) -> Inode | None:
     ov = _overlay(k)
-    file = k.files.file(fs._signed32(fd))
     if isinstance(file, OverlayFile):
         return file.inode
     if ov is not None and isinstance(file, HostFile | SyntheticDir) and not _kernel_owned(k, file.guest_path):
         return ov.copy_up(file.guest_path)
     return None
+
+
+def _inode_at(k: Kernel, ov: Overlay, dirfd: int, path: str, follow: bool) -> Inode:
+    """The inode a path names, copied up; /proc/self/fd/N reaches the open file itself, as Linux's
+    magic links do (``chmod /proc/self/fd/3`` changes what fd 3 is open on)."""
+    guest = fs.lookup(k, dirfd, path, follow)
+    file = procfs.fd_file(k, guest) if follow else None
+    if file is not None:
+        inode = _inode_of_file(k, file)
+        if inode is None:
+            raise SyscallError(errno.EPERM)  # a pipe or stream
+        return inode
+    if _kernel_owned(k, guest):
+        raise SyscallError(errno.EPERM)
+    return ov.copy_up(guest)
 
 
 def _chmod(k: Kernel, inode: Inode, mode: int) -> int:
@@ -368,7 +386,7 @@ def sys_fchmodat(k: Kernel, dirfd: int, path_addr: int, mode: int, *_: int) -> i
     ov = _overlay(k)
     if ov is None:
         return fs.sys_fchmodat(k, dirfd, path_addr)
-    return _chmod(k, ov.copy_up(_existing(k, dirfd, fs._path(k, path_addr), follow=True)), mode)
+    return _chmod(k, _inode_at(k, ov, dirfd, fs._path(k, path_addr), follow=True), mode)
 
 
 def sys_chmod(k: Kernel, path_addr: int, mode: int, *_: int) -> int:
@@ -399,8 +417,7 @@ def sys_fchownat(k: Kernel, dirfd: int, path_addr: int, owner: int, group: int, 
         return fs.sys_fchownat(k, dirfd, path_addr, owner, group, flags)
     if path == "" and flags & abi.AT_EMPTY_PATH:
         return sys_fchown(k, dirfd, owner, group)
-    guest = _existing(k, dirfd, path, follow=not flags & abi.AT_SYMLINK_NOFOLLOW)
-    return _chown(k, ov.copy_up(guest), owner, group)
+    return _chown(k, _inode_at(k, ov, dirfd, path, follow=not flags & abi.AT_SYMLINK_NOFOLLOW), owner, group)
 
 
 def sys_chown(k: Kernel, path_addr: int, owner: int, group: int, *_: int) -> int:
@@ -431,12 +448,11 @@ def sys_truncate(k: Kernel, path_addr: int, length: int, *_: int) -> int:
         return fs.sys_truncate(k, path_addr, length)
     if fs._signed(length) < 0:
         raise SyscallError(errno.EINVAL)
-    guest = _existing(k, _CWD, fs._path(k, path_addr), follow=True)
-    info = k.vfs.lstat(guest)
-    if stat.S_ISDIR(info.mode):
+    inode = _inode_at(k, ov, _CWD, fs._path(k, path_addr), follow=True)
+    if inode.kind is Kind.DIR:
         raise SyscallError(errno.EISDIR)
-    _require(k, info, MAY_WRITE)
-    return _resize(k, ov.copy_up(guest), length)
+    _require(k, inode.stat(), MAY_WRITE)
+    return _resize(k, inode, length)
 
 
 def sys_ftruncate(k: Kernel, fd: int, length: int, *_: int) -> int:
@@ -476,8 +492,7 @@ def sys_utimensat(k: Kernel, dirfd: int, path_addr: int, times: int, flags: int,
         if inode is None:
             return 0
     else:
-        guest = _existing(k, dirfd, fs._path(k, path_addr), follow=not flags & abi.AT_SYMLINK_NOFOLLOW)
-        inode = ov.copy_up(guest)
+        inode = _inode_at(k, ov, dirfd, fs._path(k, path_addr), follow=not flags & abi.AT_SYMLINK_NOFOLLOW)
     if atime is not None:
         inode.atime_ns = atime
     if mtime is not None:

@@ -196,6 +196,7 @@ def _rows() -> tuple[Row, ...]:
         r(259, "mknodat", lazy("fswrite", "sys_mknodat"), ("dirfd", "path", "mode", "x"), "device nodes: EPERM"),
         r(26, "msync", lazy("fswrite", "sys_msync"), ("ptr", "u", "x"), "shared mappings written back"),
         r(73, "flock", lazy("locks", "sys_flock"), ("fd", "x")),
+        r(85, "creat", fs.sys_creat, ("path", "mode")),
     )
 
 
