@@ -187,6 +187,8 @@ def test_rename_moves_a_host_directory_with_its_content_and_replaces_files(tmp_p
     assert g("rename", g.cstr("gone.txt"), g.cstr("empty")) == -errno.EISDIR
     assert g("rename", g.cstr("empty"), g.cstr("b")) == -errno.ENOTEMPTY
     assert g("renameat2", AT_FDCWD, g.cstr("gone.txt"), AT_FDCWD, g.cstr("link"), 1) == -errno.EEXIST
+    assert g("renameat2", AT_FDCWD, g.cstr("gone.txt"), AT_FDCWD, g.cstr("b/sub/two.txt"), 2) == 0  # EXCHANGE
+    assert g.slurp("gone.txt") == b"one\n" and g.slurp("b/sub/two.txt") == b"remove me\n"
     assert tree_digest(root) == before
 
 

@@ -324,11 +324,7 @@ def sys_renameat2(k: Kernel, olddirfd: int, old_addr: int, newdirfd: int, new_ad
     _parent_writable(k, src)
     _parent_writable(k, dst)
     if flags & RENAME_EXCHANGE:
-        parked = dst + "\0exchange"  # a name no path can spell: the swap's middle step
-        ov.move(dst, parked)
-        ov.move(src, dst)
-        ov.move(parked, src)
-        ov.remove(parked)
+        ov.exchange(src, dst)
         return 0
     if ov.exists(dst):
         _unlink_name(k, ov, dst)

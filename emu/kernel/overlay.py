@@ -264,7 +264,7 @@ class Overlay:
         return self.lstat(parent).dev
 
     def put(self, guest: str, node: Inode) -> None:
-        self._drop_below(guest)
+        """A new name (nothing is below it: a removed directory took its entries along)."""
         self.entries[guest] = node
         self.children.setdefault(_parent(guest), set()).add(guest.rpartition("/")[2])
 
@@ -295,7 +295,8 @@ class Overlay:
 
     def remove(self, guest: str) -> None:
         """The name is gone: a whiteout hides the host's file, if the host has one there."""
-        self._drop_below(guest)
+        if stat.S_ISDIR(self.lstat(guest).mode):
+            self._drop_below(guest)
         self.entries.pop(guest, None)
         name = guest.rpartition("/")[2]
         lower = self.backing(guest) if self._ancestor_allows(guest) else None
@@ -318,11 +319,25 @@ class Overlay:
         prefix = old.rstrip("/") + "/"
         below = {new + k[len(old):]: v for k, v in self.entries.items() if k.startswith(prefix)}
         self.remove(old)
+        if self.exists(new):
+            self._drop_below(new)  # an empty directory replaced: its whiteouts go with it
         self.put(new, node)
         for path, child in below.items():
             self.entries[path] = child
             self.children.setdefault(_parent(path), set()).add(path.rpartition("/")[2])
         node.ctime_ns = self.now_ns()
+
+    def exchange(self, a: str, b: str) -> None:
+        """renameat2(RENAME_EXCHANGE): two existing names swap what they hold, subtrees included."""
+        nodes = self.copy_up(a), self.copy_up(b)
+        below = [{k[len(p):]: v for k, v in self.entries.items() if k.startswith(p + "/")} for p in (a, b)]
+        self._drop_below(a)
+        self._drop_below(b)
+        for path, node, subtree in ((a, nodes[1], below[1]), (b, nodes[0], below[0])):
+            self.entries[path] = node
+            for rel, child in subtree.items():
+                self.entries[path + rel] = child
+                self.children.setdefault(_parent(path + rel), set()).add((path + rel).rpartition("/")[2])
 
     def _drop_below(self, guest: str) -> None:
         prefix = guest.rstrip("/") + "/"
