@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from emu.memory import Memory
 
 FIRST_INO = 0x7E00_0000  # far above the inode numbers of the test trees; no clash with a host file
-TMPFS_DEV = 0x2F  # st_dev of the tmpfs mounts (/tmp, /dev/shm) and of what is created in them
 BLOCK = 512
 
 
@@ -258,9 +257,8 @@ class Overlay:
                      nlink=2 if kind is Kind.DIR else 1, _data=bytearray() if kind is Kind.REG else None)
 
     def dev_for(self, parent: str) -> int:
-        """st_dev of a file created in ``parent``: the tmpfs's, or the directory's own."""
-        if any(parent == t or parent.startswith(t + "/") for t in self.tmpfs):
-            return TMPFS_DEV
+        """st_dev of a file created in ``parent``: the directory's own, so that a new file is on the
+        same device as its neighbours (find -xdev, du -x and cp -x keep walking into it)."""
         return self.lstat(parent).dev
 
     def put(self, guest: str, node: Inode) -> None:
