@@ -412,3 +412,17 @@ def test_creat_and_chmod_through_proc_self_fd(tmp_path: Path) -> None:
     assert g("chmod", g.cstr(f"/proc/self/fd/{fd}"), 0o600) == 0
     assert _stat(g, "c")[0] & 0o777 == 0o600  # type: ignore[index]
     assert g("chmod", g.cstr("/proc/self/status"), 0o600) == -errno.EPERM
+
+
+def test_a_read_only_descriptor_opened_before_the_first_write_sees_the_guests_bytes(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"host bytes")
+    g = _g(tmp_path)
+    reader = g.open("f")
+    assert g.read_fd(reader, 5) == b"host "
+    writer = g.open("f", O_RDWR)
+    assert g("pwrite64", writer, g.alloc(5, b"GUEST"), 5, 5) == 5
+    assert g.read_fd(reader) == b"GUEST"  # the rest, from the offset it had reached
+    assert g("lseek", reader, 0, os.SEEK_SET) == 0 and g.read_fd(reader) == b"host GUEST"
+    assert _fstat(g, reader)[2] == 10 and (tmp_path / "f").read_bytes() == b"host bytes"
+    ro = GuestKernel(cwd=str(tmp_path), read_only=True)  # the negative control: no layer, host bytes only
+    assert ro.slurp("f") == b"host bytes"

@@ -232,6 +232,10 @@ def open_path(k: Kernel, dirfd: int, path: str, flags: int, mode: int = 0o666) -
         raise SyscallError(errno.EACCES)  # host devices, fifos, sockets stay out of the sandbox
     if is_dir and k.vfs.overlay is not None and k.vfs.overlay.touched(guest):
         return fswrite.open_dir(k, guest)  # the host's entries and the guest's
+    if k.vfs.overlay is not None and not is_dir:
+        from emu.kernel.overlay import LowerFile
+
+        return LowerFile(host, guest, k.vfs.overlay.copied)  # sees the guest's later writes too
     return HostFile(host, guest, is_dir)
 
 
@@ -409,7 +413,7 @@ def sys_statx(k: Kernel, dirfd: int, path_addr: int, flags: int, mask: int, buf:
     raw: bytes | None = None
     if path == "" and flags & abi.AT_EMPTY_PATH:
         file = k.files.file(_signed32(dirfd))
-        if isinstance(file, HostFile):
+        if isinstance(file, HostFile) and file.host_is_current():
             raw = _host_statx(file.fd, file.host_path, mask)
         info = file.stat()
     else:

@@ -22,7 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import DT_TYPES, OpenFile, StatInfo
+from emu.kernel.vfs import DT_TYPES, HostFile, OpenFile, StatInfo
 
 if TYPE_CHECKING:
     from emu.memory import Memory
@@ -168,6 +168,7 @@ class Overlay:
         self.children: dict[str, set[str]] = {}  # directory -> names of its entries above
         self.tmpfs = tmpfs
         self.mapped: set[Inode] = set()  # inodes with MAP_SHARED mappings to write back
+        self.copied: dict[tuple[int, int], Inode] = {}  # host (st_dev, st_ino) -> its copy in the guest's layer
         self._next_ino = FIRST_INO
 
     # ---------------------------------------------------------------- lookup
@@ -281,6 +282,7 @@ class Overlay:
                       st.st_ctime_ns, st.st_atime_ns, nlink=st.st_nlink, rdev=st.st_rdev)
         if kind is Kind.REG:
             inode.content_from = node
+            self.copied[(st.st_dev, st.st_ino)] = inode
         elif kind is Kind.DIR:
             inode.lower = node
         elif kind is Kind.LNK:
@@ -457,3 +459,48 @@ class OverlayFile(OpenFile):
     def mapped_in(self, mem: Memory, start: int, offset: int, length: int) -> None:
         self.inode.data  # noqa: B018 - a mapping needs the bytes in memory
         self.inode.maps.append(SharedMap(mem, start, offset, length))
+
+
+class LowerFile(HostFile):
+    """A host regular file opened read-only while the guest's layer is on: once the guest writes
+    the file (copying it up), this descriptor reads the guest's bytes too, from where it was."""
+
+    def __init__(self, host_path: str, guest_path: str, copied: dict[tuple[int, int], Inode]) -> None:
+        super().__init__(host_path, guest_path, False)
+        st = os.fstat(self.fd)
+        self.key = (st.st_dev, st.st_ino)
+        self.copied = copied
+        self._upper: OverlayFile | None = None
+
+    def upper(self) -> OverlayFile | None:
+        if self._upper is None and self.key in self.copied:
+            self._upper = OverlayFile(self.copied[self.key], self.guest_path, False, lambda: 0)
+            self._upper.pos = os.lseek(self.fd, 0, os.SEEK_CUR)
+        return self._upper
+
+    def host_is_current(self) -> bool:
+        return self.upper() is None
+
+    def read(self, size: int) -> bytes:
+        up = self.upper()
+        return up.read(size) if up is not None else super().read(size)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        up = self.upper()
+        return up.pread(size, offset) if up is not None else super().pread(size, offset)
+
+    def seek(self, offset: int, whence: int) -> int:
+        up = self.upper()
+        return up.seek(offset, whence) if up is not None else super().seek(offset, whence)
+
+    def size_left(self) -> int:
+        up = self.upper()
+        return up.size_left() if up is not None else super().size_left()
+
+    def stat(self) -> StatInfo:
+        up = self.upper()
+        return up.stat() if up is not None else super().stat()
+
+    def mmap_bytes(self, offset: int, length: int) -> bytes:
+        up = self.upper()
+        return up.mmap_bytes(offset, length) if up is not None else super().mmap_bytes(offset, length)

@@ -214,6 +214,10 @@ class HostFile(OpenFile):
         self.dir_pos = 0
         self._entries: list[tuple[int, int, bytes]] | None = None
 
+    def host_is_current(self) -> bool:
+        """Is the host file still what this descriptor shows (statx may ask the host)?"""
+        return True
+
     def read(self, size: int) -> bytes:
         if self.is_dir:
             raise SyscallError(errno.EISDIR)
