@@ -17,7 +17,7 @@ from emu.abi import AuxType, Prot, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.designs import DEFAULT_DESIGN, Design, get_design
 from emu.disasm import cs64, insn_text
-from emu.elf import LoadPlan, load_plan
+from emu.elf import FileId, LoadPlan, load_plan, plan_from_bytes
 from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, EmuError, LoadError, MemoryFault, UsageError
 from emu.guestio import GuestIO
 from emu.initstack import build_stack
@@ -285,16 +285,12 @@ class Machine:
         """execve: check the file now (errors go to the caller), replace the image before the next instruction."""
         from emu.kernel.fs import lookup
 
-        host = self._executable(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
-        try:
-            plan = load_plan(host)
-        except EmuError:
-            raise SyscallError(errno.ENOEXEC) from None
+        host, plan = self._executable(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
         self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
 
-    def _executable(self, guest: str) -> str:
-        """The host file execve loads: a regular file with an execute bit the caller may use (EACCES),
-        which the guest's layer has not rewritten (its bytes exist only in memory: ENOEXEC)."""
+    def _executable(self, guest: str) -> tuple[str, LoadPlan]:
+        """The file execve loads: a regular file with an execute bit the caller may use (EACCES), and
+        an ELF (ENOEXEC). One the guest wrote is loaded from the guest's layer, named by its path."""
         from emu.kernel.fswrite import MAY_EXEC, permitted
         from emu.kernel.overlay import Inode
 
@@ -302,11 +298,16 @@ class Machine:
         if not stat.S_ISREG(info.mode) or not permitted(self.kernel, info, MAY_EXEC):
             raise SyscallError(errno.EACCES)
         node = self.kernel.vfs.backing(guest)
-        if isinstance(node, Inode):
-            if node.content_from is None:
-                raise SyscallError(errno.ENOEXEC)
-            return node.content_from
-        return node
+        try:
+            if not isinstance(node, Inode):
+                return node, load_plan(node)
+            if node.content_from is not None:
+                return node.content_from, load_plan(node.content_from)
+            host = self.kernel.vfs.host_path(guest)  # never opened: it only names the image
+            ident = FileId(host, (os.major(node.dev), os.minor(node.dev)), node.ino)
+            return host, plan_from_bytes(bytes(node.data), ident)
+        except EmuError:
+            raise SyscallError(errno.ENOEXEC) from None
 
     def _replace_image(self, host: str, plan: LoadPlan, argv: list[bytes], envp: list[bytes]) -> None:
         """The new image in place of the old one (fs/exec.c): the old mappings and probes go; probes

@@ -426,3 +426,10 @@ def test_a_read_only_descriptor_opened_before_the_first_write_sees_the_guests_by
     assert _fstat(g, reader)[2] == 10 and (tmp_path / "f").read_bytes() == b"host bytes"
     ro = GuestKernel(cwd=str(tmp_path), read_only=True)  # the negative control: no layer, host bytes only
     assert ro.slurp("f") == b"host bytes"
+
+
+def test_programs_the_guest_wrote_can_be_executed(tmp_path: Path) -> None:
+    script = ("cp /bin/echo e && ./e copied && printf '#!/bin/sh\\necho script\\n' > s && chmod +x s && ./s && "
+              "chmod -x s; ./s; echo $?; : > e; ./e; echo $?")
+    (out, err, status), _ = _both([BASH, "-c", script], tmp_path)
+    assert out == b"copied\nscript\n126\n0\n" and b"./s: Permission denied" in err
