@@ -433,3 +433,13 @@ def test_programs_the_guest_wrote_can_be_executed(tmp_path: Path) -> None:
               "chmod -x s; ./s; echo $?; : > e; ./e; echo $?")
     (out, err, status), _ = _both([BASH, "-c", script], tmp_path)
     assert out == b"copied\nscript\n126\n0\n" and b"./s: Permission denied" in err
+
+
+def test_fallocate_grows_a_guest_file(tmp_path: Path) -> None:
+    g = _g(tmp_path)
+    fd = g.open("big", O_RDWR | O_CREAT, 0o600)
+    assert g("fallocate", fd, 0, 0, 8192) == 0 and _fstat(g, fd)[2] == 8192
+    assert g("fallocate", fd, 1, 0, 1 << 20) == 0 and _fstat(g, fd)[2] == 8192  # FALLOC_FL_KEEP_SIZE
+    assert g("fallocate", fd, 2, 0, 10) == -errno.EOPNOTSUPP  # FALLOC_FL_PUNCH_HOLE
+    assert g("fallocate", fd, 0, 0, 0) == -errno.EINVAL
+    assert g("fallocate", g.open("big"), 0, 0, 10) == -errno.EBADF

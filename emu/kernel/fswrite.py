@@ -460,6 +460,28 @@ def sys_ftruncate(k: Kernel, fd: int, length: int, *_: int) -> int:
     return fs.sys_ftruncate(k, fd, length)
 
 
+FALLOC_FL_KEEP_SIZE = 1
+
+
+def sys_fallocate(k: Kernel, fd: int, mode: int, offset: int, length: int, *_: int) -> int:
+    """Reserve space: the file grows to offset+length unless FALLOC_FL_KEEP_SIZE (nothing is reserved
+    in memory); punching and collapsing holes are EOPNOTSUPP, as on a file system without them."""
+    entry = k.files.get(fs._signed32(fd))
+    offset, length = fs._signed(offset), fs._signed(length)
+    if offset < 0 or length <= 0:
+        raise SyscallError(errno.EINVAL)
+    if not entry.flags & abi.O_ACCMODE:
+        raise SyscallError(errno.EBADF)
+    file = entry.file
+    if not isinstance(file, OverlayFile):
+        raise SyscallError(errno.ESPIPE if stat.S_ISFIFO(file.stat().mode) else errno.ENODEV)
+    if mode & ~FALLOC_FL_KEEP_SIZE:
+        raise SyscallError(errno.EOPNOTSUPP)
+    if not mode & FALLOC_FL_KEEP_SIZE and offset + length > file.inode.size:
+        file.truncate(offset + length)
+    return 0
+
+
 def _times(k: Kernel, times: int) -> tuple[int | None, int | None]:
     """utimensat's two timespecs: None where UTIME_OMIT; the virtual clock for NULL and UTIME_NOW."""
     now = k.clock.wall_ns()

@@ -197,6 +197,7 @@ def _rows() -> tuple[Row, ...]:
         r(26, "msync", lazy("fswrite", "sys_msync"), ("ptr", "u", "x"), "shared mappings written back"),
         r(73, "flock", lazy("locks", "sys_flock"), ("fd", "x")),
         r(85, "creat", fs.sys_creat, ("path", "mode")),
+        r(285, "fallocate", lazy("fswrite", "sys_fallocate"), ("fd", "x", "d", "d")),
     )
 
 
