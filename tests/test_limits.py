@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import struct
 from pathlib import Path
 
+import pytest
 from conftest import GuestKernel, run_emulated
 
 from emu import abi
+from emu.commands.common import size_arg
 from emu.kernel import limits
 
 RLIMIT_NPROC = 6
@@ -91,3 +94,11 @@ stop.set()
 def test_a_thread_loop_ends_with_enomem_inside_the_guest() -> None:
     out = run_emulated(["/usr/bin/python3.11", "-c", THREADS_UNTIL_REFUSED], memory_limit=256 * MIB)
     assert (out.out, out.status) == (b"True can't start new thread\n", 0), out.err
+
+
+def test_memory_limit_sizes() -> None:
+    assert size_arg("512M") == 512 * MIB and size_arg("2GiB") == 2 << 30 and size_arg("4096") == 4096
+    assert size_arg("none") == 0  # no cap
+    for bad in ("0", "12X", "", "-1G"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            size_arg(bad)
