@@ -12,7 +12,7 @@ import runpy
 import traceback
 from collections.abc import Iterable
 
-from emu.designs import BUILTIN, Design, DesignError, register
+from emu.designs import BUILTIN, Design, DesignError, register, shape_problems
 
 
 def _found(namespace: dict[str, object]) -> list[Design]:
@@ -33,6 +33,10 @@ def _where(path: str, err: BaseException) -> str:
     return f"{path}:{frames[-1].lineno}" if frames else path
 
 
+def _label(design: Design) -> str:
+    return repr(design.name) if isinstance(design.name, str) else "(unnamed)"
+
+
 def load_design_file(path: str) -> list[Design]:
     """Run ``path``, then validate and register the designs it defines. DesignError (one line) if anything is wrong."""
     if not os.path.isfile(path):
@@ -41,11 +45,17 @@ def load_design_file(path: str) -> list[Design]:
         namespace = runpy.run_path(path, run_name="uprobe_emu_design")
     except SyntaxError as err:
         raise DesignError(f"{path}:{err.lineno}: syntax error: {err.msg}") from None
+    except SystemExit as err:  # the file's own sys.exit() must not end the tool (with its status) unnoticed
+        raise DesignError(f"{_where(path, err)}: the design file called sys.exit({err.code!r})") from None
     except Exception as err:  # the user's code: report where it failed, in one line
         raise DesignError(f"{_where(path, err)}: {type(err).__name__}: {err}") from None
     designs = _found(namespace)
     if not designs:
         raise DesignError(f"{path}: defines no Design (build one with emu.designs.Design(...))")
+    for design in designs:  # types and sizes before anything else looks at a field
+        shape = shape_problems(design)
+        if shape:
+            raise DesignError(f"{path}: design {_label(design)}: " + "; ".join(shape))
     names = [d.name for d in designs]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

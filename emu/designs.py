@@ -16,6 +16,7 @@ refuses an inconsistent design with a message naming the problem, before anythin
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import re
@@ -238,7 +239,11 @@ class Design:
         return self.handler.outside_errno if self.handler is not None else None
 
     def problems(self) -> list[str]:
-        """Everything inconsistent in this design (empty: it can run)."""
+        """Everything inconsistent in this design (empty: it can run). Types and sizes come first:
+        nothing is assembled or disassembled until every field has the right type and fits."""
+        shape = shape_problems(self)
+        if shape:
+            return shape
         found = [] if _NAME.match(self.name) else [f"design name {self.name!r} must be letters, digits, - _ . +"]
         parts = {"patch": self.patch, "trampoline": self.trampoline, "handler": self.handler}
         missing = [k for k, v in parts.items() if v is None]
@@ -271,6 +276,73 @@ class Design:
         if found:
             raise DesignError(f"design {self.name!r}: " + "; ".join(found))
         return self
+
+
+# Where code must fit, in bytes (spec 3.3, 4.3); code longer than MAX_CODE_TEXT is refused unread.
+CODE_ROOM = {("Patch", "prefix"): 10, ("Trampoline", "code"): PAGE_SIZE, ("ReturnTrampoline", "code"): XOL_SLOT_BYTES}
+MAX_CODE_TEXT = 64 * 1024
+PARTS = {"patch": "Patch", "trampoline": "Trampoline", "handler": "Handler", "uretprobe": "ReturnTrampoline"}
+
+
+def _type_problem(what: str, annotation: str, value: object) -> str | None:
+    """Does ``value`` have the type the field's annotation names? (The message says what it wanted.)"""
+    if annotation == "Code":
+        if isinstance(value, bytes | str):
+            return None
+        wanted = "assembly text (str) or bytes"
+    elif annotation in ("int", "int | None"):
+        if isinstance(value, int) and not isinstance(value, bool) or (value is None and "None" in annotation):
+            return None
+        wanted = "an int" + (" or None" if "None" in annotation else "")
+    elif annotation == "bool":
+        if isinstance(value, bool):
+            return None
+        wanted = "True or False"
+    elif annotation.startswith("tuple[str"):
+        if isinstance(value, tuple | list) and all(isinstance(v, str) for v in value):
+            return None
+        wanted = "a tuple of register names"
+    else:  # str, SiteForm and the Literal choices
+        if isinstance(value, str):
+            return None
+        wanted = "a str"
+    return f"{what} must be {wanted}, not {type(value).__name__} {_short(value)}"
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _code_size_problem(what: str, room: int, code: str | bytes) -> str | None:
+    """Code far too big to read at all (the exact fit is checked later, on the assembled bytes)."""
+    if len(code) <= MAX_CODE_TEXT:
+        return None
+    unit = "characters of assembly" if isinstance(code, str) else "bytes"
+    return f"{what} is {len(code)} {unit}, more than {MAX_CODE_TEXT} (it must fit {room} bytes)"
+
+
+def shape_problems(design: object) -> list[str]:
+    """Wrong types and oversized code in a design, found without assembling anything."""
+    if not isinstance(design, Design):
+        return [f"not a Design: {type(design).__name__}"]
+    found = [] if isinstance(design.name, str) else [f"design name must be a str, not {type(design.name).__name__}"]
+    for attr, cls in PARTS.items():
+        part = getattr(design, attr)
+        if part is None and attr != "uretprobe":
+            continue
+        if type(part).__name__ != cls:
+            found.append(f"{attr} must be a {cls}{' or None' if attr != 'uretprobe' else ''}, not {type(part).__name__}")
+            continue
+        for f in dataclasses.fields(part):
+            value = getattr(part, f.name)
+            problem = _type_problem(f"{attr}.{f.name}", str(f.type), value)
+            room = CODE_ROOM.get((cls, f.name))
+            if problem is None and room is not None:
+                problem = _code_size_problem(f"{attr}.{f.name}", room, value)
+            if problem is not None:
+                found.append(problem)
+    return found
 
 
 def _choice(what: str, value: object, allowed: object) -> list[str]:
@@ -326,9 +398,10 @@ _user_design_files: dict[str, str] = {}  # name -> the file that defined it
 def register(design: Design, path: str | None = None) -> Design:
     """Make a user design known by name to every command (validated first; replaces an earlier user design
     of the same name). ``path``: the design file it comes from, for commands that must name it again."""
+    design.validate()
     if design.name in DESIGNS:
         raise DesignError(f"design name {design.name!r} is built in; pick another")
-    _user_designs[design.name] = design.validate()
+    _user_designs[design.name] = design
     if path is not None:
         _user_design_files[design.name] = path
     return design

@@ -23,7 +23,8 @@ class LoadedImage:
 
     @property
     def entry(self) -> int:
-        return self.plan.entry + self.bias
+        """e_entry plus the load bias, wrapping as the kernel's unsigned long sum does."""
+        return (self.plan.entry + self.bias) & ((1 << 64) - 1)
 
     @property
     def phdr(self) -> int:

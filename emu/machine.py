@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import errno
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.cpumodel import MIN_SIGSTKSZ
 from emu.designs import DEFAULT_DESIGN, Design, get_design
 from emu.disasm import cs64, insn_text
-from emu.elf import LoadPlan, load_plan
+from emu.elf import FileId, LoadPlan, load_plan, plan_from_bytes
 from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, EmuError, LoadError, MemoryFault, UsageError
 from emu.guestio import GuestIO
 from emu.initstack import build_stack
@@ -285,14 +286,29 @@ class Machine:
         """execve: check the file now (errors go to the caller), replace the image before the next instruction."""
         from emu.kernel.fs import lookup
 
-        host = self.kernel.vfs.host_path(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
-        if not os.path.isfile(host) or not os.access(host, os.X_OK):
+        host, plan = self._executable(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
+        self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
+
+    def _executable(self, guest: str) -> tuple[str, LoadPlan]:
+        """The file execve loads: a regular file with an execute bit the caller may use (EACCES), and
+        an ELF (ENOEXEC). One the guest wrote is loaded from the guest's layer, named by its path."""
+        from emu.kernel.fswrite import MAY_EXEC, permitted
+        from emu.kernel.overlay import Inode
+
+        info = self.kernel.vfs.lstat(guest)
+        if not stat.S_ISREG(info.mode) or not permitted(self.kernel, info, MAY_EXEC):
             raise SyscallError(errno.EACCES)
+        node = self.kernel.vfs.backing(guest)
         try:
-            plan = load_plan(host)
+            if not isinstance(node, Inode):
+                return node, load_plan(node)
+            if node.content_from is not None:
+                return node.content_from, load_plan(node.content_from)
+            host = self.kernel.vfs.host_path(guest)  # never opened: it only names the image
+            ident = FileId(host, (os.major(node.dev), os.minor(node.dev)), node.ino)
+            return host, plan_from_bytes(bytes(node.data), ident)
         except EmuError:
             raise SyscallError(errno.ENOEXEC) from None
-        self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
 
     def _replace_image(self, host: str, plan: LoadPlan, argv: list[bytes], envp: list[bytes]) -> None:
         """The new image in place of the old one (fs/exec.c): the old mappings and probes go; probes
@@ -445,6 +461,10 @@ class Machine:
         if interp_plan is not None:
             interp = map_image(self.mem, interp_plan, choose_bias(self.mem, interp_plan, self.options.interp_base),
                                name=self._interp_guest)
+        for image in (exe, interp):
+            if image is not None and image.entry >= abi.TASK_SIZE:
+                # load_elf_binary: BAD_ADDR(elf_entry) fails the execve with EINVAL
+                raise LoadError(image.plan.file.path, f"entry point {image.entry:#x} is outside the user address space")
         brk = abi.page_up(exe.end)
         self.kernel.brk.start = self.kernel.brk.current = brk
         return exe, interp

@@ -91,11 +91,30 @@ def test_user_design_names_cannot_shadow_builtins(tmp_path: Path) -> None:
         load_design_file(str(path))
 
 
+_PARTS = "from emu.designs import Design, Patch, Trampoline, Handler\n"
+_TRAMP = "push %rcx; push %r11; push %rax; movq $336,%rax; syscall; pop %rax; pop %r11; pop %rcx; ret"
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("from emu.designs import Design\nx = (\n", ":2: syntax error"),
     ("import os\n\nraise ValueError('no')\n", ":3: ValueError: no"),
     ("x = 1\n", "defines no Design"),
     ("from emu.designs import Design\na = Design('twin')\nb = Design('twin', source='other')\n", "two designs are named 'twin'"),
+    # types and sizes are checked before anything is assembled (a 50 MB trampoline is refused unread)
+    (f"{_PARTS}d = Design('t', patch=Patch(), trampoline=Trampoline({_TRAMP!r}), handler=Handler(sp_skip='8'))\n",
+     "handler.sp_skip must be an int, not str '8'"),
+    (f"{_PARTS}d = Design('t', patch=Patch(), trampoline=Trampoline({_TRAMP!r}), handler=Handler(saved='ax'))\n",
+     "handler.saved must be a tuple of register names"),
+    (f"{_PARTS}d = Design('t', patch=Patch(), trampoline=Trampoline(123), handler=Handler())\n",
+     "trampoline.code must be assembly text (str) or bytes, not int 123"),
+    (f"{_PARTS}d = Design('t', patch=Handler(), trampoline=Trampoline({_TRAMP!r}), handler=Handler())\n",
+     "patch must be a Patch or None, not Handler"),
+    (f"{_PARTS}d = Design('t', patch=Patch(), trampoline=Trampoline('nop;' * (13 << 20)), handler=Handler())\n",
+     "trampoline.code is 54525952 characters of assembly, more than 65536"),
+    (f"{_PARTS}d = Design('t', patch=Patch(), trampoline=Trampoline(bytes(50 << 20)), handler=Handler())\n",
+     "trampoline.code is 52428800 bytes, more than 65536 (it must fit 4096 bytes)"),
+    (f"{_PARTS}d = Design(['t'])\n", "design name must be a str, not list"),
+    ("import sys\nsys.exit(0)\n", "design.py:2: the design file called sys.exit(0)"),
 ])
 def test_design_file_errors_are_one_line(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "design.py"
@@ -103,6 +122,19 @@ def test_design_file_errors_are_one_line(tmp_path: Path, text: str, message: str
     with pytest.raises(DesignError) as info:
         load_design_file(str(path))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_well_typed_design_file_loads(tmp_path: Path) -> None:
+    """The negative control of the type checks: the same file with the right types is accepted."""
+    path = tmp_path / "good.py"
+    path.write_text(f"{_PARTS}d = Design('well-typed', patch=Patch(), trampoline=Trampoline({_TRAMP!r}), "
+                    "handler=Handler(sp_skip=8, saved=('ax', 'r11', 'cx')))\n")
+    assert [d.name for d in load_design_file(str(path))] == ["well-typed"]
+
+
+def test_wrong_types_in_the_python_api_are_a_design_error_not_a_type_error() -> None:
+    with pytest.raises(DesignError, match="handler.outside_errno must be an int"):
+        Design("api", patch=Patch(), trampoline=Trampoline(_TRAMP), handler=Handler(outside_errno="ENXIO")).validate()  # type: ignore[arg-type]
 
 
 def test_cli_refuses_a_bad_design_file_before_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -50,25 +50,31 @@ def _listing(g: GuestKernel, path: str) -> list[bytes]:
 
 
 # ------------------------------------------------------------------------------------ read-only sandbox
+@pytest.fixture
+def ro() -> GuestKernel:
+    """--read-only: no in-memory layer, every write to the file system is EROFS."""
+    return GuestKernel(read_only=True)
+
+
 @pytest.mark.parametrize("flags", [O_WRONLY, O_RDWR, O_WRONLY | abi.O_APPEND, O_RDONLY | abi.O_TRUNC,
                                    O_WRONLY | abi.O_CREAT | abi.O_TRUNC])
-def test_opening_an_existing_file_for_writing_is_erofs(guest: GuestKernel, flags: int) -> None:
-    assert guest.open(FIXTURE, flags, 0o644) == -errno.EROFS
+def test_opening_an_existing_file_for_writing_is_erofs(ro: GuestKernel, flags: int) -> None:
+    assert ro.open(FIXTURE, flags, 0o644) == -errno.EROFS
 
 
 def test_a_readonly_open_still_works_and_reads_the_file(guest: GuestKernel) -> None:
     assert guest.slurp(FIXTURE) == (REPO / FIXTURE).read_bytes()
 
 
-def test_o_creat_of_a_missing_file_is_erofs_but_its_parent_must_exist(guest: GuestKernel) -> None:
-    assert guest.open("fixtures/new-file", O_WRONLY | abi.O_CREAT, 0o644) == -errno.EROFS
-    assert guest.open("fixtures/no-dir/new-file", O_WRONLY | abi.O_CREAT, 0o644) == -errno.ENOENT
-    assert guest.open("fixtures/hello.c/x", O_WRONLY | abi.O_CREAT, 0o644) == -errno.ENOTDIR
+def test_o_creat_of_a_missing_file_is_erofs_but_its_parent_must_exist(ro: GuestKernel) -> None:
+    assert ro.open("fixtures/new-file", O_WRONLY | abi.O_CREAT, 0o644) == -errno.EROFS
+    assert ro.open("fixtures/no-dir/new-file", O_WRONLY | abi.O_CREAT, 0o644) == -errno.ENOENT
+    assert ro.open("fixtures/hello.c/x", O_WRONLY | abi.O_CREAT, 0o644) == -errno.ENOTDIR
     assert not (REPO / "fixtures/new-file").exists()
 
 
-def test_o_excl_on_an_existing_file_is_eexist_before_erofs(guest: GuestKernel) -> None:
-    assert guest.open(FIXTURE, O_WRONLY | abi.O_CREAT | abi.O_EXCL, 0o644) == -errno.EEXIST
+def test_o_excl_on_an_existing_file_is_eexist_before_erofs(ro: GuestKernel) -> None:
+    assert ro.open(FIXTURE, O_WRONLY | abi.O_CREAT | abi.O_EXCL, 0o644) == -errno.EEXIST
 
 
 def test_directories_refuse_writes_with_eisdir(guest: GuestKernel) -> None:
@@ -76,8 +82,8 @@ def test_directories_refuse_writes_with_eisdir(guest: GuestKernel) -> None:
     assert guest.open(FIXTURE, abi.O_DIRECTORY) == -errno.ENOTDIR
 
 
-def test_o_tmpfile_is_erofs_in_a_directory(guest: GuestKernel) -> None:
-    assert guest.open("fixtures", O_RDWR | abi.O_TMPFILE, 0o600) == -errno.EROFS
+def test_o_tmpfile_is_erofs_in_a_directory(ro: GuestKernel) -> None:
+    assert ro.open("fixtures", O_RDWR | abi.O_TMPFILE, 0o600) == -errno.EROFS
 
 
 def test_dev_null_is_writable_and_reads_empty(guest: GuestKernel) -> None:
@@ -117,27 +123,27 @@ def test_reading_a_write_only_fd_and_writing_a_read_only_one_are_ebadf(guest: Gu
     assert guest("read", null, guest.alloc(8), 8) == -errno.EBADF
 
 
-def test_access_w_ok_is_erofs_except_for_devices(guest: GuestKernel) -> None:
-    assert guest("access", guest.cstr(FIXTURE), os.W_OK) == -errno.EROFS
-    assert guest("access", guest.cstr(FIXTURE), os.R_OK) == 0
-    assert guest("access", guest.cstr("/dev/null"), os.W_OK | os.R_OK) == 0
-    assert guest("access", guest.cstr(FIXTURE), os.X_OK) == -errno.EACCES
-    assert guest("access", guest.cstr(sample("hello_static")), os.X_OK) == 0
-    assert guest("access", guest.cstr("fixtures/nope"), os.F_OK) == -errno.ENOENT
+def test_access_w_ok_is_erofs_except_for_devices(ro: GuestKernel) -> None:
+    assert ro("access", ro.cstr(FIXTURE), os.W_OK) == -errno.EROFS
+    assert ro("access", ro.cstr(FIXTURE), os.R_OK) == 0
+    assert ro("access", ro.cstr("/dev/null"), os.W_OK | os.R_OK) == 0
+    assert ro("access", ro.cstr(FIXTURE), os.X_OK) == -errno.EACCES
+    assert ro("access", ro.cstr(sample("hello_static")), os.X_OK) == 0
+    assert ro("access", ro.cstr("fixtures/nope"), os.F_OK) == -errno.ENOENT
 
 
-def test_changes_to_names_are_refused_like_a_readonly_mount(guest: GuestKernel) -> None:
-    assert guest("mkdir", guest.cstr("fixtures/newdir"), 0o755) == -errno.EROFS
-    assert guest("mkdir", guest.cstr("fixtures"), 0o755) == -errno.EEXIST
-    assert guest("mkdir", guest.cstr("nope/newdir"), 0o755) == -errno.ENOENT
-    assert guest("unlink", guest.cstr(FIXTURE)) == -errno.EROFS
-    assert guest("unlink", guest.cstr("fixtures/nope")) == -errno.ENOENT
-    assert guest("rename", guest.cstr(FIXTURE), guest.cstr("fixtures/x")) == -errno.EROFS
-    assert guest("chmod", guest.cstr(FIXTURE), 0o777) == -errno.EROFS
-    assert guest("symlink", guest.cstr("x"), guest.cstr("fixtures/newlink")) == -errno.EROFS
-    assert guest("truncate", guest.cstr(FIXTURE), 0) == -errno.EROFS
-    assert guest("utimensat", AT_FDCWD, guest.cstr(FIXTURE), 0, 0) == -errno.EROFS
-    assert guest("setxattr", guest.cstr(FIXTURE), guest.cstr("user.x"), guest.cstr("v"), 1, 0) == -errno.EROFS
+def test_changes_to_names_are_refused_like_a_readonly_mount(ro: GuestKernel) -> None:
+    assert ro("mkdir", ro.cstr("fixtures/newdir"), 0o755) == -errno.EROFS
+    assert ro("mkdir", ro.cstr("fixtures"), 0o755) == -errno.EEXIST
+    assert ro("mkdir", ro.cstr("nope/newdir"), 0o755) == -errno.ENOENT
+    assert ro("unlink", ro.cstr(FIXTURE)) == -errno.EROFS
+    assert ro("unlink", ro.cstr("fixtures/nope")) == -errno.ENOENT
+    assert ro("rename", ro.cstr(FIXTURE), ro.cstr("fixtures/x")) == -errno.EROFS
+    assert ro("chmod", ro.cstr(FIXTURE), 0o777) == -errno.EROFS
+    assert ro("symlink", ro.cstr("x"), ro.cstr("fixtures/newlink")) == -errno.EROFS
+    assert ro("truncate", ro.cstr(FIXTURE), 0) == -errno.EROFS
+    assert ro("utimensat", AT_FDCWD, ro.cstr(FIXTURE), 0, 0) == -errno.EROFS
+    assert ro("setxattr", ro.cstr(FIXTURE), ro.cstr("user.x"), ro.cstr("v"), 1, 0) == -errno.EROFS
     assert (REPO / FIXTURE).stat().st_mode & 0o777 != 0o777
 
 
@@ -267,17 +273,17 @@ def test_newfstatat_and_empty_path(guest: GuestKernel) -> None:
     assert guest("newfstatat", AT_FDCWD, guest.cstr(FIXTURE + "/"), buf, 0) == -errno.ENOTDIR
 
 
-def test_statfs_is_the_hosts_marked_readonly(guest: GuestKernel) -> None:
-    buf = guest.alloc(120)
-    assert guest("statfs", guest.cstr("fixtures"), buf) == 0
-    f_type, f_bsize = struct.unpack_from("<qq", guest.read(buf, 120), 0)
-    f_flags, = struct.unpack_from("<q", guest.read(buf, 120), 88)
+def test_statfs_is_the_hosts_marked_readonly(ro: GuestKernel) -> None:
+    buf = ro.alloc(120)
+    assert ro("statfs", ro.cstr("fixtures"), buf) == 0
+    f_type, f_bsize = struct.unpack_from("<qq", ro.read(buf, 120), 0)
+    f_flags, = struct.unpack_from("<q", ro.read(buf, 120), 88)
     host = os.statvfs(REPO / "fixtures")
     assert f_bsize == host.f_bsize and f_type != 0
     assert f_flags & ST_RDONLY
-    assert guest("statfs", guest.cstr("/no/such/dir"), buf) == -errno.ENOENT
-    assert guest("statfs", guest.cstr("/proc/self/maps"), buf) == 0
-    assert struct.unpack_from("<q", guest.read(buf, 120), 0)[0] == 0x9FA0  # PROC_SUPER_MAGIC
+    assert ro("statfs", ro.cstr("/no/such/dir"), buf) == -errno.ENOENT
+    assert ro("statfs", ro.cstr("/proc/self/maps"), buf) == 0
+    assert struct.unpack_from("<q", ro.read(buf, 120), 0)[0] == 0x9FA0  # PROC_SUPER_MAGIC
 
 
 def test_xattrs_read_through_to_the_host(guest: GuestKernel, tmp_path: Path) -> None:

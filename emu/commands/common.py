@@ -51,8 +51,32 @@ def cpu_count(text: str) -> int:
     return value
 
 
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def size_arg(text: str) -> int:
+    """A byte count: 512M, 2G, 1048576; ``none`` (0) for no limit."""
+    if text.strip().lower() == "none":
+        return 0
+    body = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = body[-1:] if body[-1:] in SIZE_UNITS and not body[-1:].isdigit() else ""
+    try:
+        value = int(body[: len(body) - len(unit)]) * SIZE_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size (like 512M or 2G): {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
 def add_process_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rootfs", default="/", metavar="DIR", help="guest root directory (read-only; default /)")
+    p.add_argument("--rootfs", default="/", metavar="DIR",
+                   help="guest root directory (never written: guest writes stay in memory; default /)")
+    p.add_argument("--read-only", action="store_true",
+                   help="mount the guest's file system read-only: every write is EROFS")
+    p.add_argument("--memory-limit", type=size_arg, metavar="SIZE",
+                   help="cap on the memory all guest processes map together (mmap/brk/fork get ENOMEM); "
+                        "default: an eighth of the host's RAM; 'none' for no cap")
     p.add_argument("--max-insns", type=positive_int, metavar="N", help="stop the guest after N instructions")
     p.add_argument("--timeout", type=positive_float, metavar="S", help="stop the guest after S seconds")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="set a guest environment variable")
@@ -86,8 +110,11 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
 
     if not os.path.isdir(args.rootfs):
         raise UsageError(f"--rootfs {args.rootfs}: not a directory")
+    from emu.kernel.limits import default_memory_limit
+
     cpus = {} if args.cpus is None else {"cpus": args.cpus}
-    kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed, **cpus)
+    limit = default_memory_limit() if args.memory_limit is None else args.memory_limit or None
+    kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed, read_only=args.read_only, memory_limit=limit, **cpus)
     return RunOptions(kernel=kernel, exe_base=args.exe_base, interp_base=args.interp_base,
                       max_insns=args.max_insns, timeout_s=args.timeout, **extra)
 

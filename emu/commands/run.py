@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import struct
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from emu.commands.common import (
     stderr_line,
     write_json,
 )
+from emu.errors import UsageError
 
 if TYPE_CHECKING:
     from emu.libprobes import LibraryProbe
@@ -78,6 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-info", action=_CpuInfo)
     p.add_argument("--strace", action="store_true", help="print each syscall on stderr, like strace")
     p.add_argument("--json", metavar="FILE", help="write the run's result as JSON")
+    p.add_argument("--save-writes", metavar="DIR",
+                   help="after the run, copy the files the guest wrote into DIR (removed names: DIR/.whiteouts)")
     add_one_design_option(p)
     p.add_argument("-p", "--probe", action="append", default=[], metavar="SPEC",
                    help="attach a probe: uprobe:SYM[+OFF], uprobe:0xADDR, uretprobe:SYM, usdt:PROVIDER:NAME, "
@@ -96,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json:
         check_writable(args.json)
+    if args.save_writes is not None:
+        _check_save_dir(args)
     options = run_options(args, count_insns=bool(args.json), strace=stderr_line if args.strace else None,
                           design=chosen_design(args), sched_quantum=args.sched_quantum, sched_seed=args.sched_seed)
     machine = Machine(args.binary, [args.binary, *args.args], guest_env(args), options, GuestIO.terminal())
@@ -108,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
 
         session = VerifySession(machine, args.verify or (), shstk=args.shstk, rsb=args.rsb)
     result = machine.run()
+    if args.save_writes is not None and machine.kernel.vfs.overlay is not None:
+        machine.kernel.vfs.overlay.save(args.save_writes)
     if result.message:
         stderr_line(f"{PROG}: {result.message}")
     shown: list[Attachment | LibraryProbe] = [a for a in machine.attachments if not a.library]
@@ -130,6 +138,19 @@ def run(args: argparse.Namespace) -> int:
             payload["rsb"] = rsb.to_json()
         write_json(args.json, payload)
     return result.exit_status
+
+
+def _check_save_dir(args: argparse.Namespace) -> None:
+    """--save-writes wants a directory that is empty or can be made, and a writable guest."""
+    if args.read_only:
+        raise UsageError("--save-writes: nothing to save with --read-only")
+    target = args.save_writes
+    if os.path.exists(target) and (not os.path.isdir(target) or os.listdir(target)):
+        raise UsageError(f"--save-writes {target}: not an empty directory")
+    try:
+        os.makedirs(target, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--save-writes {target}: {exc.strerror}") from None
 
 
 def _attach(machine: Machine, spec: str, print_args: bool, detach_after: int | None) -> Attachment | LibraryProbe:

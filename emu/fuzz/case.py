@@ -122,5 +122,5 @@ class Case:
                 action=Action.from_json(d["action"]) if d.get("action") else None,
                 uretprobe=bool(d.get("uretprobe", False)),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UsageError(f"not a fuzz case record: {exc}") from None

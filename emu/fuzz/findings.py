@@ -105,10 +105,12 @@ def load_record(path: str) -> tuple[Case, str, str | None]:
     if path.endswith(".elf"):
         path = path[: -len(".elf")] + ".json"
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             record = json.load(fh)
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not JSON (not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(record, dict) or "case" not in record or "design" not in record:

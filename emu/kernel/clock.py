@@ -17,3 +17,7 @@ class VirtualClock:
 
     def advance(self, ns: int) -> None:
         self.elapsed += ns
+
+    def wall_ns(self) -> int:
+        """The realtime clock's reading without moving it on (file times)."""
+        return self.realtime_start + self.elapsed

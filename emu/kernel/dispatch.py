@@ -22,6 +22,8 @@ from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import Family, SharedFdTable
+from emu.kernel.limits import default_memory_limit
+from emu.kernel.overlay import Overlay
 from emu.kernel.process import DEFAULT_RLIMITS
 from emu.kernel.sched import Scheduler
 from emu.kernel.signal import SignalState
@@ -52,6 +54,8 @@ class KernelConfig:
     realtime_start_ns: int = REALTIME_START_NS
     hostname: str = "uprobe-emu"
     cpus: int = DEFAULT_CPUS  # what sched_getaffinity, /proc/cpuinfo, /sys/devices/system/cpu and CPUID count
+    read_only: bool = False  # True: every write to the file system is EROFS (no in-memory layer)
+    memory_limit: int | None = field(default_factory=default_memory_limit)  # all processes' mappings; None: no cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +93,15 @@ class Kernel:
         self.table = build_table()
         self.files: SharedFdTable = SharedFdTable()
         cwd = config.cwd or (os.getcwd() if config.rootfs == "/" else "/")
-        self.vfs = Vfs(config.rootfs, cwd)
         self.clock = VirtualClock(config.realtime_start_ns)
+        self.vfs = Vfs(config.rootfs, cwd)
+        if not config.read_only:
+            self.vfs.overlay = Overlay(self.vfs.host_path, self.clock.wall_ns)
         self.random = random.Random(config.seed)
         self.sched = Scheduler(Task(config.pid, SignalState()), self.clock, cpu.stop)
         self.rlimits = dict(DEFAULT_RLIMITS)
         self.brk = Brk(0, 0)
+        self.shared_readonly: list[tuple[int, int, int]] = []  # MAP_SHARED of read-only fds: (start, end, inode)
         self.ident = Identity(config.pid, config.ppid, config.uid, config.gid, "", (), (), ())
         self.umask = 0o022
         self.next_inode = 1000

@@ -170,7 +170,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
 
     pid = child.config.pid
     child.files = parent.files.fork()
-    child.vfs.cwd = parent.vfs.cwd
+    child.vfs = parent.vfs.fork()  # one file system (and its in-memory layer) for the whole run
     child.clock = parent.clock  # one virtual timeline for the whole run
     child.random.setstate(parent.random.getstate())
     child.rlimits = dict(parent.rlimits)

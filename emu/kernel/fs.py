@@ -54,7 +54,7 @@ WRITE_FLAGS = abi.O_WRONLY | abi.O_RDWR | abi.O_TRUNC | abi.O_APPEND
 O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE: O_TMPFILE without O_DIRECTORY
 ST_RDONLY = 1  # statfs f_flags: the sandbox mounts everything read-only
 ST_NOSUID, ST_NODEV = 2, 4
-PROC_SUPER_MAGIC, PIPEFS_MAGIC = 0x9FA0, 0x50495045
+PROC_SUPER_MAGIC, PIPEFS_MAGIC, TMPFS_MAGIC = 0x9FA0, 0x50495045, 0x01021994
 STATFS_FLAGS_OFFSET = 88  # f_flags in struct statfs (x86-64)
 XATTR_SIZE_MAX = 65536
 POSIX_FADV_MAX = 5
@@ -163,10 +163,7 @@ def stat_path(k: Kernel, guest: str) -> StatInfo:
     info = procfs.stat_of(k, guest) or sysfs.stat_of(guest) or cpufs.stat_of(k, guest)
     if info is not None:
         return info
-    try:
-        return StatInfo.from_host(os.lstat(k.vfs.host_path(guest)))
-    except OSError as exc:
-        raise _host_errno(exc, errno.ENOENT) from None
+    return k.vfs.lstat(guest)
 
 
 def _parent_must_exist(k: Kernel, dirfd: int, path: str) -> str:
@@ -184,20 +181,25 @@ def _wants_write(flags: int) -> bool:
     return (flags & abi.O_ACCMODE) in (abi.O_WRONLY, abi.O_RDWR)
 
 
-def open_path(k: Kernel, dirfd: int, path: str, flags: int) -> OpenFile:
-    """Linux's order of checks in open: lookup, O_CREAT|O_EXCL, type checks, then the read-only mount."""
+def open_path(k: Kernel, dirfd: int, path: str, flags: int, mode: int = 0o666) -> OpenFile:
+    """Linux's order of checks in open: lookup, O_CREAT|O_EXCL, type checks, then the mount's."""
+    from emu.kernel import fswrite
+    from emu.kernel.overlay import Inode
+
     follow = not flags & abi.O_NOFOLLOW and not (flags & abi.O_CREAT and flags & abi.O_EXCL)
     try:
         guest = lookup(k, dirfd, path, follow)
     except SyscallError as err:
         if err.errno == errno.ENOENT and flags & abi.O_CREAT and not flags & O_TMPFILE_BIT:
-            _parent_must_exist(k, dirfd, path)
-            raise SyscallError(errno.EROFS) from None  # creating would write to the read-only sandbox
+            return fswrite.create(k, dirfd, path, flags, mode)  # EROFS on a read-only mount
         raise
     synthetic = procfs.open_file(k, guest, flags) or sysfs.open_file(guest, flags) or cpufs.open_file(k, guest, flags)
     if synthetic is not None:
         return synthetic
-    host = k.vfs.host_path(guest)
+    node = k.vfs.backing(guest)
+    if isinstance(node, Inode):
+        return fswrite.open_inode(k, guest, node, flags)
+    host = node
     try:
         st = os.lstat(host)
     except OSError as exc:
@@ -213,7 +215,9 @@ def open_path(k: Kernel, dirfd: int, path: str, flags: int) -> OpenFile:
     if stat.S_ISLNK(st.st_mode):
         raise SyscallError(errno.ELOOP)
     if flags & O_TMPFILE_BIT:
-        raise SyscallError(errno.EROFS if is_dir else errno.ENOTDIR)
+        if is_dir:
+            return fswrite.tmpfile(k, guest, flags, mode)  # EROFS on a read-only mount
+        raise SyscallError(errno.ENOTDIR)
     if flags & abi.O_CREAT and is_dir:
         raise SyscallError(errno.EISDIR)
     if flags & abi.O_DIRECTORY and not is_dir:
@@ -223,16 +227,24 @@ def open_path(k: Kernel, dirfd: int, path: str, flags: int) -> OpenFile:
     if guest in ALLOWED_DEVICES and stat.S_ISCHR(st.st_mode):
         return Device(guest, host, k.random.randbytes)
     if _wants_write(flags) or (flags & abi.O_TRUNC and stat.S_ISREG(st.st_mode)):
-        raise SyscallError(errno.EROFS)
+        if k.vfs.overlay is None or not stat.S_ISREG(st.st_mode):
+            raise SyscallError(errno.EROFS)
+        return fswrite.open_host_for_write(k, guest, flags)
     if not (stat.S_ISREG(st.st_mode) or is_dir):
         raise SyscallError(errno.EACCES)  # host devices, fifos, sockets stay out of the sandbox
+    if is_dir and k.vfs.overlay is not None and k.vfs.overlay.touched(guest):
+        return fswrite.open_dir(k, guest)  # the host's entries and the guest's
+    if k.vfs.overlay is not None and not is_dir:
+        from emu.kernel.overlay import LowerFile
+
+        return LowerFile(host, guest, k.vfs.overlay.copied)  # sees the guest's later writes too
     return HostFile(host, guest, is_dir)
 
 
 def sys_openat(k: Kernel, dirfd: int, path_addr: int, flags: int, mode: int, *_: int) -> int:
     path = _path(k, path_addr)
     flags &= 0xFFFFFFFF
-    file = open_path(k, dirfd, path, flags)
+    file = open_path(k, dirfd, path, flags, mode & 0o7777)
     # F_GETFL shows O_LARGEFILE (forced on 64-bit), never O_CLOEXEC or the creation flags.
     if flags & abi.O_PATH:
         kept = flags & (abi.O_PATH | abi.O_DIRECTORY | abi.O_NOFOLLOW)
@@ -245,8 +257,17 @@ def sys_open(k: Kernel, path_addr: int, flags: int, mode: int, *_: int) -> int:
     return sys_openat(k, abi.AT_FDCWD & 0xFFFFFFFF, path_addr, flags, mode)
 
 
+def sys_creat(k: Kernel, path_addr: int, mode: int, *_: int) -> int:
+    return sys_openat(k, abi.AT_FDCWD & 0xFFFFFFFF, path_addr, abi.O_CREAT | abi.O_WRONLY | abi.O_TRUNC, mode)
+
+
 def sys_close(k: Kernel, fd: int, *_: int) -> int:
+    file = k.files.file(_signed32(fd))
     k.files.close(_signed32(fd))
+    if k.vfs.locks.ranges or k.vfs.locks.flocks:
+        from emu.kernel import locks
+
+        locks.closed(k, file, last=not any(e.file is file for e in k.files.entries.values()))
     return 0
 
 
@@ -283,9 +304,18 @@ def sys_pread64(k: Kernel, fd: int, buf: int, count: int, offset: int, *_: int) 
 
 
 def sys_write(k: Kernel, fd: int, buf: int, count: int, *_: int) -> int:
-    file = _writable(k, fd)
+    file = _appending(k, fd)
     data = k.mem.read_user(buf, min(count, MAX_IO))
     return file.write(data)
+
+
+def _appending(k: Kernel, fd: int) -> OpenFile:
+    """The writable file behind fd; with O_APPEND, every write starts at the end (as Linux does)."""
+    entry = k.files.get(_signed32(fd))
+    file = _writable(k, fd)
+    if entry.flags & abi.O_APPEND and file.seekable_end:
+        file.seek(0, os.SEEK_END)
+    return file
 
 
 def sys_pwrite64(k: Kernel, fd: int, buf: int, count: int, offset: int, *_: int) -> int:
@@ -293,9 +323,7 @@ def sys_pwrite64(k: Kernel, fd: int, buf: int, count: int, offset: int, *_: int)
         raise SyscallError(errno.EINVAL)
     file = _writable(k, fd)
     data = k.mem.read_user(buf, min(count, MAX_IO))
-    if not isinstance(file, Device):
-        raise SyscallError(errno.ESPIPE)  # pipes and streams; regular files are never writable here
-    return file.write(data)
+    return file.pwrite(data, offset)
 
 
 def _iovecs(k: Kernel, iov: int, iovcnt: int) -> list[tuple[int, int]]:
@@ -306,7 +334,7 @@ def _iovecs(k: Kernel, iov: int, iovcnt: int) -> list[tuple[int, int]]:
 
 
 def sys_writev(k: Kernel, fd: int, iov: int, iovcnt: int, *_: int) -> int:
-    file = _writable(k, fd)
+    file = _appending(k, fd)
     data = b"".join(k.mem.read_user(base, length) for base, length in _iovecs(k, iov, iovcnt))
     return file.write(data) if data else 0
 
@@ -387,14 +415,15 @@ def sys_statx(k: Kernel, dirfd: int, path_addr: int, flags: int, mask: int, buf:
     raw: bytes | None = None
     if path == "" and flags & abi.AT_EMPTY_PATH:
         file = k.files.file(_signed32(dirfd))
-        if isinstance(file, HostFile):
+        if isinstance(file, HostFile) and file.host_is_current():
             raw = _host_statx(file.fd, file.host_path, mask)
         info = file.stat()
     else:
         guest = lookup(k, dirfd, path, follow=not flags & abi.AT_SYMLINK_NOFOLLOW)
         info = stat_path(k, guest)
-        if procfs.stat_of(k, guest) is None:
-            raw = _host_statx(None, k.vfs.host_path(guest), mask)
+        host = k.vfs.host_of(guest) if procfs.stat_of(k, guest) is None and not sysfs.serves(guest) else None
+        if host is not None:
+            raw = _host_statx(None, host, mask)
     k.mem.write_user(buf, raw if raw is not None else info.pack_statx())
     return 0
 
@@ -410,11 +439,7 @@ def sys_readlinkat(k: Kernel, dirfd: int, path_addr: int, buf: int, size: int, *
         if target is None and procfs.stat_of(k, guest) is not None:
             raise SyscallError(errno.EINVAL)  # a procfs file or directory, not a link
     if target is None:
-        host = k.vfs.host_path(guest)
-        try:
-            target = os.readlink(host)
-        except OSError as exc:
-            raise _host_errno(exc) from None
+        target = k.vfs.readlink(guest)
     data = os.fsencode(target)[:size]
     k.mem.write_user(buf, data)
     return len(data)
@@ -436,14 +461,18 @@ def sys_faccessat(k: Kernel, dirfd: int, path_addr: int, mode: int, flags: int =
         info = stat_path(k, guest)
     kind = stat.S_IFMT(info.mode)
     # inode_permission(): a write to a file, directory or symlink of a read-only mount is EROFS first.
-    if mode & os.W_OK and kind in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK):
+    if mode & os.W_OK and kind in (stat.S_IFREG, stat.S_IFDIR, stat.S_IFLNK) and k.vfs.overlay is None:
         raise SyscallError(errno.EROFS)
-    if procfs.stat_of(k, guest) is not None:
-        if mode & os.X_OK and not info.mode & 0o111:
+    host = k.vfs.host_of(guest) if procfs.stat_of(k, guest) is None else None
+    if host is None:
+        from emu.kernel.fswrite import permitted
+
+        if not permitted(k, info, mode):
             raise SyscallError(errno.EACCES)
         return 0
     try:
-        allowed = os.access(k.vfs.host_path(guest), mode, follow_symlinks=False)
+        # root's writes go to the guest's layer even where the host's own mount is read-only
+        allowed = os.access(host, mode & ~os.W_OK if k.ident.uid == 0 else mode, follow_symlinks=False)
     except OSError as exc:
         raise _host_errno(exc, errno.EACCES) from None
     if not allowed:
@@ -533,6 +562,10 @@ def sys_fcntl(k: Kernel, fd: int, cmd: int, arg: int, *_: int) -> int:
         changeable = abi.O_APPEND | abi.O_NONBLOCK
         entry.flags = (entry.flags & ~changeable) | (arg & changeable)
         return 0
+    from emu.kernel import locks
+
+    if cmd in locks.LOCK_COMMANDS:
+        return locks.fcntl_lock(k, _signed32(fd), cmd, arg)
     raise SyscallError(errno.EINVAL)
 
 
@@ -615,14 +648,18 @@ def sys_umask(k: Kernel, mask: int, *_: int) -> int:
 
 
 # ---------------------------------------------------------------- file systems, xattrs, advice
-def _synthetic_statfs(magic: int) -> bytes:
-    """struct statfs of a kernel-made file system (procfs, pipefs): no blocks, 255-byte names."""
-    return struct.pack("<qqqqqqqiiqqq4q", magic, 4096, 0, 0, 0, 0, 0, 0, 0, 255, 4096,
-                       ST_RDONLY | ST_NOSUID | ST_NODEV, 0, 0, 0, 0)
+def _synthetic_statfs(magic: int, flags: int = ST_RDONLY | ST_NOSUID | ST_NODEV) -> bytes:
+    """struct statfs of a kernel-made file system (procfs, pipefs, tmpfs): no blocks, 255-byte names."""
+    return struct.pack("<qqqqqqqiiqqq4q", magic, 4096, 0, 0, 0, 0, 0, 0, 0, 255, 4096, flags, 0, 0, 0, 0)
 
 
-def _host_statfs(target: int | str) -> bytes:
-    """The host's struct statfs (120 bytes), with ST_RDONLY set: the sandbox mounts it read-only."""
+def _tmpfs_of(k: Kernel, guest: str) -> bool:
+    overlay = k.vfs.overlay
+    return overlay is not None and any(guest == t or guest.startswith(t + "/") for t in overlay.tmpfs)
+
+
+def _host_statfs(target: int | str, read_only: bool = True) -> bytes:
+    """The host's struct statfs (120 bytes), with ST_RDONLY set when the sandbox mounts it read-only."""
     buf = ctypes.create_string_buffer(STATFS_SIZE)
     if isinstance(target, int):
         host_syscall(SYS_FSTATFS, target, buf)
@@ -630,21 +667,38 @@ def _host_statfs(target: int | str) -> bytes:
         host_syscall(SYS_STATFS, os.fsencode(target), buf)
     raw = bytearray(buf.raw)
     (flags,) = struct.unpack_from("<q", raw, STATFS_FLAGS_OFFSET)
-    struct.pack_into("<q", raw, STATFS_FLAGS_OFFSET, flags | ST_RDONLY)
+    struct.pack_into("<q", raw, STATFS_FLAGS_OFFSET, flags | ST_RDONLY if read_only else flags & ~ST_RDONLY)
     return bytes(raw)
 
 
 def sys_statfs(k: Kernel, path_addr: int, buf: int, *_: int) -> int:
     guest = lookup(k, abi.AT_FDCWD & 0xFFFFFFFF, _path(k, path_addr))
-    synthetic = procfs.stat_of(k, guest) is not None
-    k.mem.write_user(buf, _synthetic_statfs(PROC_SUPER_MAGIC) if synthetic else _host_statfs(k.vfs.host_path(guest)))
+    k.mem.write_user(buf, _statfs_of(k, guest))
     return 0
 
 
+def _statfs_of(k: Kernel, guest: str) -> bytes:
+    if procfs.stat_of(k, guest) is not None:
+        return _synthetic_statfs(PROC_SUPER_MAGIC)
+    if _tmpfs_of(k, guest):
+        return _synthetic_statfs(TMPFS_MAGIC, ST_NOSUID | ST_NODEV)
+    host = k.vfs.host_of(guest)
+    while host is None:  # a name only the guest's layer holds: the file system of its nearest host directory
+        guest = guest.rpartition("/")[0] or "/"
+        host = k.vfs.host_of(guest)
+    return _host_statfs(host, k.vfs.overlay is None)
+
+
 def sys_fstatfs(k: Kernel, fd: int, buf: int, *_: int) -> int:
+    from emu.kernel.overlay import OverlayFile
+
     file = k.files.file(_signed32(fd))
-    if isinstance(file, HostFile):
-        data = _host_statfs(file.fd)
+    if isinstance(file, OverlayFile):
+        data = _statfs_of(k, file.guest_path.rpartition("/")[0] or "/")  # its directory's file system
+    elif isinstance(file, HostFile | SyntheticDir) and _tmpfs_of(k, file.guest_path):
+        data = _synthetic_statfs(TMPFS_MAGIC, ST_NOSUID | ST_NODEV)
+    elif isinstance(file, HostFile):
+        data = _host_statfs(file.fd, k.vfs.overlay is None)
     elif isinstance(file, Device) and file.host_path is not None:
         data = _host_statfs(file.host_path)
     elif file.host_fd() is not None:

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING
 from emu import abi
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, page_up
 from emu.errors import MapFailed
+from emu.kernel import limits
 from emu.kernel.errno_ import SyscallError
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
+    from emu.kernel.vfs import OpenFile
 
 PROT_MASK = 0x7
 MADV_DONTNEED = 4
@@ -72,18 +74,41 @@ def sys_mmap(k: Kernel, addr: int, length: int, prot: int, flags: int, fd: int, 
         file_args = dict(name=entry.file.guest_path, offset=offset, dev=(os.major(st.dev), os.minor(st.dev)),
                          inode=st.ino)
     start = _place(k, addr, length, flags)
+    replaced = sum(min(v.end, start + length) - max(v.start, start) for v in k.mem.overlapping(start, start + length))
+    limits.charge_memory(k, length - replaced)
     vma = k.mem.map(start, length, protection, shared=kind == abi.MAP_SHARED, data=data, **file_args)  # type: ignore[arg-type]
     if not flags & abi.MAP_ANONYMOUS:
         entry.file.mapped(start, length)
+        if kind == abi.MAP_SHARED:
+            _shared_file_mapping(k, entry.file, start, offset, length, entry.flags)
     if vma.inode and protection & Prot.EXEC:
         for observer in k.exec_mmap_observers:  # uprobe_mmap: install probes on a newly mapped text
             observer(vma)
     return start
 
 
+def _shared_file_mapping(k: Kernel, file: OpenFile, start: int, offset: int, length: int, fd_flags: int) -> None:
+    """Remember a MAP_SHARED file mapping: the guest's layer writes it back; one of a read-only
+    descriptor may never become writable (no VM_MAYWRITE: mprotect says EACCES)."""
+    from emu.kernel import fswrite
+
+    fswrite.mapped(k, file, start, offset, length, shared=True)
+    if fd_flags & abi.O_ACCMODE == abi.O_RDONLY:
+        k.shared_readonly.append((start, start + length, file.stat().ino))
+
+
+def _write_back(k: Kernel, addr: int, length: int) -> None:
+    overlay = k.vfs.overlay
+    if overlay is not None and overlay.mapped:
+        from emu.kernel import fswrite
+
+        fswrite.write_back(k, addr, length)
+
+
 def sys_munmap(k: Kernel, addr: int, length: int, *_: int) -> int:
     if addr % PAGE_SIZE or length == 0 or addr + length > TASK_SIZE:
         raise SyscallError(errno.EINVAL)
+    _write_back(k, addr, length)
     k.mem.unmap(addr, length)
     return 0
 
@@ -94,9 +119,21 @@ def sys_mprotect(k: Kernel, addr: int, length: int, prot: int, *_: int) -> int:
     protection = _prot(prot)
     if length == 0:
         return 0
+    if protection & Prot.WRITE and _maps_readonly_shared(k, addr, page_up(addr + length)):
+        raise SyscallError(errno.EACCES)
     if not k.mem.protect(addr, length, protection):
         raise SyscallError(errno.ENOMEM)
     return 0
+
+
+def _maps_readonly_shared(k: Kernel, lo: int, hi: int) -> bool:
+    """Is part of [lo, hi) a MAP_SHARED mapping of a descriptor opened read-only (still in place)?"""
+    if not k.shared_readonly:
+        return False
+    live = [(a, b, ino) for a, b, ino in k.shared_readonly
+            if (vma := k.mem.find(a)) is not None and vma.shared and vma.inode == ino]
+    k.shared_readonly = live
+    return any(a < hi and lo < b for a, b, _ in live)
 
 
 def sys_mremap(k: Kernel, old: int, old_size: int, new_size: int, flags: int, new_addr: int, *_: int) -> int:
@@ -112,6 +149,7 @@ def sys_mremap(k: Kernel, old: int, old_size: int, new_size: int, flags: int, ne
         if new_size < old_size:
             k.mem.unmap(old + new_size, old_size - new_size)
         return old
+    limits.charge_memory(k, new_size - old_size)
     if not flags & abi.MREMAP_FIXED and k.mem.is_free(old + old_size, old + new_size):
         k.mem.map(old + old_size, new_size - old_size, vma.prot, name=vma.name, dev=vma.dev, inode=vma.inode,
                   offset=vma.offset + (old + old_size - vma.start) if vma.inode else 0, shared=vma.shared)
@@ -156,6 +194,10 @@ def sys_brk(k: Kernel, addr: int, *_: int) -> int:
     old_top, new_top = page_up(brk.current), page_up(addr)
     if new_top > old_top:
         if not k.mem.is_free(old_top, new_top):
+            return brk.current
+        try:
+            limits.charge_memory(k, new_top - old_top)
+        except SyscallError:
             return brk.current
         try:
             k.mem.map(old_top, new_top - old_top, Prot.READ | Prot.WRITE, name="[heap]")

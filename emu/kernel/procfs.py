@@ -257,7 +257,7 @@ def open_file(k: Kernel, guest: str, flags: int = abi.O_RDONLY) -> OpenFile | No
         raise SyscallError(errno.ENOTDIR)
     if writing:
         raise SyscallError(errno.EACCES)
-    return MemFile(guest, content, stat_of(k, guest))
+    return MemFile(guest, content, stat_of(k, guest), render=lambda: _content(k, tail) or b"")
 
 
 def _pstat(k: Kernel, mode: int, size: int = 0, nlink: int = 1) -> StatInfo:

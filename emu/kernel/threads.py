@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.cpu import Reg
+from emu.kernel import limits
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestExit
 from emu.kernel.futex import FUTEX_BITSET_MATCH_ANY, futex_wake
@@ -73,9 +74,11 @@ def do_clone(k: Kernel, args: CloneArgs) -> int:
     if args.flags & THREAD_FLAGS == THREAD_FLAGS:
         if args.flags & ~(THREAD_FLAGS | THREAD_OPTIONAL):
             raise SyscallError(errno.EINVAL)  # namespaces, pidfds, ptrace: not modelled
+        limits.charge_task(k, new_process=False)
         return _new_thread(k, args)
     if k.fork is None or args.flags & CLONE_VM and not args.flags & CLONE_VFORK:
         raise SyscallError(errno.ENOSYS)  # one address space shared by two processes is not modelled
+    limits.charge_task(k, new_process=True)
     return k.fork(k, args)
 
 

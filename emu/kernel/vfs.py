@@ -1,7 +1,7 @@
-"""Guest paths resolved inside a read-only root directory, and the open-file objects behind fds.
+"""Guest paths resolved inside a root directory, and the open-file objects behind fds.
 
-A guest can never change the host: only reads reach host files; writes reach the
-guest's stdout/stderr sinks and /dev/null.
+A guest can never change the host: only reads reach host files; writes reach the guest's own
+in-memory layer (overlay.py), its stdout/stderr sinks and /dev/null.
 """
 
 from __future__ import annotations
@@ -14,8 +14,14 @@ import stat
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.locks import LockTable
+
+if TYPE_CHECKING:
+    from emu.kernel.overlay import Inode, Overlay
+
 
 MAX_SYMLINKS = 40
 NAME_MAX = 255
@@ -148,6 +154,12 @@ class OpenFile:
     def pread(self, size: int, offset: int) -> bytes:
         raise SyscallError(errno.ESPIPE)
 
+    def pwrite(self, data: bytes, offset: int) -> int:
+        raise SyscallError(errno.ESPIPE)
+
+    # O_APPEND moves the offset to the end before each write (regular files of the guest's layer)
+    seekable_end = False
+
     def seek(self, offset: int, whence: int) -> int:
         raise SyscallError(errno.ESPIPE)
 
@@ -201,6 +213,10 @@ class HostFile(OpenFile):
         self.path_only = path_only
         self.dir_pos = 0
         self._entries: list[tuple[int, int, bytes]] | None = None
+
+    def host_is_current(self) -> bool:
+        """Is the host file still what this descriptor shows (statx may ask the host)?"""
+        return True
 
     def read(self, size: int) -> bytes:
         if self.is_dir:
@@ -329,6 +345,9 @@ class Device(OpenFile):
             raise SyscallError(errno.ENOSPC)
         return len(data)
 
+    def pwrite(self, data: bytes, offset: int) -> int:
+        return self.write(data)
+
     def seek(self, offset: int, whence: int) -> int:
         return 0
 
@@ -382,21 +401,32 @@ class SyntheticDir(OpenFile):
 
 
 class MemFile(OpenFile):
-    """A read-only file whose content the kernel made up (procfs)."""
+    """A read-only file whose content the kernel makes up (procfs).
 
-    def __init__(self, guest_path: str, content: bytes, info: StatInfo | None = None) -> None:
+    With ``render``, the content is made when it is read from the start, as a seq_file's is:
+    /proc/self/cmdline opened before an execve shows the new program's arguments.
+    """
+
+    def __init__(self, guest_path: str, content: bytes, info: StatInfo | None = None,
+                 render: Callable[[], bytes] | None = None) -> None:
         self.guest_path = guest_path
         self.content = content
+        self.render = render
         self.pos = 0
         self._info = info or synthetic_stat(stat.S_IFREG | 0o444, 0)
 
+    def _fresh(self, offset: int) -> bytes:
+        if self.render is not None and offset == 0:
+            self.content = self.render()
+        return self.content
+
     def read(self, size: int) -> bytes:
-        chunk = self.content[self.pos : self.pos + size]
+        chunk = self._fresh(self.pos)[self.pos : self.pos + size]
         self.pos += len(chunk)
         return chunk
 
     def pread(self, size: int, offset: int) -> bytes:
-        return self.content[offset : offset + size]
+        return self._fresh(offset)[offset : offset + size]
 
     def seek(self, offset: int, whence: int) -> int:
         base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: len(self.content)}.get(whence)
@@ -485,12 +515,44 @@ class PipeEnd(OpenFile):
 class Vfs:
     """Resolves guest paths to host paths inside ``root``, following symlinks inside the root."""
 
-    def __init__(self, root: str, cwd: str = "/") -> None:
+    def __init__(self, root: str, cwd: str = "/", overlay: Overlay | None = None,
+                 locks: LockTable | None = None) -> None:
         self.root = os.path.realpath(root)
         self.cwd = cwd
+        self.overlay = overlay  # the guest's writable layer; None: a read-only mount (EROFS)
+        self.locks = locks if locks is not None else LockTable()
+
+    def fork(self) -> Vfs:
+        """A child process's view: its own cwd, the same file system and file locks."""
+        return Vfs(self.root, self.cwd, self.overlay, self.locks)
 
     def host_path(self, guest_abs: str) -> str:
         return os.path.join(self.root, guest_abs.lstrip("/")) if self.root != "/" else guest_abs
+
+    def backing(self, guest: str) -> Inode | str:
+        """What serves a canonical guest path: the guest's own inode, or a host path."""
+        return self.overlay.backing(guest) if self.overlay is not None else self.host_path(guest)
+
+    def host_of(self, guest: str) -> str | None:
+        """The host file behind a guest path, None when the guest's layer holds it."""
+        node = self.backing(guest)
+        return node if isinstance(node, str) else None
+
+    def lstat(self, guest: str) -> StatInfo:
+        if self.overlay is not None:
+            return self.overlay.lstat(guest)
+        try:
+            return StatInfo.from_host(os.lstat(self.host_path(guest)))
+        except OSError as exc:  # ENOENT, ENOTDIR, EACCES, ELOOP, ENAMETOOLONG...: the guest's errno
+            raise SyscallError(exc.errno or errno.ENOENT) from None
+
+    def readlink(self, guest: str) -> str:
+        if self.overlay is not None:
+            return self.overlay.readlink(guest)
+        try:
+            return os.readlink(self.host_path(guest))
+        except OSError as exc:
+            raise SyscallError(exc.errno or errno.EINVAL) from None
 
     def absolute(self, path: str, base: str | None = None) -> str:
         if path.startswith("/"):
@@ -527,28 +589,21 @@ class Vfs:
                 return "/" + "/".join(done + [comp] + pending)
             if len(os.fsencode(comp)) > NAME_MAX:
                 raise SyscallError(errno.ENAMETOOLONG)
-            host = self.host_path(candidate)
-            try:
-                st = os.lstat(host)
-            except OSError as exc:  # ENOENT, ENOTDIR, EACCES, ELOOP, ENAMETOOLONG...: the guest's errno
-                raise SyscallError(exc.errno or errno.ENOENT) from None
+            mode = self.lstat(candidate).mode
             is_last = not pending
-            if stat.S_ISLNK(st.st_mode) and (not is_last or follow or trailing_slash):
+            if stat.S_ISLNK(mode) and (not is_last or follow or trailing_slash):
                 links += 1
                 if links > MAX_SYMLINKS:
                     raise SyscallError(errno.ELOOP)
-                try:
-                    target = os.readlink(host)
-                except OSError as exc:
-                    raise SyscallError(exc.errno or errno.ENOENT) from None
+                target = self.readlink(candidate)
                 parts = [c for c in target.split("/") if c]
                 if target.startswith("/"):
                     done = []
                 pending = parts + pending
                 continue
-            if not is_last and not stat.S_ISDIR(st.st_mode):
+            if not is_last and not stat.S_ISDIR(mode):
                 raise SyscallError(errno.ENOTDIR)
-            if is_last and trailing_slash and not stat.S_ISDIR(st.st_mode):
+            if is_last and trailing_slash and not stat.S_ISDIR(mode):
                 raise SyscallError(errno.ENOTDIR)
             done.append(comp)
         return "/" + "/".join(done)

@@ -1,0 +1,104 @@
+"""Run-wide limits: tasks (RLIMIT_NPROC: fork/clone get EAGAIN) and guest memory (mmap/brk/fork get ENOMEM)."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import struct
+from pathlib import Path
+
+import pytest
+from conftest import GuestKernel, run_emulated
+
+from emu import abi
+from emu.commands.common import size_arg
+from emu.kernel import limits
+
+RLIMIT_NPROC = 6
+THREAD = 0x100 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x40000  # CLONE_VM FS FILES SIGHAND THREAD SYSVSEM
+MAP_ANON_PRIVATE = abi.MAP_PRIVATE | abi.MAP_ANONYMOUS
+PROT_RW = abi.Prot.READ | abi.Prot.WRITE
+MIB = 1 << 20
+
+
+def _set_nproc(g: GuestKernel, n: int) -> None:
+    assert g("prlimit64", 0, RLIMIT_NPROC, g.alloc(16, struct.pack("<QQ", n, n)), 0) == 0
+
+
+def test_clone_and_fork_past_rlimit_nproc_are_eagain() -> None:
+    g = GuestKernel()
+    _set_nproc(g, 2)
+    stack = g.alloc(4096) + 4096
+    assert g("clone", THREAD, stack, 0, 0, 0) > 0  # the second task fits
+    assert g("clone", THREAD, stack, 0, 0, 0) == -errno.EAGAIN
+    assert g("fork") == -errno.EAGAIN
+
+
+def test_mmap_and_brk_past_the_memory_limit_are_enomem() -> None:
+    probe = GuestKernel()
+    in_use = limits.memory_in_use(probe.kernel)
+    g = GuestKernel(memory_limit=in_use + 16 * MIB)
+    assert g("mmap", 0, 8 * MIB, PROT_RW, MAP_ANON_PRIVATE, -1, 0) > 0
+    assert g("mmap", 0, 16 * MIB, PROT_RW, MAP_ANON_PRIVATE, -1, 0) == -errno.ENOMEM
+    brk = g("brk", 0)
+    assert g("brk", brk + 4 * MIB) == brk + 4 * MIB
+    assert g("brk", brk + 64 * MIB) == brk + 4 * MIB  # a refused brk returns the old break
+    unlimited = GuestKernel(memory_limit=None)
+    assert unlimited("mmap", 0, 64 * MIB, PROT_RW, MAP_ANON_PRIVATE, -1, 0) > 0
+
+
+def test_default_memory_limit_is_a_fraction_of_the_hosts_ram(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       16000000 kB\nMemFree: 1 kB\n")
+    assert limits.default_memory_limit(str(meminfo)) == 16000000 * 1024 // 8
+    assert limits.default_memory_limit(str(tmp_path / "missing")) == limits.FALLBACK_LIMIT
+
+
+FORK_UNTIL_REFUSED = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NPROC, (int(sys.argv[1]), int(sys.argv[1])))
+r, w = os.pipe()
+n = 0
+while True:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print(n, 'children, then', e.strerror); break
+    if pid == 0:
+        os.close(w); os.read(r, 1); os._exit(0)
+    n += 1
+os.close(w)
+while True:
+    try: os.wait()
+    except ChildProcessError: break
+"""
+
+
+def test_a_fork_loop_ends_with_eagain_inside_the_guest() -> None:
+    out = run_emulated(["/usr/bin/python3.11", "-c", FORK_UNTIL_REFUSED, "6"])
+    assert (out.out, out.status) == (b"5 children, then Resource temporarily unavailable\n", 0), out.err
+
+
+THREADS_UNTIL_REFUSED = """
+import threading
+stop = threading.Event(); n = 0
+try:
+    while True:
+        threading.Thread(target=stop.wait).start(); n += 1
+except RuntimeError as e:
+    print(n > 0, e)
+stop.set()
+"""
+
+
+def test_a_thread_loop_ends_with_enomem_inside_the_guest() -> None:
+    out = run_emulated(["/usr/bin/python3.11", "-c", THREADS_UNTIL_REFUSED], memory_limit=256 * MIB)
+    assert (out.out, out.status) == (b"True can't start new thread\n", 0), out.err
+
+
+def test_memory_limit_sizes() -> None:
+    assert size_arg("512M") == 512 * MIB and size_arg("2GiB") == 2 << 30 and size_arg("4096") == 4096
+    assert size_arg("none") == 0  # no cap
+    for bad in ("0", "12X", "", "-1G"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            size_arg(bad)
