@@ -214,6 +214,7 @@ class Machine:
     def _wire(self) -> None:
         """Connect CPU, kernel and uprobes (shared by a new process and a forked one)."""
         self.uprobes.task = self.kernel.task.uprobe
+        self.uprobes.pid = self.kernel.ident.pid
         self._counted = False  # the last slice ran with an instruction count (several threads)
         self._stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
         self.spurious_stops = 0  # emu_start returns with nothing to report (see _spurious_stop)
@@ -304,6 +305,7 @@ class Machine:
         self.entry_sp = self._build_stack([os.fsdecode(a) for a in argv], [os.fsdecode(e) for e in envp])
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.uprobes.task = self.kernel.task.uprobe
+        self.uprobes.pid = self.kernel.ident.pid
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self._resolver = None
         for vma in self.mem:  # uprobe_mmap on the new image's text: probes by spec on that file install

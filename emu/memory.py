@@ -42,6 +42,7 @@ class Vma:
     # cleared. Linux does not merge accounted with unaccounted VMAs: that is why a RELRO region made
     # read-only stays a separate line next to the read-only segment before it.
     accounted: bool = False
+    sealed: bool = False  # VM_SEALED (mseal): munmap, mprotect, mremap and MAP_FIXED over it are EPERM
 
     def __contains__(self, addr: int) -> bool:
         return self.start <= addr < self.end
@@ -83,11 +84,31 @@ class Vma:
         """True if ``other`` starts where this one ends and could be one VMA with it."""
         if other.start != self.end:
             return False
-        if (self.prot, self.name, self.dev, self.inode, self.shared, self.accounted) != (
-            other.prot, other.name, other.dev, other.inode, other.shared, other.accounted,
-        ):
+        if (self.prot, self.name, self.dev, self.inode, self.shared, self.accounted, self.sealed) != (
+            other.prot, other.name, other.dev, other.inode, other.shared, other.accounted, other.sealed,
+        ) or self.name in SPECIAL:
             return False
         return not self.is_file or other.offset == self.offset + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class Special:
+    """A mapping the kernel installs itself (_install_special_mapping): what the mm syscalls and
+    /proc/pid/mem may do to it (notes/linux-6.18-observed.md section 8, "Trampoline VMA operations")."""
+
+    may: Prot  # VM_MAYREAD/WRITE/EXEC: mprotect asking for more is EACCES
+    movable: bool  # mremap may move it (the trampoline's vm_special_mapping.mremap refuses: EPERM)
+    io: bool  # no pages behind it for get_user_pages (VM_IO / VM_PFNMAP): /proc/pid/mem gives EIO
+
+
+# Every special mapping is VM_DONTEXPAND (mremap growing it: EFAULT) and is never merged.
+SPECIAL: dict[str, Special] = {
+    "[uprobes-trampoline]": Special(Prot.READ | Prot.EXEC, movable=False, io=True),
+    "[uprobes]": Special(Prot.EXEC, movable=True, io=True),
+    "[vvar]": Special(Prot.READ, movable=False, io=True),
+    "[vvar_vclock]": Special(Prot.READ, movable=False, io=True),
+    "[vdso]": Special(Prot.READ | Prot.WRITE | Prot.EXEC, movable=True, io=False),
+}
 
 
 class UserFault(Exception):
@@ -243,6 +264,16 @@ class Memory:
             self.backend.mem_protect(vma.start, vma.size, prot)
         self._coalesce(start, end)
         return True
+
+    def sealed_in(self, start: int, end: int) -> bool:
+        """Does any VMA overlapping [start, end) carry VM_SEALED?"""
+        return any(v.sealed for v in self.overlapping(page_down(start), page_up(end)))
+
+    def seal(self, start: int, end: int) -> None:
+        """mseal's apply step over a range the caller checked is fully mapped."""
+        for vma in self._split(start, end):
+            self._replace(vma, dataclasses.replace(vma, sealed=True))
+        self._coalesce(start, end)
 
     def rename(self, start: int, end: int, name: str) -> None:
         """Name the mapped parts of [start, end) (like PR_SET_VMA_ANON_NAME); splits VMAs at the edges."""

@@ -170,6 +170,9 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
 
     pid = child.config.pid
     child.files = parent.files.fork()
+    from emu.kernel.perf import inherit_events  # attr.inherit: the child's own copy of the event
+
+    inherit_events(child.files.entries, pid)
     child.vfs.cwd = parent.vfs.cwd
     child.clock = parent.clock  # one virtual timeline for the whole run
     child.random.setstate(parent.random.getstate())

@@ -291,6 +291,10 @@ def sys_pwrite64(k: Kernel, fd: int, buf: int, count: int, offset: int, *_: int)
         raise SyscallError(errno.EINVAL)
     file = _writable(k, fd)
     data = k.mem.read_user(buf, min(count, MAX_IO))
+    from emu.kernel.procfs import ProcMem  # /proc/self/mem: the offset is an address
+
+    if isinstance(file, ProcMem):
+        return file.pwrite(data, offset)
     if not isinstance(file, Device):
         raise SyscallError(errno.ESPIPE)  # pipes and streams; regular files are never writable here
     return file.write(data)

@@ -191,6 +191,7 @@ def _rows() -> tuple[Row, ...]:
         r(61, "wait4", fork.sys_wait4, ("d", "ptr", "x", "ptr")),
         r(247, "waitid", fork.sys_waitid, ("d", "d", "ptr", "x", "ptr")),
         r(435, "clone3", lazy("threads", "sys_clone3"), ("ptr", "u"), "threads; a new process: fork.py"),
+        r(462, "mseal", mm.sys_mseal, ("ptr", "u", "x"), "the RFC's uretprobe syscall in uretprobe-rfc"),
     )
 
 

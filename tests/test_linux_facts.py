@@ -1,0 +1,238 @@
+"""elf_samples/linux_facts probes itself through perf_event_open and prints what it sees of the
+kernel (notes/linux-6.18-observed.md sections 4, 8 and 10). Emulated under linux-6.18 it must
+print what the real kernel makes it print; the native half runs with ASLR off (personality
+ADDR_NO_RANDOMIZE, as `setarch -R`) and is skipped without root and the uprobe PMU.
+
+The emulated half of each group also checks its lines against the rule they follow, so the
+rules are tested on machines without the PMU too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import GuestKernel
+
+from emu import cpu as cpu_module
+from emu.cpu import user_flags
+from emu.guestio import GuestIO
+from emu.machine import Machine, RunOptions
+from emu.native import available as native_available
+
+FACTS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "linux_facts")
+ADDR_NO_RANDOMIZE = 0x0040000
+
+needs_native = pytest.mark.skipif(not native_available("6.18"), reason="needs root, Linux 6.18 and the uprobe PMU")
+
+
+def _no_aslr() -> None:
+    ctypes.CDLL(None).personality(ADDR_NO_RANDOMIZE)
+
+
+def native(command: str) -> tuple[str, int]:
+    done = subprocess.run([FACTS, command], capture_output=True, env={}, timeout=60, preexec_fn=_no_aslr)
+    return done.stdout.decode(), done.returncode
+
+
+def emulated(command: str, design: str = "linux-6.18") -> tuple[str, int]:
+    io = GuestIO.captured()
+    result = Machine(FACTS, [FACTS, command], {}, RunOptions(design=design), io).run()
+    return bytes(io.out).decode(), result.exit_status
+
+
+# ------------------------------------------------------------------------------- section 10: rflags
+_FLAGS_LINE = re.compile(r"in=(0x[0-9a-f]+)|out=(0x[0-9a-f]+)|r11=(0x[0-9a-f]+)|consumer=(0x[0-9a-f]+)|handler=(0x[0-9a-f]+)")
+
+
+def flags_disagreements(text: str) -> list[str]:
+    """Lines whose read-back flags (pushf, r11 after a syscall, the consumer's sample, the signal
+    frame) are not the popf'd value as user mode can hold it."""
+    bad = []
+    for line in text.splitlines():
+        values = {k: v for m in _FLAGS_LINE.finditer(line) for k, v in zip(("in", "out", "r11", "consumer", "handler"),
+                                                                             m.groups(), strict=True) if v}
+        if "in" not in values:
+            continue
+        want = user_flags(int(values.pop("in"), 16))
+        if any(int(v, 16) != want for v in values.values()):
+            bad.append(line)
+    return bad
+
+
+def test_user_flags_keeps_if_and_bit1_and_drops_iopl() -> None:
+    assert user_flags(0xCD7) == 0xED7 and user_flags(0x3ED7) == 0xED7 and user_flags(0) == 0x202
+    assert user_flags(0x200ED7) == 0x200ED7  # ID stays the program's
+
+
+def test_popf_and_every_exit_path_keep_if_emulated() -> None:
+    out, status = emulated("rflags")
+    assert status == 0
+    assert len(out.splitlines()) == 5 * 6 + 3  # bare, 3 sites, syscall, signal: 5 values each; 3 counts
+    assert flags_disagreements(out) == []
+
+
+def test_the_flags_check_catches_a_cpu_left_at_cpl0(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: at CPL 0 (Unicorn's start) popf clears IF and sets IOPL."""
+    monkeypatch.setattr(cpu_module.Cpu, "_enter_user_mode", lambda self: None)
+    out, _ = emulated("rflags")
+    assert any(line.startswith("bare in=0xcd7 out=0xcd7") for line in flags_disagreements(out))
+
+
+def test_kernel_written_flags_keep_if() -> None:
+    """A value the fake kernel writes for user mode (sigreturn, a consumer's regs) gets IF back."""
+    c = cpu_module.Cpu()
+    c.write(cpu_module.Reg.RFLAGS, 0x3CD7)
+    assert c.read(cpu_module.Reg.RFLAGS) == 0xED7
+    state = c.read_user_state()
+    state[17] = 0x2
+    c.write_user_state(state, write_rip=False)
+    assert c.read(cpu_module.Reg.RFLAGS) == 0x202
+
+
+@needs_native
+def test_rflags_natively_and_emulated() -> None:
+    assert native("rflags") == emulated("rflags")
+
+
+# -------------------------------------------------------------------- section 4: 462 is mseal
+PAGE = 4096
+EINVAL, ENOMEM, EPERM, EACCES, EFAULT, EIO, ENOSYS = 22, 12, 1, 13, 14, 5, 38
+
+
+def _anon(guest: GuestKernel, pages: int) -> int:
+    addr = guest("mmap", 0, pages * PAGE, 3, 0x22, 0xFFFFFFFF, 0)
+    assert addr > 0
+    return addr
+
+
+def test_mseal_checks_its_arguments(guest: GuestKernel) -> None:
+    a = _anon(guest, 4)
+    assert guest(462, a + 1, PAGE, 0) == -EINVAL
+    assert guest(462, a, PAGE, 1) == -EINVAL
+    assert guest(462, a, -PAGE & 0xFFFFFFFFFFFFFFFF, 0) == -EINVAL  # the range wraps
+    assert guest("munmap", a + 2 * PAGE, PAGE) == 0
+    assert guest(462, a, 4 * PAGE, 0) == -ENOMEM  # a hole
+    assert guest(462, a, 0, 0) == 0
+    assert not any(v.sealed for v in guest.mem)  # nothing sealed by the failed or empty calls
+
+
+def test_a_sealed_mapping_refuses_to_change(guest: GuestKernel) -> None:
+    a = _anon(guest, 2)
+    assert guest(462, a, 1, 0) == 0  # the length is rounded up to the page
+    assert guest("munmap", a, PAGE) == -EPERM
+    assert guest("munmap", a, 2 * PAGE) == -EPERM  # nothing is unmapped, not even the unsealed page
+    assert guest("mprotect", a, PAGE, 1) == -EPERM
+    assert guest("mremap", a, PAGE, 2 * PAGE, 1, 0) == -EPERM
+    assert guest("mmap", a, PAGE, 1, 0x32, 0xFFFFFFFF, 0) == -EPERM  # MAP_FIXED over it
+    assert guest("munmap", a + PAGE, PAGE) == 0  # its unsealed neighbour still can
+
+
+def test_an_unsealed_mapping_still_changes(guest: GuestKernel) -> None:
+    """Negative control for the EPERM checks: the same calls succeed without the seal."""
+    a = _anon(guest, 2)
+    assert guest("mprotect", a, PAGE, 1) == 0
+    assert guest("munmap", a, 2 * PAGE) == 0
+
+
+def test_462_is_the_uretprobe_syscall_only_in_uretprobe_rfc() -> None:
+    for design, row in (("linux-6.18", "mseal"), ("jmp-slots", "mseal"), ("nop10", "mseal"),
+                        ("uretprobe-rfc", "uretprobe")):
+        m = Machine(FACTS, [FACTS], {}, RunOptions(design=design), GuestIO.captured())
+        assert m.kernel.table[462].name == row, design
+
+
+def test_mseal_emulated() -> None:
+    out, status = emulated("mseal")
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    assert status == 0 and lines["seal"] == "ret=0 errno=0" and lines["munmap_sealed"] == "ret=-1 errno=EPERM"
+    assert "still_writable=1" in out
+
+
+@needs_native
+def test_mseal_natively_and_emulated() -> None:
+    assert native("mseal") == emulated("mseal")
+
+
+# ------------------------------------------- section 8: trampoline VMA operations, /proc/self/mem
+def test_special_mapping_operations_emulated() -> None:
+    out, status = emulated("tramp")
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    assert status == 0
+    assert lines["tramp_mremap_grow"].endswith("EFAULT") and lines["tramp_mremap_move"].endswith("EPERM")
+    assert lines["tramp_mprotect_rw"].endswith("EACCES") and lines["tramp_mprotect_rx"] == "ret=0 errno=0"
+    assert lines["mem_read_xol"].endswith("EIO") and lines["mem_read_data"] == "ret=16 errno=0"
+    assert "tramp_left=0" in out and "mem_data_now=DATA in .data" in out
+    assert lines["hit_after_munmap"].startswith("byte0 e8 -> e8 count+=0 signal=SIGSEGV rip=tramp+0")
+    assert lines["new_site_hit1"].startswith("byte0 cc -> e8 count+=1 signal=none")  # the stale page, reused
+
+
+def test_proc_self_mem_reads_writes_and_refuses(guest: GuestKernel) -> None:
+    fd = guest.open("/proc/self/mem", 2)
+    assert fd >= 0
+    data = guest.alloc(16, b"0123456789abcdef")
+    buf = guest.alloc(16)
+    assert guest("pread64", fd, buf, 16, data) == 16 and guest.read(buf, 16) == b"0123456789abcdef"
+    assert guest("pwrite64", fd, guest.cstr("XY"), 2, data) == 2 and guest.read(data, 2) == b"XY"
+    text = guest.machine.exe.entry
+    assert guest("pwrite64", fd, guest.cstr(b"\xcc"), 1, text) == 1 and guest.read(text, 1) == b"\xcc"  # FOLL_FORCE
+    assert guest("pread64", fd, buf, 16, PAGE) == -EIO  # unmapped
+    assert guest("lseek", fd, data, 0) == data and guest("read", fd, buf, 2) == 2 and guest.read(buf, 2) == b"XY"
+    assert guest("lseek", fd, 0, 2) == -EINVAL  # SEEK_END
+    guest.machine.uprobes.get_xol_area()
+    assert guest("pread64", fd, buf, 16, guest.machine.uprobes.xol.vaddr) == -EIO  # [uprobes]: no pages behind it
+
+
+def test_special_mappings_cannot_grow_or_gain_rights(guest: GuestKernel) -> None:
+    xol = guest.machine.uprobes.get_xol_area().vaddr
+    assert guest("mprotect", xol, PAGE, 3) == -EACCES
+    assert guest("mremap", xol, PAGE, 2 * PAGE, 1, 0) == -EFAULT
+    plain = _anon(guest, 1)
+    assert guest("mremap", plain, PAGE, 2 * PAGE, 1, 0) > 0  # negative control: an ordinary mapping grows
+
+
+@needs_native
+def test_trampoline_operations_natively_and_emulated() -> None:
+    assert native("tramp") == emulated("tramp")
+
+
+# ------------------------------------------------------- section 8: fork, per-process filtering
+def _fork_lines(text: str, inherit: int) -> list[str]:
+    """The lines of one half of `linux_facts fork`. With inherit, only what the child sees: what
+    the parent reads back afterwards is racy on the real kernel (the child's inherited count is
+    summed, or not, and the parent's event sometimes stops counting)."""
+    lines = text.split(f"inherit={inherit} parent before fork")[1].split("inherit=1 parent before fork")[0]
+    out = [line for line in lines.splitlines()[1:] if line.startswith("child hit")]
+    if not inherit:
+        out += [line for line in lines.splitlines() if line.startswith("inherit=0")]
+    return out
+
+
+def test_a_child_no_consumer_wants_loses_the_breakpoint_emulated() -> None:
+    out, status = emulated("fork")
+    assert status == 0
+    child = [line for line in out.splitlines() if line.startswith("child hit")]
+    # pid 0, no inherit: the child's first hit restores the nop5 in the child, is not counted
+    assert child[:3] == ["child hit1: cc1f440000 -> 0f1f440000", "child hit2: 0f1f440000 -> 0f1f440000",
+                         "child hit3: 0f1f440000 -> 0f1f440000"]
+    assert "inherit=0 child exit=0 parent after: byte0=cc count=0" in out  # the parent keeps its INT3
+    assert child[3].startswith("child hit1: cc1f440000 -> e8")  # inherit: the child's own event optimizes
+
+
+def test_a_probe_attached_from_outside_counts_every_process() -> None:
+    """-p / Machine.attach: no filter, so the child's hits count and its breakpoint stays."""
+    io = GuestIO.captured()
+    m = Machine(FACTS, [FACTS, "fork"], {}, RunOptions(design="linux-6.18"), io)
+    att = m.attach("uprobe:site_fork")
+    m.run()
+    assert "child hit1: cc1f440000 -> e8" in bytes(io.out).decode()  # the first child optimizes its copy
+    assert att.consumer.hits > 2  # the parent hits its site twice; the rest are the first child's
+
+
+@needs_native
+def test_fork_filtering_natively_and_emulated() -> None:
+    (nout, nstatus), (eout, estatus) = native("fork"), emulated("fork")
+    assert (nstatus, _fork_lines(nout, 0), _fork_lines(nout, 1)) == (estatus, _fork_lines(eout, 0), _fork_lines(eout, 1))
