@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from emu import abi
+from emu import abi, layout
 from emu.abi import AuxType, Prot, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.designs import DEFAULT_DESIGN, Design, get_design
@@ -31,6 +31,8 @@ from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.uprobes.syscalls import uprobe_rows
+from emu.kernel.vdso import adopt as adopt_vdso
+from emu.kernel.vdso import map_vdso
 from emu.loader import LoadedImage, choose_bias, map_image
 from emu.memory import Memory, Vma
 
@@ -41,7 +43,8 @@ if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a bina
 
 HWCAP = 0x178BFBFF  # cpuid(1).edx of a baseline x86-64 CPU
 CLOCK_TICKS = 100
-MIN_SIGSTKSZ = 2048
+MIN_SIGSTKSZ = 1776  # what 6.18 reports for a CPU without AVX-512 (its xsave signal frame), as on this machine
+RSEQ_FEATURE_SIZE, RSEQ_ALIGN = 28, 32  # offsetofend(struct rseq, mm_cid) and its alignment
 MAX_SPURIOUS_STOPS = 10_000  # emu_start returning for no reason, per process, before it counts as a hlt
 
 SI_KERNEL, ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 0x80, 2, 1, 1, 2
@@ -193,10 +196,11 @@ class Machine:
         self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         self.path = path
         plan = load_plan(path)
-        # The stack first, so an image that collides with it is refused rather than overwritten.
-        self.mem.map(abi.STACK_TOP - abi.STACK_SIZE, abi.STACK_SIZE, Prot.READ | Prot.WRITE, name="[stack]")
-        self.exe, self.interp = self._load(plan)
         envp = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else list(env)
+        # The stack first, so an image that collides with it is refused rather than overwritten.
+        self._map_stack(argv, envp)
+        self.exe, self.interp = self._load(plan)
+        self.vdso = map_vdso(self.mem, self.kernel.clock)
         self.entry_sp = self._build_stack(argv, envp)
         self._install_stdio()
         self.counter = (
@@ -228,6 +232,7 @@ class Machine:
         self.kernel.family = self.family
         self.cpu.add_syscall_hook(self.kernel.on_syscall)
         self.cpu.add_interrupt_hook(self._on_interrupt)
+        self.cpu.on_unmapped = lambda bad: self.mem.grow_stack(bad.address)  # the stack grows on demand
 
     @classmethod
     def _forked(cls, parent: Machine, pid: int, args: CloneArgs) -> Machine:
@@ -242,7 +247,8 @@ class Machine:
         self.kernel = Kernel(self.cpu, self.mem, config)
         self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         fork_kernel_state(parent.kernel, self.kernel, args)
-        self.exe, self.interp, self.entry_sp = parent.exe, parent.interp, parent.entry_sp
+        adopt_vdso(self.mem, self.kernel.clock)
+        self.exe, self.interp, self.entry_sp, self.vdso = parent.exe, parent.interp, parent.entry_sp, parent.vdso
         self.counter = None
         self.design = parent.design
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
@@ -300,8 +306,9 @@ class Machine:
         exec_kernel_state(self.kernel)
         self.mem.unmap_all()
         self.path = host
-        self.mem.map(abi.STACK_TOP - abi.STACK_SIZE, abi.STACK_SIZE, Prot.READ | Prot.WRITE, name="[stack]")
+        self._map_stack([os.fsdecode(a) for a in argv], [os.fsdecode(e) for e in envp])
         self.exe, self.interp = self._load(plan)
+        self.vdso = map_vdso(self.mem, self.kernel.clock)
         self.entry_sp = self._build_stack([os.fsdecode(a) for a in argv], [os.fsdecode(e) for e in envp])
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.uprobes.task = self.kernel.task.uprobe
@@ -446,7 +453,8 @@ class Machine:
         if interp_plan is not None:
             interp = map_image(self.mem, interp_plan, choose_bias(self.mem, interp_plan, self.options.interp_base),
                                name=self._interp_guest)
-        brk = abi.page_up(exe.end)
+        # load_elf_binary: a static PIE's brk moves out of the mmap area (emu/layout.py)
+        brk = layout.MOVED_BRK if plan.is_dyn and interp_plan is None else abi.page_up(exe.end)
         self.kernel.brk.start = self.kernel.brk.current = brk
         return exe, interp
 
@@ -462,13 +470,25 @@ class Machine:
             raise LoadError(interp.file.path, "an interpreter cannot itself have an interpreter")
         return interp
 
+    def _map_stack(self, argv: list[str], envp: list[str]) -> None:
+        """[stack] as setup_arg_pages leaves it: the strings' pages plus 128 KiB (emu/layout.py)."""
+        bottom = layout.strings_bottom([os.fsencode(a) for a in argv], [os.fsencode(e) for e in envp],
+                                       os.fsencode(self.path))
+        start = layout.initial_stack_start(max(bottom, abi.STACK_TOP - abi.STACK_SIZE))
+        self.mem.map(start, abi.STACK_TOP - start, Prot.READ | Prot.WRITE, name="[stack]")
+
     def _build_stack(self, argv: list[str], envp: list[str]) -> int:
         exe = self.exe
+        # create_elf_tables' order (notes/linux-6.18-observed.md section 9): ARCH_DLINFO first
         aux = [
+            (AuxType.AT_SYSINFO_EHDR, self.vdso),
+            (AuxType.AT_MINSIGSTKSZ, MIN_SIGSTKSZ),
+            (AuxType.AT_HWCAP, HWCAP),
+            (AuxType.AT_PAGESZ, abi.PAGE_SIZE),
+            (AuxType.AT_CLKTCK, CLOCK_TICKS),
             (AuxType.AT_PHDR, exe.phdr),
             (AuxType.AT_PHENT, exe.plan.phentsize),
             (AuxType.AT_PHNUM, exe.plan.phnum),
-            (AuxType.AT_PAGESZ, abi.PAGE_SIZE),
             (AuxType.AT_BASE, self.interp.bias + self.interp.plan.low if self.interp else 0),
             (AuxType.AT_FLAGS, 0),
             (AuxType.AT_ENTRY, exe.entry),
@@ -477,10 +497,12 @@ class Machine:
             (AuxType.AT_GID, self.kernel.ident.gid),
             (AuxType.AT_EGID, self.kernel.ident.gid),
             (AuxType.AT_SECURE, 0),
-            (AuxType.AT_HWCAP, HWCAP),
+            (AuxType.AT_RANDOM, 0),
             (AuxType.AT_HWCAP2, 0),
-            (AuxType.AT_CLKTCK, CLOCK_TICKS),
-            (AuxType.AT_MINSIGSTKSZ, MIN_SIGSTKSZ),
+            (AuxType.AT_EXECFN, 0),
+            (AuxType.AT_PLATFORM, 0),
+            (AuxType.AT_RSEQ_FEATURE_SIZE, RSEQ_FEATURE_SIZE),
+            (AuxType.AT_RSEQ_ALIGN, RSEQ_ALIGN),
         ]
         bargv = [os.fsencode(a) for a in argv]
         benv = [os.fsencode(e) for e in envp]

@@ -236,3 +236,146 @@ def test_a_probe_attached_from_outside_counts_every_process() -> None:
 def test_fork_filtering_natively_and_emulated() -> None:
     (nout, nstatus), (eout, estatus) = native("fork"), emulated("fork")
     assert (nstatus, _fork_lines(nout, 0), _fork_lines(nout, 1)) == (estatus, _fork_lines(eout, 0), _fork_lines(eout, 1))
+
+
+# ------------------------------------------------------ section 9: the address space, ASLR off
+CAT = "/usr/bin/cat"
+
+
+def _native_argv(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, env={}, timeout=60, preexec_fn=_no_aslr)
+    return done.stdout.decode()
+
+
+def _emulated_argv(argv: list[str]) -> tuple[str, Machine]:
+    io = GuestIO.captured()
+    m = Machine(argv[0], argv, {}, RunOptions(design="linux-6.18"), io)
+    m.run()
+    return bytes(io.out).decode(), m
+
+
+def _maps_of(text: str) -> list[tuple[int, int, str, str]]:
+    out = []
+    for line in text.splitlines():
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        out.append((lo, hi, fields[1], fields[5] if len(fields) > 5 else ""))
+    return out
+
+
+def test_layout_rules_emulated() -> None:
+    """[stack] 132 KiB, [vvar] 4 + [vvar_vclock] 2 + [vdso] 2 pages right below ld.so, [vsyscall] last."""
+    text, m = _emulated_argv([CAT, "/proc/self/maps"])
+    maps = _maps_of(text)
+    names = [name for *_, name in maps]
+    i = names.index("[vvar]")
+    (v0, v1, _, _), (c0, c1, _, _), (d0, d1, dperm, _), (ld0, *_rest) = maps[i:i + 4]
+    assert (v1 - v0, c1 - c0, d1 - d0) == (0x4000, 0x2000, 0x2000) and v1 == c0 and c1 == d0 and d1 == ld0
+    assert names[i + 1:i + 3] == ["[vvar_vclock]", "[vdso]"] and dperm == "r-xp" and "ld-linux" in names[i + 3]
+    stack = maps[names.index("[stack]")]
+    assert (stack[0], stack[1]) == (0x7FFFFFFDE000, 0x7FFFFFFFF000)
+    assert maps[-1] == (0xFFFFFFFFFF600000, 0xFFFFFFFFFF601000, "--xp", "[vsyscall]")
+    assert dict(m.kernel.ident.auxv)[33] == d0  # AT_SYSINFO_EHDR
+
+
+def test_auxv_order_as_linux_writes_it(guest: GuestKernel) -> None:
+    keys = [key for key, _ in guest.kernel.ident.auxv]
+    assert keys == [33, 51, 16, 6, 17, 3, 4, 5, 7, 8, 9, 11, 12, 13, 14, 23, 25, 26, 31, 15, 27, 28, 0]
+
+
+def test_the_vdso_serves_the_time_without_system_calls() -> None:
+    io = GuestIO.captured()
+    m = Machine(FACTS, [FACTS, "clock"], {}, RunOptions(design="linux-6.18"), io)
+    result = m.run()
+    out = bytes(io.out).decode()
+    flags = dict(line.split("=", 1) for line in out.replace(" ", "\n").splitlines())
+    assert result.exit_status == 0 and flags.pop("bad_clock") == "EINVAL" and flags.pop("res_monotonic") == "0.000000001"
+    assert set(flags.values()) == {"1"}, out
+    # only the clocks the vDSO leaves to the kernel (CPU time, a bad id) were system calls
+    assert result.syscalls.get("clock_gettime") == 2 and "gettimeofday" not in result.syscalls
+    assert "time" not in result.syscalls and "getcpu" not in result.syscalls
+
+
+def test_vdso_and_kernel_share_one_clock(guest: GuestKernel) -> None:
+    """A vDSO reading moves time on as a syscall reading does: the kernel folds it in."""
+    clock = guest.kernel.clock
+    before = clock.now(realtime=False)
+    page = clock.pages[0]
+    page.store(24, 5)  # five vDSO readings since
+    assert clock.now(realtime=False) == before + 6 * 1000
+    assert page.load(24) == 0 and page.load(16) == clock.elapsed
+
+
+def test_the_stack_grows_down_to_the_rlimit_emulated() -> None:
+    out, status = emulated("stack")
+    lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    assert status == 0 and lines["past the rlimit"] == "SIGSEGV"
+    assert lines["after 1 MiB"].startswith("7fffffefe000-7ffffffff000")
+    assert lines["end"].startswith("7fffff7ff000-7ffffffff000")  # exactly RLIMIT_STACK
+
+
+def test_the_stack_does_not_grow_into_the_guard_gap(guest: GuestKernel) -> None:
+    stack = next(v for v in guest.mem if v.name == "[stack]")
+    below = stack.start - 0x10000
+    guest.mem.map(below - PAGE, PAGE, 3)  # a mapping 64 KiB below the stack: inside the 1 MiB gap
+    assert not guest.mem.grow_stack(stack.start - PAGE)
+    guest.mem.unmap(below - PAGE, PAGE)
+    assert guest.mem.grow_stack(stack.start - PAGE)  # negative control: without it the stack grows
+
+
+@needs_native
+@pytest.mark.parametrize("argv", [[FACTS, "maps"], [FACTS + "_pie", "maps"], [CAT, "/proc/self/maps"]],
+                         ids=["static", "static-pie", "dynamic"])
+def test_proc_self_maps_equals_the_real_kernels_with_aslr_off(argv: list[str]) -> None:
+    assert _native_argv(argv) == _emulated_argv(argv)[0]
+
+
+@needs_native
+def test_stack_growth_natively_and_emulated() -> None:
+    assert native("stack") == emulated("stack")
+
+
+@needs_native
+def test_vdso_functions_natively_and_emulated() -> None:
+    assert native("clock") == emulated("clock")
+
+
+@needs_native
+def test_auxv_natively_and_emulated() -> None:
+    """LD_SHOW_AUXV of /bin/true, every entry and value; the CPU's HWCAP words and platform come from
+    the CPU model (emu/cpu.py), compared there, so only their presence is compared here."""
+    env = {"LD_SHOW_AUXV": "1"}
+    native_out = subprocess.run(["/bin/true"], capture_output=True, env=env, timeout=60, preexec_fn=_no_aslr).stdout
+    io = GuestIO.captured()
+    Machine("/bin/true", ["/bin/true"], env, RunOptions(design="linux-6.18"), io).run()
+
+    def entries(text: bytes) -> list[tuple[str, str]]:
+        rows = [tuple(part.strip() for part in line.split(":", 1)) for line in text.decode().splitlines()]
+        return [(k, "-" if k in ("AT_HWCAP", "AT_HWCAP2", "AT_PLATFORM") else v) for k, v in rows]
+
+    assert entries(native_out) == entries(bytes(io.out))
+
+
+# ------------------------------------------------------------- diff compares like with like
+def test_diff_reports_a_maps_difference() -> None:
+    """Negative control for the maps comparison: one moved line is the first difference."""
+    from emu.diff import DiffReport
+    from emu.native import NativeRun
+
+    maps = "00400000-00401000 r--p 00000000 fe:00 1 /x\n7ffffffde000-7ffffffff000 rw-p 00000000 00:00 0 [stack]\n"
+    native_run = NativeRun(b"", b"", 0, (), (), maps)
+    assert DiffReport(native_run, b"", b"", 0, (), (), (), maps).first_difference() is None
+    moved = maps.replace("7ffffffde000", "7fffff7ff000")
+    difference = DiffReport(native_run, b"", b"", 0, (), (), (), moved).first_difference()
+    assert difference is not None and difference.startswith("/proc/self/maps at exit line 2")
+
+
+@needs_native
+def test_diff_compares_addresses_exactly() -> None:
+    from emu.diff import run_diff
+
+    redzone = str(Path(FACTS).parent / "redzone_probe")
+    report = run_diff(redzone, [redzone, "5"], ["uprobe:rz_nop5_site"], {})
+    assert report.first_difference() is None
+    assert "[uprobes-trampoline]" in report.native.maps and report.native.maps == report.maps
+    assert report.native.site_bytes == report.sites and report.sites[0][:1] == b"\xe8"

@@ -28,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     if difference is None:
         sites = ", ".join(b.hex() for b in report.sites)
         print(f"agree: stdout, stderr, exit status {report.exit_status}"
-              + (f", hits {counts}, site bytes at exit {sites}" if counts else ""))
+              + (f", hits {counts}, site bytes at exit {sites}" if counts else "")
+              + (", /proc/self/maps at exit" if report.native.maps else ""))
         return 0
     print(f"differ: {difference}")
     return EXIT_DIFFERENT

@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from emu import abi
+from emu import abi, layout
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.vfs import DT_TYPES, Device, HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
 from emu.memory import SPECIAL
@@ -139,7 +139,8 @@ def follow(k: Kernel, guest: str) -> str:
 
 
 def render_maps(vmas: list[Vma]) -> str:
-    """/proc/self/maps exactly as show_map_vma() prints it (fs/proc/task_mmu.c).
+    """/proc/self/maps exactly as show_map_vma() prints it (fs/proc/task_mmu.c), the gate area
+    ([vsyscall], no VMA of the process) last.
 
     ``%08lx-%08lx rwxp %08llx MM:mm inode `` then, for a named mapping, pad to column 73.
     """
@@ -152,7 +153,28 @@ def render_maps(vmas: list[Vma]) -> str:
         if vma.name:
             head = head.ljust(MAPS_NAME_COLUMN - 1) + " " + vma.name
         lines.append(head + "\n")
+    lines.append(f"{layout.VSYSCALL_LINE} ".ljust(MAPS_NAME_COLUMN - 1) + " [vsyscall]\n")
     return "".join(lines)
+
+
+class MapsFile(MemFile):
+    """/proc/pid/maps is a seq_file: made at the first read, so it shows what was mapped after open."""
+
+    def __init__(self, k: Kernel, guest_path: str, info: StatInfo | None) -> None:
+        super().__init__(guest_path, b"", info)
+        self.k: Kernel | None = k
+
+    def _made(self) -> None:
+        if self.k is not None:
+            self.content, self.k = render_maps(list(self.k.mem)).encode(), None
+
+    def read(self, size: int) -> bytes:
+        self._made()
+        return super().read(size)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        self._made()
+        return super().pread(size, offset)
 
 
 def _content(k: Kernel, tail: str) -> bytes | None:
@@ -311,6 +333,8 @@ def open_file(k: Kernel, guest: str, flags: int = abi.O_RDONLY) -> OpenFile | No
         info = stat_of(k, guest)
         assert info is not None
         return ProcMem(k, guest, info)
+    if tail == "/maps" and not writing and not flags & abi.O_DIRECTORY:
+        return MapsFile(k, guest, stat_of(k, guest))
     content = _content(k, tail)
     if content is None:
         raise SyscallError(errno.ENOENT)
