@@ -86,14 +86,16 @@ def native_probe(machine: Machine, spec_text: str) -> NativeProbe:
 
 
 def run_diff(binary: str, argv: Sequence[str], specs: Sequence[str], env: dict[str, str],
-             design: str = "linux-6.18", stdin: bytes = b"") -> DiffReport:
+             design: str = "linux-6.18", stdin: bytes = b"", aslr: int | None = None) -> DiffReport:
+    """``aslr``: emulate with the layout randomized from this seed and run natively with ASLR on;
+    addresses then differ by design and /proc/self/maps is not compared."""
     io = GuestIO.captured(stdin)
-    machine = Machine(binary, list(argv), env, RunOptions(design=design), io)
+    machine = Machine(binary, list(argv), env, RunOptions(design=design, aslr=aslr), io)
     natives = [native_probe(machine, s) for s in specs]
     attachments = [machine.attach(s) for s in specs]
     length = machine.design.site_length
     native = run_native([binary, *argv[1:]], natives, env=env, stdin=stdin,
-                        peek=[(p.offset, length) for p in natives], no_aslr=True, maps=True)
+                        peek=[(p.offset, length) for p in natives], no_aslr=aslr is None, maps=aslr is None)
     result = machine.run()
     hits = tuple(int(a.summary()["hits"]) for a in attachments)
     sites = tuple(machine.mem.read(int(a.summary()["address"]), length) for a in attachments)

@@ -92,6 +92,7 @@ class RunOptions:
     design: str | Design = DEFAULT_DESIGN  # a name, or a Design object (validated when the machine is built)
     sched_quantum: int = DEFAULT_QUANTUM  # instructions a thread runs before the next one gets the CPU
     sched_seed: int | None = None  # random preemption: slice lengths and the next thread drawn from this seed
+    aslr: int | None = None  # --aslr SEED: randomize the layout as Linux does (emu/layout.py); None: ASLR off
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +191,9 @@ class Machine:
         self.options = options or RunOptions()
         self.io = io or GuestIO.captured()
         self.cpu = Cpu()
-        self.mem = Memory(self.cpu)
+        self.execs = 0  # how many execve the process made (each draws a new layout with --aslr)
+        self.layout = layout.for_seed(self.options.aslr)
+        self.mem = Memory(self.cpu, self.layout.mmap_base)
         self.kernel = Kernel(self.cpu, self.mem, self.options.kernel)
         self.kernel.tracer = self.options.strace
         self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
@@ -249,6 +252,7 @@ class Machine:
         fork_kernel_state(parent.kernel, self.kernel, args)
         adopt_vdso(self.mem, self.kernel.clock)
         self.exe, self.interp, self.entry_sp, self.vdso = parent.exe, parent.interp, parent.entry_sp, parent.vdso
+        self.layout, self.execs = parent.layout, parent.execs
         self.counter = None
         self.design = parent.design
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
@@ -305,6 +309,9 @@ class Machine:
         by spec on a file the new image maps (the executable, or later its libraries) install there."""
         exec_kernel_state(self.kernel)
         self.mem.unmap_all()
+        self.execs += 1
+        self.layout = layout.for_seed(self.options.aslr, self.execs)
+        self.mem.mmap_base = self.layout.mmap_base
         self.path = host
         self._map_stack([os.fsdecode(a) for a in argv], [os.fsdecode(e) for e in envp])
         self.exe, self.interp = self._load(plan)
@@ -447,14 +454,17 @@ class Machine:
         interp_plan = self._interp_plan(plan) if plan.interp else None
         exe_base = self.options.exe_base
         if exe_base is None and plan.is_dyn and interp_plan is not None:
-            exe_base = abi.PIE_BASE
+            exe_base = self.layout.pie_base
         exe = map_image(self.mem, plan, choose_bias(self.mem, plan, exe_base), name=self._guest_exe_path())
         interp = None
         if interp_plan is not None:
             interp = map_image(self.mem, interp_plan, choose_bias(self.mem, interp_plan, self.options.interp_base),
                                name=self._interp_guest)
         # load_elf_binary: a static PIE's brk moves out of the mmap area (emu/layout.py)
-        brk = layout.MOVED_BRK if plan.is_dyn and interp_plan is None else abi.page_up(exe.end)
+        moved = plan.is_dyn and interp_plan is None
+        brk = layout.MOVED_BRK if moved else abi.page_up(exe.end)
+        if self.layout.randomized:  # a page's gap unless moved, then arch_randomize_brk
+            brk += self.layout.brk_gap + (0 if moved else abi.PAGE_SIZE)
         self.kernel.brk.start = self.kernel.brk.current = brk
         return exe, interp
 
@@ -474,8 +484,10 @@ class Machine:
         """[stack] as setup_arg_pages leaves it: the strings' pages plus 128 KiB (emu/layout.py)."""
         bottom = layout.strings_bottom([os.fsencode(a) for a in argv], [os.fsencode(e) for e in envp],
                                        os.fsencode(self.path))
-        start = layout.initial_stack_start(max(bottom, abi.STACK_TOP - abi.STACK_SIZE))
-        self.mem.map(start, abi.STACK_TOP - start, Prot.READ | Prot.WRITE, name="[stack]")
+        top = self.layout.stack_top
+        shift = abi.STACK_TOP - top  # the strings are copied at STACK_TOP, then the stack moves down
+        start = layout.initial_stack_start(max(bottom, abi.STACK_TOP - abi.STACK_SIZE), top=abi.STACK_TOP) - shift
+        self.mem.map(start, top - start, Prot.READ | Prot.WRITE, name="[stack]")
 
     def _build_stack(self, argv: list[str], envp: list[str]) -> int:
         exe = self.exe
@@ -506,7 +518,8 @@ class Machine:
         ]
         bargv = [os.fsencode(a) for a in argv]
         benv = [os.fsencode(e) for e in envp]
-        stack = build_stack(abi.STACK_TOP, bargv, benv, os.fsencode(self.path), aux, self.kernel.random.randbytes(16))
+        stack = build_stack(self.layout.stack_top, bargv, benv, os.fsencode(self.path), aux,
+                            self.kernel.random.randbytes(16), align_pad=self.layout.align_pad)
         self.mem.write(stack.sp, stack.data)
         ident = self.kernel.ident
         exe_guest = self._guest_exe_path()

@@ -379,3 +379,64 @@ def test_diff_compares_addresses_exactly() -> None:
     assert report.first_difference() is None
     assert "[uprobes-trampoline]" in report.native.maps and report.native.maps == report.maps
     assert report.native.site_bytes == report.sites and report.sites[0][:1] == b"\xe8"
+
+
+# --------------------------------------------------------------------- --aslr SEED
+def _aslr_maps(seed: int | None, argv: list[str] | None = None) -> list[tuple[int, int, str, str]]:
+    argv = argv or [CAT, "/proc/self/maps"]
+    io = GuestIO.captured()
+    Machine(argv[0], argv, {}, RunOptions(design="linux-6.18", aslr=seed), io).run()
+    return _maps_of(bytes(io.out).decode())
+
+
+def test_aslr_is_deterministic_per_seed_and_off_by_default() -> None:
+    assert _aslr_maps(5) == _aslr_maps(5)
+    assert _aslr_maps(5) != _aslr_maps(6)
+    assert _aslr_maps(None)[0][0] == 0x555555554000  # negative control: no seed, Linux's ASLR-off layout
+
+
+def test_aslr_randomizes_within_linuxs_ranges() -> None:
+    from emu import layout
+
+    for seed in range(4):
+        maps = _aslr_maps(seed)
+        exe = [m for m in maps if m[3] == CAT]
+        heap = next(m for m in maps if m[3] == "[heap]")
+        stack = next(m for m in maps if m[3] == "[stack]")
+        vdso = next(m for m in maps if m[3] == "[vdso]")
+        assert 0x555555554000 <= exe[0][0] < 0x555555554000 + (1 << 40)  # 28 bits of pages
+        assert exe[-1][1] + 0x1000 <= heap[0] < exe[-1][1] + 0x1000 + (1 << 30)  # up to 1 GiB above the bss
+        assert layout.STACK_TOP - (1 << 34) < stack[1] <= layout.STACK_TOP and stack[1] - stack[0] == 0x21000
+        assert vdso[1] < stack[0] - (1 << 34)  # below mmap_base, itself below the stack's 16 GiB of range
+
+
+def test_aslr_stack_tables_move_by_up_to_8_kib() -> None:
+    from emu import layout
+
+    pads = {layout.randomized(seed).align_pad for seed in range(20)}
+    assert len(pads) > 10 and all(0 <= p < 8192 for p in pads)
+
+
+def test_a_bad_aslr_seed_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from emu import cli
+
+    assert cli.main(["run", "--aslr", "nope", FACTS, "mseal"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--aslr" in err[0]
+
+
+def _native_aslr(command: str) -> tuple[str, int]:
+    done = subprocess.run([FACTS, command], capture_output=True, env={}, timeout=60)
+    return done.stdout.decode(), done.returncode
+
+
+def _emulated_aslr(command: str, seed: int) -> tuple[str, int]:
+    io = GuestIO.captured()
+    result = Machine(FACTS, [FACTS, command], {}, RunOptions(design="linux-6.18", aslr=seed), io).run()
+    return bytes(io.out).decode(), result.exit_status
+
+
+@needs_native
+@pytest.mark.parametrize("command", ["rflags", "mseal", "tramp", "clock"])
+def test_facts_that_are_not_addresses_agree_with_a_native_aslr_run(command: str) -> None:
+    assert _native_aslr(command) == _emulated_aslr(command, seed=11)

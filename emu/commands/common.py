@@ -50,6 +50,8 @@ def add_process_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exe-base", type=int_arg, metavar="ADDR", help="load address of a PIE executable")
     p.add_argument("--interp-base", type=int_arg, metavar="ADDR", help="load address of the interpreter")
     p.add_argument("--seed", type=int_arg, default=0, help="seed for getrandom and AT_RANDOM (default 0)")
+    p.add_argument("--aslr", type=int_arg, metavar="SEED",
+                   help="randomize the layout as Linux does (randomize_va_space=2), from SEED (default: ASLR off)")
 
 
 def add_binary(p: argparse.ArgumentParser) -> None:
@@ -75,7 +77,7 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
         raise UsageError(f"--rootfs {args.rootfs}: not a directory")
     kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed)
     return RunOptions(kernel=kernel, exe_base=args.exe_base, interp_base=args.interp_base,
-                      max_insns=args.max_insns, timeout_s=args.timeout, **extra)
+                      max_insns=args.max_insns, timeout_s=args.timeout, aslr=args.aslr, **extra)
 
 
 def add_sched_options(p: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from emu.commands.common import add_binary, guest_env
+from emu.commands.common import add_binary, guest_env, int_arg
 
 NAME = "diff"
 HELP = "run natively with the host kernel's uprobes and emulated (linux-6.18); print agreement or the first difference"
@@ -16,13 +16,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", default="linux-6.18", metavar="DESIGN", help="emulated design (default linux-6.18)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="set an environment variable")
     p.add_argument("--clear-env", action="store_true", help="run both sides with an empty environment")
+    p.add_argument("--aslr", type=int_arg, metavar="SEED",
+                   help="emulate with the layout randomized from SEED and run natively with ASLR on: addresses "
+                        "(/proc/self/maps) are then not compared")
     add_binary(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from emu.diff import run_diff  # heavy: only when run
 
-    report = run_diff(args.binary, [args.binary, *args.args], args.probe, guest_env(args), args.kernel)
+    report = run_diff(args.binary, [args.binary, *args.args], args.probe, guest_env(args), args.kernel, aslr=args.aslr)
     difference = report.first_difference()
     counts = ", ".join(f"{s}={n}" for s, n in zip(report.specs, report.hits, strict=True))
     if difference is None:
