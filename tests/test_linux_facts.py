@@ -440,3 +440,18 @@ def _emulated_aslr(command: str, seed: int) -> tuple[str, int]:
 @pytest.mark.parametrize("command", ["rflags", "mseal", "tramp", "clock"])
 def test_facts_that_are_not_addresses_agree_with_a_native_aslr_run(command: str) -> None:
     assert _native_aslr(command) == _emulated_aslr(command, seed=11)
+
+
+# ----------------------------------------------------- section 8: stack at the edge of mapped memory
+def test_the_optimized_path_needs_32_bytes_below_rsp_emulated() -> None:
+    out, status = emulated("edge")
+    lines = dict(line.split(": ", 1) for line in out.splitlines())
+    assert status == 0 and lines["hit1_int3_rsp_at_edge"] == "path=int3 count+=1 signal=none"
+    assert lines["hit2_call_rsp_at_edge"] == "path=call count+=0 signal=SIGSEGV addr=rsp-8 rip=site+0"
+    assert lines["call_rsp_edge_plus24"] == "path=call count+=0 signal=SIGSEGV addr=rsp-32 rip=tramp+3"
+    assert lines["call_rsp_edge_plus32"] == "path=call count+=1 signal=none"
+
+
+@needs_native
+def test_stack_edge_natively_and_emulated() -> None:
+    assert native("edge") == emulated("edge")
