@@ -455,3 +455,26 @@ def test_the_optimized_path_needs_32_bytes_below_rsp_emulated() -> None:
 @needs_native
 def test_stack_edge_natively_and_emulated() -> None:
     assert native("edge") == emulated("edge")
+
+
+def test_an_exec_replaces_the_clock_page_instead_of_adding_one(guest: GuestKernel) -> None:
+    from emu.kernel.vdso import map_vdso
+
+    clock = guest.kernel.clock
+    guest.mem.unmap_all()
+    map_vdso(guest.mem, clock)  # the new image's vDSO, at the same place with ASLR off
+    assert len(clock.pages) == 1
+    before = clock.now(realtime=False)
+    clock.pages[0].store(24, 1)
+    assert clock.now(realtime=False) == before + 2 * 1000  # one vDSO reading folded in once, not twice
+
+
+def test_a_forked_child_never_reads_an_earlier_time() -> None:
+    """The child's [vvar] is a copy: attaching it folds the parent's vDSO readings in first."""
+    code = "import os,time; t=time.monotonic(); pid=os.fork(); print(time.monotonic() > t); pid and os.wait()"
+    python = "/usr/bin/python3.11"
+    if not Path(python).exists():
+        pytest.skip(f"{python} absent")
+    io = GuestIO.captured()
+    Machine(python, [python, "-c", code], {}, RunOptions(design="linux-6.18"), io).run()
+    assert bytes(io.out).split() == [b"True", b"True"]

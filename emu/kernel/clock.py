@@ -30,13 +30,14 @@ class VirtualClock:
         self.pages: list[ClockPage] = []
 
     def attach(self, page: ClockPage) -> None:
-        """A new [vvar] page: the start times, the tick and where time is now."""
+        """A new [vvar] page: the start times, the tick and where time is now (the readings the other
+        pages made are folded in first: a forked child's copy must not read earlier than its parent)."""
+        self._fold()
         page.store(VV_REALTIME, self.realtime_start)
         page.store(VV_MONOTONIC, self.monotonic_start)
         page.store(VV_TICK, TICK_NS)
-        page.store(VV_ELAPSED, self.elapsed)
-        page.store(VV_READINGS, 0)
         self.pages.append(page)
+        self._publish()
 
     def _fold(self) -> None:
         live = []

@@ -73,4 +73,6 @@ def adopt(mem: Memory, clock: VirtualClock) -> None:
     if page is None:
         return
     mem.backend.mem_protect(page, PAGE_SIZE, Prot.READ | Prot.WRITE)
+    # an exec maps a new page, maybe where the old one was: the old one must not count twice
+    clock.pages = [p for p in clock.pages if not (isinstance(p, VvarPage) and p.mem is mem)]
     clock.attach(VvarPage(mem, page))
