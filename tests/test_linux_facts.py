@@ -478,3 +478,25 @@ def test_a_forked_child_never_reads_an_earlier_time() -> None:
     io = GuestIO.captured()
     Machine(python, [python, "-c", code], {}, RunOptions(design="linux-6.18"), io).run()
     assert bytes(io.out).split() == [b"True", b"True"]
+
+
+# ------------------------------------------- sections 6 and 9: placement depends on the heap gap
+DYN = FACTS + "_dyn"
+
+
+def _place(seed: int | None) -> str:
+    io = GuestIO.captured()
+    Machine(DYN, [DYN, "place"], {}, RunOptions(design="linux-6.18", aslr=seed), io).run()
+    return bytes(io.out).decode()
+
+
+def test_the_last_sites_trampoline_goes_above_the_binary_only_with_the_heap_gap() -> None:
+    assert _place(None) == "optimized=yes tramp=below count=2\n"  # the heap is adjacent: the page below is nearest
+    assert {_place(seed) for seed in (1, 2, 3)} == {"optimized=yes tramp=above count=2\n"}
+
+
+@needs_native
+def test_trampoline_placement_natively_with_and_without_aslr() -> None:
+    aslr_off = _native_argv([DYN, "place"])
+    aslr_on = subprocess.run([DYN, "place"], capture_output=True, env={}, timeout=60).stdout.decode()
+    assert (aslr_off, aslr_on) == (_place(None), _place(4))
