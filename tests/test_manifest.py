@@ -19,7 +19,8 @@ EXPECTED_SAMPLES = {
     "hello_static", "hello_static_pie", "hello_dynamic", "argv_env",
     "file_reader", "cpu_bound", "getpid_loop", "exit_code", "crash",
     "redzone_probe", "probe_targets", "usdt_sample", "hello_asm", "trig", "uret_edge", "usdt_args", "selfprobe", "signals",
-    "uprobe_syscall", "rsb_shapes", "threads", "uprobe_race", "forks", "rmw_sites", "linux_facts", "linux_facts_pie", "linux_facts_dyn",
+    "uprobe_syscall", "rsb_shapes", "threads", "uprobe_race", "forks", "rmw_sites",
+    "linux_facts", "linux_facts_pie", "linux_facts_dyn",
 }
 
 EM_X86_64 = 62
