@@ -88,7 +88,10 @@ class AuxType(enum.IntEnum):
     AT_SECURE = 23
     AT_RANDOM = 25
     AT_HWCAP2 = 26
+    AT_RSEQ_FEATURE_SIZE = 27
+    AT_RSEQ_ALIGN = 28
     AT_EXECFN = 31
+    AT_SYSINFO_EHDR = 33
     AT_MINSIGSTKSZ = 51
 
 

@@ -23,6 +23,25 @@ from unicorn.unicorn_py3.unicorn import uclib
 
 from emu.abi import PAGE_SIZE, Prot
 
+# User-mode rflags as Linux keeps them (notes/linux-6.18-observed.md section 10): bit 1 and IF always
+# set, IOPL 0 and no virtual-8086 bits; at CPL 3 the guest's popf/iret cannot change those, and a value
+# the fake kernel writes for user mode gets the same treatment (the kernel never returns to user mode
+# with interrupts off).
+FLAGS_FIXED = 0x202  # bit 1 | IF
+FLAGS_KERNEL_ONLY = 0x3000 | 0x20000 | 0x80000 | 0x100000  # IOPL, VM, VIF, VIP
+
+
+def user_flags(value: int) -> int:
+    """``value`` as user-mode rflags can hold it."""
+    return (value & ~FLAGS_KERNEL_ONLY & 0xFFFFFFFF) | FLAGS_FIXED
+
+
+# Linux's selectors (arch/x86/include/asm/segment.h): STAR[63:48] = __USER32_CS, so SYSRET loads
+# SS = 0x2b (__USER_DS) and CS = 0x33 (__USER_CS) with RPL and DPL 3.
+_MSR_EFER, _MSR_STAR, _EFER_SCE = 0xC0000080, 0xC0000081, 1
+_STAR = 0x0023_0010 << 32
+_SYSRETQ = b"\x48\x0f\x07"
+
 # uc_reg_* bound again without argtypes: the binding's POINTER argtypes cost ~0.7 us of
 # conversion per call on the syscall hot path; these take the arrays as plain pointers.
 _raw = ctypes.CDLL(uclib._name, handle=uclib._handle)
@@ -236,6 +255,7 @@ class Cpu:
         self.after_interrupt: list[Callable[[int], None]] = []
         self._add_hook(_HOOK_MEM_INVALID, _MEM_CB(self._on_invalid_mem), 1, 0)
         self._wide = ctypes.create_string_buffer(32)  # one x87 or xmm register (fxsave_image)
+        self._enter_user_mode()  # before the exec state is saved: a saved context carries the CPL
         self._exec_context = self._linux_exec_state()
 
     def _linux_exec_state(self) -> CpuContext:
@@ -251,6 +271,32 @@ class Cpu:
         rip 0 and rsp 0 included: the caller sets those."""
         self.restore_context(self._exec_context)
 
+    def _enter_user_mode(self) -> None:
+        """Drop to CPL 3 the way Linux first does, with a SYSRET (rflags <- r11 = 0x202).
+
+        Unicorn starts at CPL 0, where popf and iret may clear IF and set IOPL and cli/hlt run; at
+        CPL 3 the CPU itself keeps IF and IOPL as Linux user mode has them and cli, hlt, in and out
+        fault (#GP, SIGSEGV), at no cost per instruction. Unicorn's syscall hook replaces the
+        syscall instruction (no switch back to CPL 0) and its interrupt hook runs before any IDT
+        lookup, so the CPU stays in user mode for good: a saved context carries the CPL with it.
+        SYSRET reads no descriptor table, so none is needed. The stub runs from page 0, unmapped
+        before anything else is mapped."""
+        uc = self._uc
+        uc.mem_map(0, PAGE_SIZE)
+        try:
+            uc.mem_write(0, _SYSRETQ)
+            uc.reg_write(x86.UC_X86_REG_MSR, (_MSR_EFER, uc.reg_read(x86.UC_X86_REG_MSR, _MSR_EFER) | _EFER_SCE))
+            uc.reg_write(x86.UC_X86_REG_MSR, (_MSR_STAR, _STAR))
+            landing = 0x800  # SYSRET jumps to rcx; the run stops there, before fetching it
+            uc.reg_write(x86.UC_X86_REG_RCX, landing)
+            uc.reg_write(x86.UC_X86_REG_R11, FLAGS_FIXED)
+            uc.emu_start(0, landing)
+        finally:
+            uc.mem_unmap(0, PAGE_SIZE)
+        uc.reg_write(x86.UC_X86_REG_RCX, 0)
+        uc.reg_write(x86.UC_X86_REG_R11, 0)
+        uc.reg_write(x86.UC_X86_REG_RIP, 0)
+
     # ---------------------------------------------------------------- registers
     def read(self, reg: Reg) -> int:
         _reg_read(self._uch, reg, self._one_ref)
@@ -263,16 +309,21 @@ class Cpu:
         return self._one.value
 
     def write(self, reg: Reg, value: int) -> None:
+        if reg == Reg.RFLAGS:
+            value = user_flags(value)
         self._one.value = value & 0xFFFFFFFFFFFFFFFF
         _reg_write(self._uch, reg, self._one_ref)
 
     def batch_writer(self, regs: Sequence[Reg]) -> Callable[[Sequence[int]], None]:
         """A function writing ``regs`` in one C call. Writing RIP ends the translation block."""
         b = _RegBatch(regs)
+        flags_at = list(regs).index(Reg.RFLAGS) if Reg.RFLAGS in regs else -1
 
         def write(values: Sequence[int]) -> None:
             for i, value in enumerate(values):
                 b.values[i] = value & 0xFFFFFFFFFFFFFFFF
+            if flags_at >= 0:
+                b.values[flags_at] = user_flags(b.values[flags_at])
             _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
         return write
@@ -306,7 +357,7 @@ class Cpu:
             b.values[i] = values[i] & 0xFFFFFFFFFFFFFFFF
         if write_rip:
             b.values[16] = values[16] & 0xFFFFFFFFFFFFFFFF
-        b.values[b.count - 1] = values[17] & 0xFFFFFFFFFFFFFFFF
+        b.values[b.count - 1] = (values[17] & ~FLAGS_KERNEL_ONLY & 0xFFFFFFFF) | FLAGS_FIXED  # user_flags, inline
         _reg_write_batch(self._uch, b.ids, b.ptrs, b.count)
 
     def read_extended(self) -> tuple[int, int, bytes, int]:

@@ -1,8 +1,12 @@
 """`uprobe-emu diff`: the same binary and probes under the host kernel and under emulation.
 
 Native probes are attached through perf_event_open on the uprobe PMU (emu/native.py); the
-emulated run uses the design that matches the host (linux-6.18 here). Compared: stdout,
-stderr, exit status and the hit count of every probe.
+emulated run uses the design that matches the host (linux-6.18 here). Like is compared with like:
+the native process runs with randomization off (personality ADDR_NO_RANDOMIZE), as the emulated
+one is laid out, from the same path and argv, so addresses compare exactly. Compared: stdout,
+stderr, exit status, the hit count of every probe, the probe sites' bytes at exit (the rel32 of
+an optimized call included, so the trampoline's address) and /proc/self/maps at exit, line by line
+(where [uprobes-trampoline] and [uprobes] were mapped).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from emu.cpumodel import DEFAULT_CPUS
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.kernel.dispatch import KernelConfig
+from emu.kernel.procfs import render_maps
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.loader import LoadedImage
 from emu.machine import Machine, RunOptions
@@ -31,6 +36,7 @@ class DiffReport:
     hits: tuple[int, ...]
     specs: tuple[str, ...]
     sites: tuple[bytes, ...]  # the probe sites' bytes when the emulated guest exited
+    maps: str = ""  # the emulated /proc/self/maps when the guest exited
 
     def first_difference(self) -> str | None:
         native_status = self.native.returncode if self.native.returncode >= 0 else 128 - self.native.returncode
@@ -46,6 +52,8 @@ class DiffReport:
         for spec, want_bytes, got_bytes in zip(self.specs, self.native.site_bytes, self.sites, strict=True):
             if want_bytes != got_bytes:
                 return f"site bytes of {spec} at exit: native {want_bytes.hex()}, emulated {got_bytes.hex()}"
+        if self.native.maps and self.native.maps != self.maps:
+            return f"/proc/self/maps at exit {_first_line_difference(self.native.maps.encode(), self.maps.encode())}"
         return None
 
 
@@ -80,15 +88,19 @@ def native_probe(machine: Machine, spec_text: str) -> NativeProbe:
 
 
 def run_diff(binary: str, argv: Sequence[str], specs: Sequence[str], env: dict[str, str],
-             design: str = "linux-6.18", stdin: bytes = b"", cpus: int = DEFAULT_CPUS) -> DiffReport:
+             design: str = "linux-6.18", stdin: bytes = b"", cpus: int = DEFAULT_CPUS,
+             aslr: int | None = None) -> DiffReport:
+    """``aslr``: emulate with the layout randomized from this seed and run natively with ASLR on;
+    addresses then differ by design and /proc/self/maps is not compared."""
     io = GuestIO.captured(stdin)
-    machine = Machine(binary, list(argv), env, RunOptions(kernel=KernelConfig(cpus=cpus), design=design), io)
+    machine = Machine(binary, list(argv), env, RunOptions(kernel=KernelConfig(cpus=cpus), design=design, aslr=aslr), io)
     natives = [native_probe(machine, s) for s in specs]
     attachments = [machine.attach(s) for s in specs]
     length = machine.design.site_length
-    native = run_native([os.path.realpath(binary), *argv[1:]], natives, env=env, stdin=stdin,
-                        peek=[(p.offset, length) for p in natives])
+    native = run_native([binary, *argv[1:]], natives, env=env, stdin=stdin,
+                        peek=[(p.offset, length) for p in natives], no_aslr=aslr is None, maps=aslr is None)
     result = machine.run()
     hits = tuple(int(a.summary()["hits"]) for a in attachments)
     sites = tuple(machine.mem.read(int(a.summary()["address"]), length) for a in attachments)
-    return DiffReport(native, bytes(io.out), bytes(io.err), result.exit_status, hits, tuple(specs), sites)
+    maps = render_maps(list(machine.mem))
+    return DiffReport(native, bytes(io.out), bytes(io.err), result.exit_status, hits, tuple(specs), sites, maps)

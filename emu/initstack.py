@@ -38,11 +38,14 @@ def build_stack(
     aux: list[tuple[AuxType, int]],
     random16: bytes,
     max_bytes: int = MAX_ARG_BYTES,
+    align_pad: int = 0,
 ) -> InitialStack:
-    """``aux`` holds every entry except AT_EXECFN, AT_PLATFORM, AT_RANDOM, which point into the stack.
+    """``aux`` in the order the kernel writes it; the values of AT_RANDOM, AT_EXECFN and AT_PLATFORM,
+    which point into the stack, are filled in here (an entry left out is appended, in that order).
 
     Refuses (:class:`UsageError`, Linux's E2BIG) strings with a NUL inside, longer than
-    MAX_ARG_STRLEN, or more than ``max_bytes`` of strings and pointers in all.
+    MAX_ARG_STRLEN, or more than ``max_bytes`` of strings and pointers in all. ``align_pad``: the bytes
+    arch_align_stack takes off below the strings (random with ASLR, 0 without).
     """
     if len(random16) != 16:
         raise ValueError("AT_RANDOM needs exactly 16 bytes")
@@ -61,16 +64,14 @@ def build_stack(
     env_start = env_end - sum(len(e) + 1 for e in envp)
     argv_end = env_start
     argv_start = argv_end - sum(len(a) + 1 for a in argv)
-    platform_at = (argv_start & ~0xF) - (len(PLATFORM) + 1)  # arch_align_stack() first
+    platform_at = ((argv_start - align_pad) & ~0xF) - (len(PLATFORM) + 1)  # arch_align_stack() first
     random_at = platform_at - 16
     env_ptrs = _string_addresses(env_start, envp)
     argv_ptrs = _string_addresses(argv_start, argv)
-    full_aux = list(aux) + [
-        (AuxType.AT_RANDOM, random_at),
-        (AuxType.AT_EXECFN, execfn_at),
-        (AuxType.AT_PLATFORM, platform_at),
-        (AuxType.AT_NULL, 0),
-    ]
+    placed = {AuxType.AT_RANDOM: random_at, AuxType.AT_EXECFN: execfn_at, AuxType.AT_PLATFORM: platform_at}
+    keys = {key for key, _ in aux}
+    full_aux = [(key, placed.get(key, value)) for key, value in aux]
+    full_aux += [(key, value) for key, value in placed.items() if key not in keys] + [(AuxType.AT_NULL, 0)]
     words = [len(argv), *argv_ptrs, 0, *env_ptrs, 0]
     for key, value in full_aux:
         words += [int(key), value]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from emu import abi
+from emu import abi, layout
 from emu.abi import AuxType, Prot, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.cpumodel import MIN_SIGSTKSZ
@@ -33,6 +33,8 @@ from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.uprobes.syscalls import uprobe_rows
+from emu.kernel.vdso import adopt as adopt_vdso
+from emu.kernel.vdso import map_vdso
 from emu.loader import LoadedImage, choose_bias, map_image
 from emu.memory import Memory, Vma
 
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a bina
     from emu.probes import ProbeSpec, ResolvedProbe, Resolver
 
 CLOCK_TICKS = 100
+RSEQ_FEATURE_SIZE, RSEQ_ALIGN = 28, 32  # offsetofend(struct rseq, mm_cid) and its alignment
 MAX_SPURIOUS_STOPS = 10_000  # emu_start returning for no reason, per process, before it counts as a hlt
 
 SI_KERNEL, ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 0x80, 2, 1, 1, 2
@@ -89,6 +92,7 @@ class RunOptions:
     design: str | Design = DEFAULT_DESIGN  # a name, or a Design object (validated when the machine is built)
     sched_quantum: int = DEFAULT_QUANTUM  # instructions a thread runs before the next one gets the CPU
     sched_seed: int | None = None  # random preemption: slice lengths and the next thread drawn from this seed
+    aslr: int | None = None  # --aslr SEED: randomize the layout as Linux does (emu/layout.py); None: ASLR off
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,16 +191,19 @@ class Machine:
         self.options = options or RunOptions()
         self.io = io or GuestIO.captured()
         self.cpu = Cpu()
-        self.mem = Memory(self.cpu)
+        self.execs = 0  # how many execve the process made (each draws a new layout with --aslr)
+        self.layout = layout.for_seed(self.options.aslr)
+        self.mem = Memory(self.cpu, self.layout.mmap_base)
         self.kernel = Kernel(self.cpu, self.mem, self.options.kernel)
         self.kernel.tracer = self.options.strace
         self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         self.path = path
         plan = load_plan(path)
-        # The stack first, so an image that collides with it is refused rather than overwritten.
-        self.mem.map(abi.STACK_TOP - abi.STACK_SIZE, abi.STACK_SIZE, Prot.READ | Prot.WRITE, name="[stack]")
-        self.exe, self.interp = self._load(plan)
         envp = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else list(env)
+        # The stack first, so an image that collides with it is refused rather than overwritten.
+        self._map_stack(argv, envp)
+        self.exe, self.interp = self._load(plan)
+        self.vdso = map_vdso(self.mem, self.kernel.clock)
         self.entry_sp = self._build_stack(argv, envp)
         self._install_stdio()
         self.counter = (
@@ -214,6 +221,7 @@ class Machine:
     def _wire(self) -> None:
         """Connect CPU, kernel and uprobes (shared by a new process and a forked one)."""
         self.uprobes.task = self.kernel.task.uprobe
+        self.uprobes.pid = self.kernel.ident.pid
         self._counted = False  # the last slice ran with an instruction count (several threads)
         self._stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
         self.spurious_stops = 0  # emu_start returns with nothing to report (see _spurious_stop)
@@ -228,6 +236,7 @@ class Machine:
         self.cpu.add_syscall_hook(self.kernel.on_syscall)
         self.cpu.add_interrupt_hook(self._on_interrupt)
         self.cpu.add_cpuid_hook(self.kernel.cpu_model.cpuid)
+        self.cpu.on_unmapped = lambda bad: self.mem.grow_stack(bad.address)  # the stack grows on demand
 
     @classmethod
     def _forked(cls, parent: Machine, pid: int, args: CloneArgs) -> Machine:
@@ -242,7 +251,9 @@ class Machine:
         self.kernel = Kernel(self.cpu, self.mem, config)
         self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         fork_kernel_state(parent.kernel, self.kernel, args)
-        self.exe, self.interp, self.entry_sp = parent.exe, parent.interp, parent.entry_sp
+        adopt_vdso(self.mem, self.kernel.clock)
+        self.exe, self.interp, self.entry_sp, self.vdso = parent.exe, parent.interp, parent.entry_sp, parent.vdso
+        self.layout, self.execs = parent.layout, parent.execs
         self.counter = None
         self.design = parent.design
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
@@ -315,12 +326,17 @@ class Machine:
         by spec on a file the new image maps (the executable, or later its libraries) install there."""
         exec_kernel_state(self.kernel)
         self.mem.unmap_all()
+        self.execs += 1
+        self.layout = layout.for_seed(self.options.aslr, self.execs)
+        self.mem.mmap_base = self.layout.mmap_base
         self.path = host
-        self.mem.map(abi.STACK_TOP - abi.STACK_SIZE, abi.STACK_SIZE, Prot.READ | Prot.WRITE, name="[stack]")
+        self._map_stack([os.fsdecode(a) for a in argv], [os.fsdecode(e) for e in envp])
         self.exe, self.interp = self._load(plan)
+        self.vdso = map_vdso(self.mem, self.kernel.clock)
         self.entry_sp = self._build_stack([os.fsdecode(a) for a in argv], [os.fsdecode(e) for e in envp])
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.uprobes.task = self.kernel.task.uprobe
+        self.uprobes.pid = self.kernel.ident.pid
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self._resolver = None
         for vma in self.mem:  # uprobe_mmap on the new image's text: probes by spec on that file install
@@ -455,7 +471,7 @@ class Machine:
         interp_plan = self._interp_plan(plan) if plan.interp else None
         exe_base = self.options.exe_base
         if exe_base is None and plan.is_dyn and interp_plan is not None:
-            exe_base = abi.PIE_BASE
+            exe_base = self.layout.pie_base
         exe = map_image(self.mem, plan, choose_bias(self.mem, plan, exe_base), name=self._guest_exe_path())
         interp = None
         if interp_plan is not None:
@@ -465,7 +481,11 @@ class Machine:
             if image is not None and image.entry >= abi.TASK_SIZE:
                 # load_elf_binary: BAD_ADDR(elf_entry) fails the execve with EINVAL
                 raise LoadError(image.plan.file.path, f"entry point {image.entry:#x} is outside the user address space")
-        brk = abi.page_up(exe.end)
+        # load_elf_binary: a static PIE's brk moves out of the mmap area (emu/layout.py)
+        moved = plan.is_dyn and interp_plan is None
+        brk = layout.MOVED_BRK if moved else abi.page_up(exe.end)
+        if self.layout.randomized:  # a page's gap unless moved, then arch_randomize_brk
+            brk += self.layout.brk_gap + (0 if moved else abi.PAGE_SIZE)
         self.kernel.brk.start = self.kernel.brk.current = brk
         return exe, interp
 
@@ -481,13 +501,27 @@ class Machine:
             raise LoadError(interp.file.path, "an interpreter cannot itself have an interpreter")
         return interp
 
+    def _map_stack(self, argv: list[str], envp: list[str]) -> None:
+        """[stack] as setup_arg_pages leaves it: the strings' pages plus 128 KiB (emu/layout.py)."""
+        bottom = layout.strings_bottom([os.fsencode(a) for a in argv], [os.fsencode(e) for e in envp],
+                                       os.fsencode(self.path))
+        top = self.layout.stack_top
+        shift = abi.STACK_TOP - top  # the strings are copied at STACK_TOP, then the stack moves down
+        start = layout.initial_stack_start(max(bottom, abi.STACK_TOP - abi.STACK_SIZE), top=abi.STACK_TOP) - shift
+        self.mem.map(start, top - start, Prot.READ | Prot.WRITE, name="[stack]")
+
     def _build_stack(self, argv: list[str], envp: list[str]) -> int:
         exe = self.exe
+        # create_elf_tables' order (notes/linux-6.18-observed.md section 9): ARCH_DLINFO first
         aux = [
+            (AuxType.AT_SYSINFO_EHDR, self.vdso),
+            (AuxType.AT_MINSIGSTKSZ, MIN_SIGSTKSZ),
+            (AuxType.AT_HWCAP, self.kernel.cpu_model.hwcap),
+            (AuxType.AT_PAGESZ, abi.PAGE_SIZE),
+            (AuxType.AT_CLKTCK, CLOCK_TICKS),
             (AuxType.AT_PHDR, exe.phdr),
             (AuxType.AT_PHENT, exe.plan.phentsize),
             (AuxType.AT_PHNUM, exe.plan.phnum),
-            (AuxType.AT_PAGESZ, abi.PAGE_SIZE),
             (AuxType.AT_BASE, self.interp.bias + self.interp.plan.low if self.interp else 0),
             (AuxType.AT_FLAGS, 0),
             (AuxType.AT_ENTRY, exe.entry),
@@ -496,14 +530,17 @@ class Machine:
             (AuxType.AT_GID, self.kernel.ident.gid),
             (AuxType.AT_EGID, self.kernel.ident.gid),
             (AuxType.AT_SECURE, 0),
-            (AuxType.AT_HWCAP, self.kernel.cpu_model.hwcap),
+            (AuxType.AT_RANDOM, 0),
             (AuxType.AT_HWCAP2, self.kernel.cpu_model.hwcap2),
-            (AuxType.AT_CLKTCK, CLOCK_TICKS),
-            (AuxType.AT_MINSIGSTKSZ, MIN_SIGSTKSZ),
+            (AuxType.AT_EXECFN, 0),
+            (AuxType.AT_PLATFORM, 0),
+            (AuxType.AT_RSEQ_FEATURE_SIZE, RSEQ_FEATURE_SIZE),
+            (AuxType.AT_RSEQ_ALIGN, RSEQ_ALIGN),
         ]
         bargv = [os.fsencode(a) for a in argv]
         benv = [os.fsencode(e) for e in envp]
-        stack = build_stack(abi.STACK_TOP, bargv, benv, os.fsencode(self.path), aux, self.kernel.random.randbytes(16))
+        stack = build_stack(self.layout.stack_top, bargv, benv, os.fsencode(self.path), aux,
+                            self.kernel.random.randbytes(16), align_pad=self.layout.align_pad)
         self.mem.write(stack.sp, stack.data)
         ident = self.kernel.ident
         exe_guest = self._guest_exe_path()

@@ -15,6 +15,11 @@ from typing import Protocol
 
 from emu.abi import MMAP_BASE, PAGE_SIZE, TASK_SIZE, Prot, page_down, page_up
 from emu.errors import MapFailed, MemoryFault, PatchMismatch
+from emu.layout import RLIMIT_STACK as STACK_LIMIT
+from emu.layout import STACK_GUARD_GAP
+
+STACK_NAME = "[stack]"
+STACK_PIECES_MAX = 32
 
 
 class MemoryBackend(Protocol):
@@ -42,6 +47,7 @@ class Vma:
     # cleared. Linux does not merge accounted with unaccounted VMAs: that is why a RELRO region made
     # read-only stays a separate line next to the read-only segment before it.
     accounted: bool = False
+    sealed: bool = False  # VM_SEALED (mseal): munmap, mprotect, mremap and MAP_FIXED over it are EPERM
 
     def __contains__(self, addr: int) -> bool:
         return self.start <= addr < self.end
@@ -83,11 +89,31 @@ class Vma:
         """True if ``other`` starts where this one ends and could be one VMA with it."""
         if other.start != self.end:
             return False
-        if (self.prot, self.name, self.dev, self.inode, self.shared, self.accounted) != (
-            other.prot, other.name, other.dev, other.inode, other.shared, other.accounted,
-        ):
+        if (self.prot, self.name, self.dev, self.inode, self.shared, self.accounted, self.sealed) != (
+            other.prot, other.name, other.dev, other.inode, other.shared, other.accounted, other.sealed,
+        ) or self.name in SPECIAL:
             return False
         return not self.is_file or other.offset == self.offset + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class Special:
+    """A mapping the kernel installs itself (_install_special_mapping): what the mm syscalls and
+    /proc/pid/mem may do to it (notes/linux-6.18-observed.md section 8, "Trampoline VMA operations")."""
+
+    may: Prot  # VM_MAYREAD/WRITE/EXEC: mprotect asking for more is EACCES
+    movable: bool  # mremap may move it (the trampoline's vm_special_mapping.mremap refuses: EPERM)
+    io: bool  # no pages behind it for get_user_pages (VM_IO / VM_PFNMAP): /proc/pid/mem gives EIO
+
+
+# Every special mapping is VM_DONTEXPAND (mremap growing it: EFAULT) and is never merged.
+SPECIAL: dict[str, Special] = {
+    "[uprobes-trampoline]": Special(Prot.READ | Prot.EXEC, movable=False, io=True),
+    "[uprobes]": Special(Prot.EXEC, movable=True, io=True),
+    "[vvar]": Special(Prot.READ, movable=False, io=True),
+    "[vvar_vclock]": Special(Prot.READ, movable=False, io=True),
+    "[vdso]": Special(Prot.READ | Prot.WRITE | Prot.EXEC, movable=True, io=False),
+}
 
 
 class UserFault(Exception):
@@ -116,6 +142,8 @@ class Memory:
         self._vmas: list[Vma] = []
         self.patch_observers: list[Callable[[int, bytes, bytes], None]] = []  # (addr, old, new) after each patch
         self._starts: list[int] = []
+        self.stack_limit = STACK_LIMIT  # RLIMIT_STACK: how far [stack] may grow down from its top
+        self._stack_pieces = 0  # backend regions the stack grew by since it was last one region
 
     # --------------------------------------------------------------- queries
     def __iter__(self) -> Iterator[Vma]:
@@ -244,6 +272,45 @@ class Memory:
         self._coalesce(start, end)
         return True
 
+    def grow_stack(self, addr: int) -> bool:
+        """expand_stack for a fault at ``addr`` below [stack]: True if the stack now covers it. Refused
+        beyond the stack rlimit, or within the stack guard gap of the mapping below."""
+        i = bisect.bisect_right(self._starts, addr)
+        if i >= len(self._vmas) or self._vmas[i].name != STACK_NAME:
+            return False
+        stack = self._vmas[i]
+        new_start = page_down(addr)
+        if stack.end - new_start > self.stack_limit:
+            return False
+        below = self._vmas[i - 1] if i else None
+        if below is not None and below.end + STACK_GUARD_GAP > new_start:
+            return False
+        self.map(new_start, stack.start - new_start, stack.prot, name=STACK_NAME)
+        self._stack_pieces += 1
+        grown = self.find(new_start)
+        if self._stack_pieces >= STACK_PIECES_MAX and grown is not None and grown.end == stack.end:
+            self._stack_pieces = 0
+            self._one_region(new_start, stack.end, stack.prot)
+        return True
+
+    def _one_region(self, start: int, end: int, prot: Prot) -> None:
+        """Make the backend hold [start, end) as one region again: Unicorn's mem_map costs grow with
+        its number of regions (~0.1 ms each at 100, ~1.3 ms at 1000), and a stack grows page by page."""
+        data = self.backend.mem_read(start, end - start)
+        self.backend.mem_unmap(start, end - start)
+        self.backend.mem_map(start, end - start, prot)
+        self.backend.mem_write(start, data)
+
+    def sealed_in(self, start: int, end: int) -> bool:
+        """Does any VMA overlapping [start, end) carry VM_SEALED?"""
+        return any(v.sealed for v in self.overlapping(page_down(start), page_up(end)))
+
+    def seal(self, start: int, end: int) -> None:
+        """mseal's apply step over a range the caller checked is fully mapped."""
+        for vma in self._split(start, end):
+            self._replace(vma, dataclasses.replace(vma, sealed=True))
+        self._coalesce(start, end)
+
     def rename(self, start: int, end: int, name: str) -> None:
         """Name the mapped parts of [start, end) (like PR_SET_VMA_ANON_NAME); splits VMAs at the edges."""
         start, end = page_down(start), page_up(end)
@@ -326,6 +393,8 @@ class Memory:
         bits = int(need)  # plain ints: enum.Flag's __and__ costs ~2 us on this hot path
         while pos < end:
             vma = self.find(pos)
+            if vma is None and self.grow_stack(pos):  # a kernel copy onto the stack grows it too
+                vma = self.find(pos)
             if vma is None or not (int(vma.prot) & bits):
                 raise UserFault(pos)
             pos = vma.end

@@ -47,6 +47,7 @@ class NativeRun:
     returncode: int
     counts: tuple[int, ...]
     site_bytes: tuple[bytes, ...] = ()  # what was at each peeked file offset when the process exited
+    maps: str = ""  # its /proc/pid/maps when it exited (asked for with maps=True)
     cpu_s: float = 0.0  # the process's user + system CPU time (wait4's rusage): probe handling is system time
 
 
@@ -90,7 +91,11 @@ PTRACE_TRACEME, PTRACE_CONT, PTRACE_SETOPTIONS = 0, 7, 0x4200
 PTRACE_O_TRACEEXIT, PTRACE_EVENT_EXIT = 0x40, 6
 
 
-def _spawn_gated(argv: Sequence[str], env: dict[str, str] | None, traced: bool) -> tuple[int, int, int, int, int]:
+ADDR_NO_RANDOMIZE = 0x0040000
+
+
+def _spawn_gated(argv: Sequence[str], env: dict[str, str] | None, traced: bool,
+                 no_aslr: bool = False) -> tuple[int, int, int, int, int]:
     """fork; the child waits on a gate pipe, then execs (traced: stopping at exec for the parent).
     Returns pid, gate, stdin, stdout, stderr fds."""
     gate_r, gate_w = os.pipe()
@@ -106,6 +111,8 @@ def _spawn_gated(argv: Sequence[str], env: dict[str, str] | None, traced: bool) 
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
             os.closerange(3, 1 << 16)
+            if no_aslr:
+                _libc.personality(ADDR_NO_RANDOMIZE)
             if traced:
                 _libc.ptrace(PTRACE_TRACEME, 0, None, None)
             os.execve(argv[0], list(argv), env if env is not None else dict(os.environ))
@@ -117,13 +124,16 @@ def _spawn_gated(argv: Sequence[str], env: dict[str, str] | None, traced: bool) 
 
 
 def run_native(argv: Sequence[str], probes: Sequence[NativeProbe], env: dict[str, str] | None = None,
-               stdin: bytes = b"", timeout: float = 60.0, peek: Sequence[tuple[int, int]] = ()) -> NativeRun:
+               stdin: bytes = b"", timeout: float = 60.0, peek: Sequence[tuple[int, int]] = (),
+               no_aslr: bool = False, maps: bool = False) -> NativeRun:
     """Start ``argv`` stopped before exec, attach every probe to it, let it run, read the counts.
 
     ``peek``: (file offset in argv[0], length) pairs read from the process's memory when it exits
-    (ptrace's exit stop), e.g. the probe sites as the kernel left them."""
+    (ptrace's exit stop), e.g. the probe sites as the kernel left them; ``maps``: its
+    /proc/pid/maps there too. ``no_aslr``: personality(ADDR_NO_RANDOMIZE), as `setarch -R`, so that
+    its addresses are the ones an emulated run (ASLR off by default) has."""
     pmu = uprobe_pmu_type()
-    pid, gate, in_w, out_r, err_r = _spawn_gated(argv, env, traced=bool(peek))
+    pid, gate, in_w, out_r, err_r = _spawn_gated(argv, env, traced=bool(peek) or maps, no_aslr=no_aslr)
     fds: list[int] = []
     try:
         fds = [_open_event(pmu, probe, pid) for probe in probes]
@@ -139,7 +149,7 @@ def run_native(argv: Sequence[str], probes: Sequence[NativeProbe], env: dict[str
     try:
         with os.fdopen(in_w, "wb") as fh:
             fh.write(stdin)
-        status, sites, cpu_s = _wait(pid, argv[0], peek)
+        status, sites, maps_text, cpu_s = _wait(pid, argv[0], peek, maps)
         drainer.join(timeout)
         counts = tuple(struct.unpack("<Q", os.read(fd, 8))[0] for fd in fds)
     finally:
@@ -147,22 +157,28 @@ def run_native(argv: Sequence[str], probes: Sequence[NativeProbe], env: dict[str
             os.close(fd)
     out, err = drained.get("out", (b"", b""))
     returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-    return NativeRun(out, err, returncode, counts, sites, cpu_s)
+    return NativeRun(out, err, returncode, counts, sites, maps_text, cpu_s)
 
 
-def _wait(pid: int, exe: str, peek: Sequence[tuple[int, int]]) -> tuple[int, tuple[bytes, ...], float]:
-    """Wait for the child; when traced, read the peeked bytes at its exit stop, forward other signals.
-    Returns the status, the peeked bytes and the child's CPU time."""
+def _wait(pid: int, exe: str, peek: Sequence[tuple[int, int]], maps: bool) -> tuple[int, tuple[bytes, ...], str, float]:
+    """Wait for the child; when traced, read the peeked bytes (and maps) at its exit stop, forward
+    other signals. Returns the status, the peeked bytes, the maps and the child's CPU time."""
     sites: tuple[bytes, ...] = ()
+    maps_text = ""
+    exited = False
     while True:
         _, status, usage = os.wait4(pid, 0)
         if not os.WIFSTOPPED(status):
-            return status, sites, usage.ru_utime + usage.ru_stime
+            return status, sites, maps_text, usage.ru_utime + usage.ru_stime
         sig, event = os.WSTOPSIG(status), status >> 16
         deliver = 0
         if sig == signal.SIGTRAP and event == PTRACE_EVENT_EXIT:
+            exited = True
             sites = _peek(pid, exe, peek)
-        elif sig == signal.SIGTRAP and event == 0 and not sites:
+            if maps:
+                with open(f"/proc/{pid}/maps") as fh:
+                    maps_text = fh.read()
+        elif sig == signal.SIGTRAP and event == 0 and not exited:
             _libc.ptrace(PTRACE_SETOPTIONS, pid, None, ctypes.c_void_p(PTRACE_O_TRACEEXIT))  # the exec stop
         else:
             deliver = sig

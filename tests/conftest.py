@@ -139,6 +139,7 @@ class GuestKernel:
         self.kernel = self.machine.kernel
         self.mem = self.machine.mem
         self._next = self.machine.entry_sp - SCRATCH_BELOW_SP
+        assert self.mem.grow_stack(self._next)  # the scratch area is stack the guest touched: it grew there
         self._numbers = {row.name: nr for nr, row in self.kernel.table.items()}
 
     def alloc(self, size: int, data: bytes = b"") -> int:

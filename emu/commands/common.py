@@ -87,6 +87,8 @@ def add_process_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus", type=cpu_count, default=None, metavar="N",
                    help="CPUs the guest is told it has: sched_getaffinity, sysconf, /proc/cpuinfo, "
                         "/sys/devices/system/cpu, CPUID (default 1: the emulator runs every thread on one)")
+    p.add_argument("--aslr", type=int_arg, metavar="SEED",
+                   help="randomize the layout as Linux does (randomize_va_space=2), from SEED (default: ASLR off)")
 
 
 def add_binary(p: argparse.ArgumentParser) -> None:
@@ -116,7 +118,7 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
     limit = default_memory_limit() if args.memory_limit is None else args.memory_limit or None
     kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed, read_only=args.read_only, memory_limit=limit, **cpus)
     return RunOptions(kernel=kernel, exe_base=args.exe_base, interp_base=args.interp_base,
-                      max_insns=args.max_insns, timeout_s=args.timeout, **extra)
+                      max_insns=args.max_insns, timeout_s=args.timeout, aslr=args.aslr, **extra)
 
 
 def add_sched_options(p: argparse.ArgumentParser) -> None:

@@ -171,6 +171,9 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     pid = child.config.pid
     child.files = parent.files.fork()
     child.vfs = parent.vfs.fork()  # one file system (and its in-memory layer) for the whole run
+    from emu.kernel.perf import inherit_events  # attr.inherit: the child's own copy of the event
+
+    inherit_events(child.files.entries, pid)
     child.clock = parent.clock  # one virtual timeline for the whole run
     child.random.setstate(parent.random.getstate())
     child.rlimits = dict(parent.rlimits)

@@ -1,4 +1,9 @@
-"""Memory syscalls: mmap, munmap, mprotect, mremap, madvise, brk."""
+"""Memory syscalls: mmap, munmap, mprotect, mremap, madvise, brk, mseal.
+
+Sealed VMAs (mseal, Linux 6.10+) refuse munmap, mprotect, mremap and a MAP_FIXED mapping over them
+with EPERM; the kernel's own special mappings (emu.memory.SPECIAL) refuse growing (EFAULT), moving
+where their vm_special_mapping says so (EPERM) and an mprotect beyond their VM_MAY* bits (EACCES).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, page_up
 from emu.errors import MapFailed
 from emu.kernel import limits
 from emu.kernel.errno_ import SyscallError
+from emu.memory import SPECIAL
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -33,10 +39,17 @@ def _fd(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
+def _refuse_sealed(k: Kernel, start: int, end: int) -> None:
+    """can_modify_mm: an operation that would change a sealed VMA fails whole, before it starts."""
+    if k.mem.sealed_in(start, end):
+        raise SyscallError(errno.EPERM)
+
+
 def _place(k: Kernel, addr: int, length: int, flags: int) -> int:
     if flags & abi.MAP_FIXED:
         if addr % PAGE_SIZE or addr + length > TASK_SIZE or addr == 0:
             raise SyscallError(errno.EINVAL if addr % PAGE_SIZE else errno.ENOMEM)
+        _refuse_sealed(k, addr, addr + length)
         return addr
     if flags & abi.MAP_FIXED_NOREPLACE:
         if addr % PAGE_SIZE:
@@ -108,6 +121,7 @@ def _write_back(k: Kernel, addr: int, length: int) -> None:
 def sys_munmap(k: Kernel, addr: int, length: int, *_: int) -> int:
     if addr % PAGE_SIZE or length == 0 or addr + length > TASK_SIZE:
         raise SyscallError(errno.EINVAL)
+    _refuse_sealed(k, addr, addr + length)
     _write_back(k, addr, length)
     k.mem.unmap(addr, length)
     return 0
@@ -119,8 +133,14 @@ def sys_mprotect(k: Kernel, addr: int, length: int, prot: int, *_: int) -> int:
     protection = _prot(prot)
     if length == 0:
         return 0
-    if protection & Prot.WRITE and _maps_readonly_shared(k, addr, page_up(addr + length)):
+    end = page_up(addr + length)
+    _refuse_sealed(k, addr, end)
+    if protection & Prot.WRITE and _maps_readonly_shared(k, addr, end):
         raise SyscallError(errno.EACCES)
+    for vma in k.mem.overlapping(addr, end):
+        special = SPECIAL.get(vma.name)
+        if special is not None and protection & ~special.may:
+            raise SyscallError(errno.EACCES)  # asks for a right the mapping may never have
     if not k.mem.protect(addr, length, protection):
         raise SyscallError(errno.ENOMEM)
     return 0
@@ -145,6 +165,15 @@ def sys_mremap(k: Kernel, old: int, old_size: int, new_size: int, flags: int, ne
     vma = k.mem.find(old)
     if vma is None or old + old_size > vma.end:
         raise SyscallError(errno.EFAULT)
+    _refuse_sealed(k, old, old + old_size)
+    special = SPECIAL.get(vma.name)
+    if special is not None:
+        if new_size > old_size:
+            raise SyscallError(errno.EFAULT)  # VM_DONTEXPAND
+        if not special.movable and (flags & abi.MREMAP_FIXED or new_size != old_size):
+            raise SyscallError(errno.EPERM)
+    if flags & abi.MREMAP_FIXED:
+        _refuse_sealed(k, new_addr, new_addr + new_size)
     if new_size <= old_size and not flags & abi.MREMAP_FIXED:
         if new_size < old_size:
             k.mem.unmap(old + new_size, old_size - new_size)
@@ -178,6 +207,8 @@ def sys_madvise(k: Kernel, addr: int, length: int, advice: int, *_: int) -> int:
         raise SyscallError(errno.EINVAL)
     length = page_up(length)
     if advice in (MADV_DONTNEED, MADV_FREE):
+        if any(v.sealed and not v.inode and not v.prot & Prot.WRITE for v in k.mem.overlapping(addr, addr + length)):
+            raise SyscallError(errno.EPERM)  # discarding a sealed read-only anonymous mapping would change it
         # Private anonymous pages read back as zeros afterwards (file pages would refault from the file).
         for vma in k.mem.overlapping(addr, addr + length):
             if not vma.inode and not vma.shared:
@@ -207,3 +238,23 @@ def sys_brk(k: Kernel, addr: int, *_: int) -> int:
         k.mem.unmap(new_top, old_top - new_top)
     brk.current = addr
     return addr
+
+
+def sys_mseal(k: Kernel, start: int, length: int, flags: int, *_: int) -> int:
+    """mseal(2) as mm/mseal.c checks it: flags must be 0, start page-aligned, the rounded range must
+    not wrap (EINVAL) and must be mapped without a hole (ENOMEM); sealing again is not an error."""
+    if flags or start % PAGE_SIZE:
+        raise SyscallError(errno.EINVAL)
+    rounded = page_up(length)
+    if rounded >= 1 << 64:
+        raise SyscallError(errno.ENOMEM)
+    end = start + rounded
+    if end >= 1 << 64:
+        raise SyscallError(errno.EINVAL)
+    if end == start:
+        return 0
+    covered = sum(min(v.end, end) - max(v.start, start) for v in k.mem.overlapping(start, end))
+    if covered != end - start:
+        raise SyscallError(errno.ENOMEM)
+    k.mem.seal(start, end)
+    return 0

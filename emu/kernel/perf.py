@@ -6,6 +6,11 @@ hit count, the ENABLE / DISABLE / RESET ioctls, close() (detaches), and an mmap'
 receiving PERF_RECORD_SAMPLE records with PERF_SAMPLE_IP and PERF_SAMPLE_REGS_USER.
 As on Linux 6.18 here: DISABLE leaves the probe installed (hits still run the trampoline and
 are not counted); the trampoline page stays after close (notes/linux-6.18-observed.md section 8).
+
+An event follows the process it was opened for (pid 0 or its own pid), and the children forked
+after it only with attr.inherit: a hit in any other process is not counted and takes the
+breakpoint out of that process (uprobe_perf_filter; the notes' fork_while_int3). A child's hits
+count in its own inherited event, which the opener does not read.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import errno
 import stat
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,6 +36,7 @@ SAMPLE_IP, SAMPLE_REGS_USER = 1 << 0, 1 << 12
 SUPPORTED_SAMPLES = SAMPLE_IP | SAMPLE_REGS_USER
 RECORD_SAMPLE, MISC_USER, REGS_ABI_64 = 9, 2, 2
 FLAG_DISABLED = 1 << 0
+FLAG_INHERIT = 1 << 1
 PAGE = 4096
 DATA_HEAD, DATA_TAIL, DATA_OFFSET, DATA_SIZE = 1024, 1032, 1040, 1048
 # PERF_REG_X86_* order: ax bx cx dx si di bp sp ip flags cs ss ds es fs gs r8..r15
@@ -73,12 +79,21 @@ class PerfEvent(OpenFile):
         self.ring: tuple[int, int] | None = None
         retprobe = bool(attr.config & 1)
         record = self._hit
-        self.consumer = Consumer(handler=None if retprobe else record, ret_handler=record if retprobe else None)
+        self.pids = {k.ident.pid}  # the target, and with inherit the children forked since
+        self.consumer = Consumer(handler=None if retprobe else record, ret_handler=record if retprobe else None,
+                                 filter=self.pids.__contains__)
         self.consumer.enabled = not attr.flags & FLAG_DISABLED
         self.detach = attach(path, attr.offset, retprobe, attr.config >> 32, self.consumer)
 
     # ------------------------------------------------------------------ hits
+    def inherit(self, child_pid: int) -> None:
+        """fork: with attr.inherit the child gets an event of its own (perf_event_init_task)."""
+        if self.attr.flags & FLAG_INHERIT and self.k.ident.pid in self.pids:
+            self.pids.add(child_pid)
+
     def _hit(self, hit: Hit) -> None:
+        if hit.mem is not self.k.mem:
+            return  # a child's hit: counted in the child's inherited event
         self.count += 1
         if self.attr.sample_period and self.ring is not None:
             self._sample(hit)
@@ -161,4 +176,14 @@ def sys_perf_event_open(k: Kernel, attr_ptr: int, pid: int, cpu: int, group_fd: 
         raise SyscallError(errno.ENODEV)
     path = k.mem.read_cstring(attr.path_ptr, 4096).decode("utf-8", "surrogateescape")
     event = PerfEvent(k, attr, path, k.perf_attach)
+    if pid == -1:
+        event.consumer.filter = None  # every process (with a cpu given, as Linux requires)
     return k.files.install(FdEntry(event, 2, bool(flags & 8)))  # PERF_FLAG_FD_CLOEXEC
+
+
+def inherit_events(files: Mapping[int, object], child_pid: int) -> None:
+    """Tell each perf event among a forked child's descriptors about the child."""
+    for entry in files.values():
+        event = getattr(entry, "file", None)
+        if isinstance(event, PerfEvent):
+            event.inherit(child_pid)

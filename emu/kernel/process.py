@@ -22,6 +22,7 @@ CLOCK_IDS = range(0, 12)
 RSEQ_SIG_MIN_LEN = 32
 RLIM_INFINITY = (1 << 64) - 1
 CPUMASK_SIZE = MAX_CPUS // 8  # bytes of a cpumask with NR_CPUS bits (Linux 6.18 here answers 32)
+RLIMIT_STACK_RESOURCE = 3
 SYSINFO_FORMAT = "<q3Q6QHH4xQQI"  # uptime loads[3] totalram..freeswap procs pad (pad) totalhigh freehigh mem_unit
 SYSINFO_SIZE = 112
 SYSINFO_TOTALRAM = 4 << 30
@@ -149,6 +150,8 @@ def sys_prlimit64(k: Kernel, pid: int, resource: int, new: int, old: int, *_: in
         if soft > hard or hard > k.rlimits[resource][1]:
             raise SyscallError(errno.EINVAL if soft > hard else errno.EPERM)
         k.rlimits[resource] = (soft, hard)
+        if resource == RLIMIT_STACK_RESOURCE:
+            k.mem.stack_limit = soft  # how far [stack] may grow from now on
     return 0
 
 

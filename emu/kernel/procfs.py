@@ -15,9 +15,10 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from emu import abi
+from emu import abi, layout
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.vfs import DT_TYPES, Device, HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
+from emu.memory import SPECIAL
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -27,7 +28,7 @@ _SELF = re.compile(r"^/proc/(self|thread-self|\d+)(/.*)?$")
 _DIRS = ("", "/fd")
 _LINKS = ("/exe", "/cwd", "/root")
 _FD_LINK = re.compile(r"^/fd/(\d+)$")
-_FILES = ("/auxv", "/cmdline", "/comm", "/environ", "/maps", "/mountinfo", "/mounts", "/status")
+_FILES = ("/auxv", "/cmdline", "/comm", "/environ", "/maps", "/mem", "/mountinfo", "/mounts", "/status")
 MAPS_NAME_COLUMN = 73  # show_vma_header_prefix: seq_setwidth(25 + 6 * sizeof(void *) - 1), then one space
 MAX_MAGIC_HOPS = 8
 DT_DIR, DT_REG, DT_LNK = DT_TYPES[stat.S_IFDIR], DT_TYPES[stat.S_IFREG], DT_TYPES[stat.S_IFLNK]
@@ -138,7 +139,8 @@ def follow(k: Kernel, guest: str) -> str:
 
 
 def render_maps(vmas: list[Vma]) -> str:
-    """/proc/self/maps exactly as show_map_vma() prints it (fs/proc/task_mmu.c).
+    """/proc/self/maps exactly as show_map_vma() prints it (fs/proc/task_mmu.c), the gate area
+    ([vsyscall], no VMA of the process) last.
 
     ``%08lx-%08lx rwxp %08llx MM:mm inode `` then, for a named mapping, pad to column 73.
     """
@@ -151,7 +153,28 @@ def render_maps(vmas: list[Vma]) -> str:
         if vma.name:
             head = head.ljust(MAPS_NAME_COLUMN - 1) + " " + vma.name
         lines.append(head + "\n")
+    lines.append(f"{layout.VSYSCALL_LINE} ".ljust(MAPS_NAME_COLUMN - 1) + " [vsyscall]\n")
     return "".join(lines)
+
+
+class MapsFile(MemFile):
+    """/proc/pid/maps is a seq_file: made at the first read, so it shows what was mapped after open."""
+
+    def __init__(self, k: Kernel, guest_path: str, info: StatInfo | None) -> None:
+        super().__init__(guest_path, b"", info)
+        self.k: Kernel | None = k
+
+    def _made(self) -> None:
+        if self.k is not None:
+            self.content, self.k = render_maps(list(self.k.mem)).encode(), None
+
+    def read(self, size: int) -> bytes:
+        self._made()
+        return super().read(size)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        self._made()
+        return super().pread(size, offset)
 
 
 def _content(k: Kernel, tail: str) -> bytes | None:
@@ -170,6 +193,64 @@ def _content(k: Kernel, tail: str) -> bytes | None:
     if tail in ("/mounts", "/mountinfo"):
         return _mounts(k, tail == "/mountinfo").encode()
     return None
+
+
+class ProcMem(OpenFile):
+    """/proc/<pid>/mem of the process itself (fs/proc/base.c mem_rw): the file offset is the
+    address. Reads and writes go page by page as access_remote_vm with FOLL_FORCE does: a write
+    reaches a read-only private mapping (the process's own text included), a page that is unmapped
+    or has no pages behind it (the special mappings marked io) ends the transfer, and a transfer
+    that moved nothing is EIO."""
+
+    def __init__(self, k: Kernel, guest_path: str, info: StatInfo) -> None:
+        self.guest_path = guest_path
+        self.k = k
+        self.pos = 0
+        self._info = info
+
+    def _reachable(self, addr: int, write: bool) -> bool:
+        vma = self.k.mem.find(addr)
+        if vma is None or (vma.name in SPECIAL and SPECIAL[vma.name].io):
+            return False
+        return not (write and vma.shared and not vma.prot & abi.Prot.WRITE)
+
+    def _span(self, addr: int, size: int, write: bool) -> int:
+        """How many bytes from ``addr`` the transfer can move before an unreachable page."""
+        done = 0
+        while done < size and self._reachable(addr + done, write):
+            done += min(size - done, abi.PAGE_SIZE - (addr + done) % abi.PAGE_SIZE)
+        if size and not done:
+            raise SyscallError(errno.EIO)
+        return done
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return self.k.mem.read(offset, self._span(offset, size, write=False))
+
+    def pwrite(self, data: bytes, offset: int) -> int:
+        n = self._span(offset, len(data), write=True)
+        self.k.mem.write(offset, data[:n])
+        self.k.mem.backend.flush_code(offset, offset + n)  # a write into text runs as written
+        return n
+
+    def read(self, size: int) -> bytes:
+        data = self.pread(size, self.pos)
+        self.pos += len(data)
+        return data
+
+    def write(self, data: bytes) -> int:
+        n = self.pwrite(data, self.pos)
+        self.pos += n
+        return n
+
+    def seek(self, offset: int, whence: int) -> int:
+        """mem_lseek: SEEK_SET and SEEK_CUR only; any 64-bit position (an address) is valid."""
+        if whence not in (os.SEEK_SET, os.SEEK_CUR):
+            raise SyscallError(errno.EINVAL)
+        self.pos = ((self.pos if whence == os.SEEK_CUR else 0) + offset) & 0xFFFFFFFFFFFFFFFF
+        return self.pos
+
+    def stat(self) -> StatInfo:
+        return self._info
 
 
 def _mounts(k: Kernel, info: bool) -> str:
@@ -250,6 +331,12 @@ def open_file(k: Kernel, guest: str, flags: int = abi.O_RDONLY) -> OpenFile | No
         if writing or flags & abi.O_CREAT:
             raise SyscallError(errno.EISDIR)
         return SyntheticDir(guest, _dir_entries(k, tail), stat_of(k, guest))
+    if tail == "/mem":
+        info = stat_of(k, guest)
+        assert info is not None
+        return ProcMem(k, guest, info)
+    if tail == "/maps" and not writing and not flags & abi.O_DIRECTORY:
+        return MapsFile(k, guest, stat_of(k, guest))
     content = _content(k, tail)
     if content is None:
         raise SyscallError(errno.ENOENT)
@@ -284,6 +371,8 @@ def stat_of(k: Kernel, guest: str) -> StatInfo | None:
     if fd is not None:
         access = k.files.get(fd).flags & abi.O_ACCMODE
         return _pstat(k, stat.S_IFLNK | _FD_LINK_MODES.get(access, 0o700), size=64)
+    if tail == "/mem":
+        return _pstat(k, stat.S_IFREG | 0o600)
     if tail in _FILES:
         return _pstat(k, stat.S_IFREG | (0o400 if tail in ("/auxv", "/environ") else 0o444))
     raise SyscallError(errno.ENOENT)

@@ -199,6 +199,7 @@ def _rows() -> tuple[Row, ...]:
         r(73, "flock", lazy("locks", "sys_flock"), ("fd", "x")),
         r(85, "creat", fs.sys_creat, ("path", "mode")),
         r(285, "fallocate", lazy("fswrite", "sys_fallocate"), ("fd", "x", "d", "d")),
+        r(462, "mseal", mm.sys_mseal, ("ptr", "u", "x"), "the RFC's uretprobe syscall in uretprobe-rfc"),
     )
 
 

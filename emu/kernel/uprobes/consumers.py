@@ -57,3 +57,7 @@ class Consumer:
     ret_hits: int = 0
     enabled: bool = True
     paths: dict[str, int] = field(default_factory=dict)
+    # uprobe_consumer.filter: does this consumer want hits in the process with this pid? None: every
+    # process (a probe attached from outside, like a system-wide one). A hit in a process no consumer
+    # wants takes the breakpoint out of that process only (spec 2.3, handler_chain + filter_chain).
+    filter: Callable[[int], bool] | None = None

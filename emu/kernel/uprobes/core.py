@@ -132,6 +132,7 @@ class Uprobes:
         self.probes: dict[int, Uprobe] = {}
         self.xol: XolArea | None = None
         self.task = UprobeTask()  # the running thread's; the scheduler switches it with the thread
+        self.pid = 0  # of the process (its mm), for the consumers' filters
         self.stats = UprobeStats()
         self._defer = defer
         self.chain_observers: list[ChainObserver] = []
@@ -350,7 +351,9 @@ class Uprobes:
         for consumer in list(probe.consumers):
             rc = 0
             cookie = None
-            if consumer.enabled:
+            if consumer.filter is not None and not consumer.filter(self.pid):
+                rc = UPROBE_HANDLER_REMOVE  # uprobe_perf_func: not this event's process, not counted
+            elif consumer.enabled:
                 consumer.hits += 1
                 consumer.paths[path_name] = consumer.paths.get(path_name, 0) + 1
                 if consumer.handler is not None:  # a Hit only for consumers that look at it
@@ -365,8 +368,18 @@ class Uprobes:
         if entries:
             self.prepare_uretprobe(regs, entries)
         if remove and probe.consumers:
-            for consumer in list(probe.consumers):
+            if all(c.filter is not None for c in probe.consumers):  # filter_chain, then unapply_uprobe
+                if not any(c.filter(self.pid) for c in probe.consumers if c.filter is not None):
+                    self.unapply(probe)
+                return
+            for consumer in list(probe.consumers):  # a harness consumer's REMOVE: it lets go of the probe
                 self.detach(probe, consumer)
+
+    def unapply(self, probe: Uprobe) -> None:
+        """unapply_uprobe for this process only: its breakpoint goes (and the optimized call, if any);
+        the probe and its consumers stay for the other processes."""
+        if self.probes.get(probe.vaddr) is probe:
+            self._remove(probe)
 
     def handle_syscall_uprobe(self, regs: PtRegs, vaddr: int, path: Path) -> None:
         """No emulation, no step: the NOP is skipped by returning past it (spec 2.1)."""

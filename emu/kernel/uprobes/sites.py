@@ -118,7 +118,12 @@ class SitePatcher:
         self.mem.patch(vaddr, current, INT3)
 
     def set_orig(self, vaddr: int, orig_byte0: int) -> None:
-        """Restore byte 0 of a non-optimized site (a jump-over design keeps a stale `eb rel8` intact)."""
+        """Restore byte 0 of a non-optimized site (a jump-over design keeps a stale `eb rel8` intact).
+
+        verify_opcode: a byte 0 that is no longer INT3 (a call into a trampoline page the process
+        unmapped, which is_optimized no longer recognizes) is left as it is."""
+        if self.mem.read(vaddr, 1) != INT3:
+            return
         restore = bytes([JMP8]) if self._stale_jump_over(vaddr) else bytes([orig_byte0])
         self.mem.patch(vaddr, INT3, restore)
 
