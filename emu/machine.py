@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a bina
 HWCAP = 0x178BFBFF  # cpuid(1).edx of a baseline x86-64 CPU
 CLOCK_TICKS = 100
 MIN_SIGSTKSZ = 2048
+PROCESS_QUANTUM = 200_000  # instructions a process runs while another one is runnable
 MAX_SPURIOUS_STOPS = 10_000  # emu_start returning for no reason, per process, before it counts as a hlt
 
 SI_KERNEL, ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 0x80, 2, 1, 1, 2
@@ -314,16 +315,32 @@ class Machine:
         self.cpu.write(Reg.RIP, self.interp.entry if self.interp else self.exe.entry)
 
     def resume(self) -> bool:
-        """Run this (non-first) process until it ends or blocks; True if it made progress."""
+        """Run this (non-first) process until it ends, blocks or is preempted; True if it made progress."""
         before = sum(self.kernel.counts.values())
         timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
         try:
             ending, status, signal, _message = self._run_until_end(self.kernel.task.pc, timeout_us,
                                                                   time.perf_counter())
-        except ProcessSuspended:
+        except ProcessSuspended as suspended:
+            self.family.set_waiting(self.kernel.ident.pid, suspended.wait)
+            if suspended.wait is None:
+                return True  # preempted: it ran a slice
+            self.family.note_wake(suspended.wait.until)
             return sum(self.kernel.counts.values()) - before >= 2  # more than the restarted syscall
         self._end_process(ending, status, signal)
         return True
+
+    def _share_cpu(self) -> None:
+        """At the end of a slice: let the other processes run if one can (or one this process woke
+        waits further down the call stack); a process that is not the first is suspended for that."""
+        family = self.family
+        woke, family.preempt = family.preempt, False
+        pid = self.kernel.ident.pid
+        if not (woke or family.runnable_others(pid)):
+            return
+        if not self._first:
+            raise ProcessSuspended("preempted")
+        family.run_others(pid)
 
     def _end_process(self, ending: Ending, status: int, signal: Signal | None) -> None:
         self.kernel.files.close_all()
@@ -519,8 +536,7 @@ class Machine:
         timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
         ending, status, signal, message = self._run_until_end(entry, timeout_us, start)
         self._end_process(ending, status, signal)
-        while self.family.run_others(self.kernel.ident.pid):
-            pass  # children still running once their parent is gone (orphans) run to their end
+        self._run_orphans()
         probes = tuple(a.summary() for a in self.attachments if not a.library) + tuple(
             lib.summary() for lib in self.library_probes())
         return RunResult(
@@ -537,6 +553,17 @@ class Machine:
             threads=len(self.kernel.sched.tasks),
             switches=self.kernel.sched.switches,
         )
+
+    def _run_orphans(self) -> None:
+        """Children still running once the first process is gone run to their end; when all of them
+        wait, time moves on to the first timeout among them."""
+        while True:
+            if self.family.run_others(self.kernel.ident.pid):
+                continue
+            wake = self.family.take_wake(None)
+            if wake is None:
+                return
+            self.kernel.clock.advance(max(0, wake - self.kernel.clock.elapsed))
 
     def run_from(self, pc: int, timeout_s: float = 0.0) -> tuple[Ending, int, Signal | None, str | None]:
         """Run from ``pc`` with the registers and memory as they are until the guest exits or dies, and
@@ -564,6 +591,7 @@ class Machine:
                 if signal is None and self._slice_ended(timeout_us, start):
                     self._stalls = 0
                     self._switch()
+                    self._share_cpu()
                     continue
             except GuestExit as ex:
                 self.kernel.trace_exit("exit_group", ex.status)
@@ -590,9 +618,15 @@ class Machine:
         """A syscall that must wait for another process or thread: it is restarted once they have run
         (or, for a poll, answered); a deadlock ends the run (or suspends a process that is not the first)."""
         sched = self.kernel.sched
+        family, pid = self.family, self.kernel.ident.pid
         after = self.cpu.read(Reg.RIP)
         sched.current.pc = after - SYSCALL_INSN_LEN
-        if self.family.run_others(self.kernel.ident.pid):
+        family.set_waiting(pid, wait)
+        try:
+            progressed = family.run_others(pid)
+        finally:
+            family.set_waiting(pid, None)
+        if progressed:
             return _Wait.RESTART
         if isinstance(wait, PollOthers):  # nothing changed: the poll's answer stands
             self.kernel.cpu.write_syscall_return(wait.result, after, self.cpu.read(Reg.RFLAGS))
@@ -602,7 +636,11 @@ class Machine:
             self._stalls += 1  # bounded: fruitless retries with nothing else running are a deadlock
             return _Wait.YIELD
         if not self._first:
-            raise ProcessSuspended(str(wait))
+            raise ProcessSuspended(str(wait), wait)
+        until = family.take_wake(wait.until)
+        if until is not None:  # everyone waits, some with a timeout: time moves on to the first one
+            self.kernel.clock.advance(max(0, until - self.kernel.clock.elapsed))
+            return _Wait.RESTART
         return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {wait}"
 
     def _slice_ended(self, timeout_us: int, start: float) -> bool:
@@ -704,6 +742,8 @@ class Machine:
             if timeout_us:
                 remaining = max(1, timeout_us - int((time.perf_counter() - start) * 1e6))
             count = sched.slice_length()
+            if not count and self.family.runnable_others(self.kernel.ident.pid):
+                count = PROCESS_QUANTUM
             self._counted = count > 0
             reason = self.cpu.run(pc, timeout_us=remaining, count=count)
             sched.current.pc = self.cpu.read(Reg.RIP)

@@ -2,12 +2,15 @@
 the family of processes one harness run holds.
 
 Model: every process is its own Machine (its own Unicorn CPU and memory); a forked child is a
-copy of the parent taken at the ``syscall``. Processes do not preempt each other: the running one
-goes on until it exits or blocks on another (wait4 for a live child, read of an empty pipe whose
-writer another process holds); then the others run, in pid order, until one of them makes progress,
-and the blocked syscall is restarted. A vfork parent lets the child run first. When the first
-process ends, the others run to their end. This gives Linux's results for fork/wait, fork/exec/wait
-and pipes between them; it cannot interleave two processes that both compute without blocking.
+copy of the parent taken at the ``syscall``. The process the run started with drives the others: when
+it blocks (wait4 for a live child, a read of an empty pipe, a write to a full one, a poll) or its time
+slice ends while another process can run, the others run in pid order, each until it ends, blocks or
+uses up its own slice (it is then suspended and control comes back), and the blocked syscall is
+restarted. A process that changes a pipe or socket another one waits on ends its slice early, so
+the waiter runs soon (Family.notify): a busy writer cannot starve its reader. Time slices count
+instructions, as between threads (sched.py), and are used only while another process is runnable:
+a process alone, or with every other one blocked, runs uncounted at full speed. A vfork parent
+lets the child run first. When the first process ends, the others run to their end.
 
 File descriptions are shared between the processes' tables as after fork(2): one is closed (a pipe
 end released) only when the last table holding it drops it.
@@ -22,17 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from emu import abi
 from emu.abi import Signal
 from emu.designs import Design
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import PollOthers, WouldBlock
 from emu.kernel.fs import FdEntry, FdTable
-from emu.kernel.fs import sys_read as fs_sys_read
 from emu.kernel.signal import SIG_IGN, SignalState
 from emu.kernel.uprobes.core import UprobeTask
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
-from emu.kernel.vfs import PipeEnd
 from emu.memory import Vma
 
 if TYPE_CHECKING:
@@ -63,6 +63,7 @@ class ProcessEntry:
     status: int | None = None  # the wait status once it has ended (a zombie until reaped)
     reaped: bool = False
     running: bool = False  # on the host call stack (it ran another process while blocked)
+    waits: tuple[object, ...] | None = None  # blocked on these objects (() : on any change); None: runnable
 
 
 class Family:
@@ -71,6 +72,8 @@ class Family:
     def __init__(self) -> None:
         self.procs: dict[int, ProcessEntry] = {}
         self._next_pid = FIRST_CHILD_PID
+        self.preempt = False  # the running process woke another one: its slice ends early
+        self._wake: int | None = None  # the earliest virtual time a suspended process's wait ends
 
     def add(self, pid: int, ppid: int, process: Process, running: bool = False) -> None:
         self.procs[pid] = ProcessEntry(pid, ppid, process, running=running)
@@ -82,15 +85,57 @@ class Family:
 
     def ended(self, pid: int, status: int) -> None:
         self.procs[pid].status = status
+        self.procs[pid].waits = None
+        self.notify(pid, None)
 
     def has_others(self, pid: int) -> bool:
         return any(e.status is None and e.pid != pid for e in self.procs.values())
 
+    def runnable_others(self, pid: int) -> bool:
+        """Is another process ready to run now (not ended, not blocked, not on the call stack)? Then
+        this one runs in time slices."""
+        return any(e.status is None and e.pid != pid and not e.running and e.waits is None
+                   for e in self.procs.values())
+
+    def notify(self, pid: int, changed: object | None) -> bool:
+        """Process ``pid`` changed ``changed`` (None: something every waiter may care about, e.g. a
+        process ended); wake whoever waits on it. True if one did: the caller's slice should end
+        soon (``preempt``) so it gets there, even when it waits further down the call stack."""
+        woke = False
+        for entry in self.procs.values():
+            if entry.pid == pid or entry.status is not None or entry.waits is None:
+                continue
+            if changed is None or not entry.waits or changed in entry.waits:
+                woke = True
+                if not entry.running:
+                    entry.waits = None
+        self.preempt |= woke
+        return woke
+
+    def note_wake(self, until: int | None) -> None:
+        if until is not None:
+            self._wake = until if self._wake is None else min(self._wake, until)
+
+    def take_wake(self, until: int | None) -> int | None:
+        """The earliest of ``until`` and the suspended processes' timeouts (which are then forgotten)."""
+        self.note_wake(until)
+        wake, self._wake = self._wake, None
+        return wake
+
+    def set_waiting(self, pid: int, wait: WouldBlock | None) -> None:
+        self.procs[pid].waits = None if wait is None else wait.on
+
     def run_others(self, pid: int) -> bool:
-        """Run every other live process not already running, until each ends or blocks; True if any made progress."""
+        """Run every other live process not already running, until each ends, blocks or is preempted;
+        True if any made progress. Those blocked on something nobody changed since are tried only
+        when the runnable ones made none (a change notify() missed still gets seen)."""
+        progress = self._run_each(pid, blocked=False)
+        return progress or self._run_each(pid, blocked=True)
+
+    def _run_each(self, pid: int, blocked: bool) -> bool:
         progress = False
         for entry in list(self.procs.values()):
-            if entry.pid == pid or entry.status is not None or entry.running:
+            if entry.pid == pid or entry.status is not None or entry.running or (entry.waits is not None) != blocked:
                 continue
             entry.running = True
             try:
@@ -271,17 +316,6 @@ def sys_waitid(k: Kernel, idtype: int, ident: int, infop: int, options: int, rus
     if rusage:
         k.mem.write_user(rusage, bytes(RUSAGE_SIZE))
     return 0
-
-
-def sys_read(k: Kernel, fd: int, buf: int, count: int, *_: int) -> int:
-    """read(2); an empty pipe that another thread or process may still write blocks until they have run."""
-    entry = k.files.get(fd)
-    file = entry.file
-    others = k.sched.threaded or k.family is not None and k.family.has_others(k.ident.pid)
-    if (isinstance(file, PipeEnd) and not file.writable and not file.pipe.buffer and file.pipe.writers
-            and not entry.flags & abi.O_NONBLOCK and others):
-        raise WouldBlock(f"read from an empty pipe (fd {fd})")
-    return fs_sys_read(k, fd, buf, count)
 
 
 def sys_fork(k: Kernel, *_: int) -> int:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from emu.kernel import fork, fs, mm, process, signal
+from emu.kernel import fork, fs, mm, pipe, process, signal
 
 Handler = Callable[..., "int | None"]
 
@@ -61,10 +61,10 @@ class Row:
 def _rows() -> tuple[Row, ...]:
     r = Row
     return (
-        r(0, "read", fork.sys_read, ("fd", "rbuf", "u"), "an empty pipe another process writes: waits for it"),
-        r(1, "write", fs.sys_write, ("fd", "wbuf", "u")),
+        r(0, "read", pipe.sys_read, ("fd", "rbuf", "u"), "an empty pipe another process writes: waits for it"),
+        r(1, "write", pipe.sys_write, ("fd", "wbuf", "u"), "a full pipe: waits; no reader: SIGPIPE, EPIPE"),
         r(2, "open", fs.sys_open, ("path", "oflags", "mode")),
-        r(3, "close", fs.sys_close, ("fd",)),
+        r(3, "close", pipe.sys_close, ("fd",)),
         r(4, "stat", fs.sys_stat, ("path", "ptr")),
         r(5, "fstat", fs.sys_fstat, ("fd", "ptr")),
         r(6, "lstat", fs.sys_lstat, ("path", "ptr")),
@@ -79,7 +79,7 @@ def _rows() -> tuple[Row, ...]:
         r(16, "ioctl", fs.sys_ioctl, ("fd", "x", "ptr")),
         r(17, "pread64", fs.sys_pread64, ("fd", "rbuf", "u", "d")),
         r(19, "readv", fs.sys_readv, ("fd", "ptr", "u")),
-        r(20, "writev", fs.sys_writev, ("fd", "ptr", "u")),
+        r(20, "writev", pipe.sys_writev, ("fd", "ptr", "u")),
         r(21, "access", fs.sys_access, ("path", "amode")),
         r(22, "pipe", fs.sys_pipe, ("ptr",)),
         r(24, "sched_yield", process.sys_sched_yield, ()),
@@ -96,7 +96,7 @@ def _rows() -> tuple[Row, ...]:
         r(60, "exit", lazy("threads", "sys_exit"), ("d",), "ends the thread; the last one ends the process"),
         r(62, "kill", signal.sys_kill, ("d", "sig")),
         r(63, "uname", process.sys_uname, ("ptr",)),
-        r(72, "fcntl", fs.sys_fcntl, ("fd", "d", "x")),
+        r(72, "fcntl", pipe.sys_fcntl, ("fd", "d", "x"), "F_SETPIPE_SZ/F_GETPIPE_SZ: pipe.py"),
         r(79, "getcwd", fs.sys_getcwd, ("ptr", "u")),
         r(80, "chdir", fs.sys_chdir, ("path",)),
         r(81, "fchdir", fs.sys_fchdir, ("fd",)),
@@ -181,8 +181,8 @@ def _rows() -> tuple[Row, ...]:
         r(268, "fchmodat", fs.sys_fchmodat, ("dirfd", "path", "mode"), "read-only sandbox: EROFS"),
         r(280, "utimensat", fs.sys_utimensat, ("dirfd", "path", "ptr", "atflags"), "read-only sandbox: EROFS"),
         r(316, "renameat2", fs.sys_renameat, ("dirfd", "path", "dirfd", "path", "x"), "read-only sandbox: EROFS"),
-        r(7, "poll", fs.sys_poll, ("ptr", "u", "d"), "readiness now; a wait only advances the clock"),
-        r(271, "ppoll", fs.sys_ppoll, ("ptr", "u", "ptr", "ptr", "u"), "readiness now; a wait only advances the clock"),
+        r(7, "poll", lazy("poll", "sys_poll"), ("ptr", "u", "d"), "waits for the other threads and processes"),
+        r(271, "ppoll", lazy("poll", "sys_ppoll"), ("ptr", "u", "ptr", "ptr", "u"), "waits for the others"),
         r(115, "getgroups", process.sys_getgroups, ("d", "ptr")),
         r(56, "clone", lazy("threads", "sys_clone"), ("x", "ptr", "ptr", "ptr", "ptr"), "threads; a new process: fork.py"),
         r(57, "fork", fork.sys_fork, (), "a new process: fork.py"),
@@ -190,6 +190,9 @@ def _rows() -> tuple[Row, ...]:
         r(59, "execve", fork.sys_execve, ("path", "ptr", "ptr")),
         r(61, "wait4", fork.sys_wait4, ("d", "ptr", "x", "ptr")),
         r(247, "waitid", fork.sys_waitid, ("d", "d", "ptr", "x", "ptr")),
+        r(23, "select", lazy("poll", "sys_select"), ("d", "ptr", "ptr", "ptr", "ptr"), "waits for the others"),
+        r(270, "pselect6", lazy("poll", "sys_pselect6"), ("d", "ptr", "ptr", "ptr", "ptr", "ptr"),
+          "waits for the others"),
         r(435, "clone3", lazy("threads", "sys_clone3"), ("ptr", "u"), "threads; a new process: fork.py"),
     )
 
