@@ -1,4 +1,5 @@
-"""`uprobe-emu run`: one binary, one design, optional probes and verifiers; the exit status is the guest's."""
+"""`uprobe-emu run`: one binary, one design, optional probes and verifiers; the exit status is the guest's
+(a guest killed by a signal: the tool dies of the same signal, the reason on stderr only with -v or --json)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from emu.guestio import GuestIO
-    from emu.machine import Machine
+    from emu.machine import Ending, Machine
 
     if args.json:
         check_writable(args.json)
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
 
         session = VerifySession(machine, args.verify or (), shstk=args.shstk, rsb=args.rsb)
     result = machine.run()
-    if result.message:
+    killed = result.ending is Ending.KILLED and result.signal is not None
+    if result.message and (not killed or args.verbose or args.json):  # a native death prints nothing
         stderr_line(f"{PROG}: {result.message}")
     shown: list[Attachment | LibraryProbe] = [a for a in machine.attachments if not a.library]
     shown += machine.library_probes()
@@ -84,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
         if rsb is not None:
             payload["rsb"] = rsb.to_json()
         write_json(args.json, payload)
+    if killed:
+        assert result.signal is not None
+        return -int(result.signal)  # the tool dies of it too (cli.die_by_signal)
     return result.exit_status
 
 
