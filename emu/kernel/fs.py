@@ -25,7 +25,6 @@ from emu.kernel.vfs import (
     HostFile,
     MemFile,
     OpenFile,
-    Pipe,
     PipeEnd,
     StatInfo,
     Stream,
@@ -531,23 +530,6 @@ def sys_fcntl(k: Kernel, fd: int, cmd: int, arg: int, *_: int) -> int:
         entry.flags = (entry.flags & ~changeable) | (arg & changeable)
         return 0
     raise SyscallError(errno.EINVAL)
-
-
-def sys_pipe2(k: Kernel, fds_addr: int, flags: int = 0, *_: int) -> int:
-    if flags & ~(abi.O_CLOEXEC | abi.O_NONBLOCK):
-        raise SyscallError(errno.EINVAL)
-    pipe = Pipe()
-    k.next_inode += 1
-    cloexec = bool(flags & abi.O_CLOEXEC)
-    nonblock = flags & abi.O_NONBLOCK
-    rfd = k.files.install(FdEntry(PipeEnd(pipe, False, k.next_inode), abi.O_RDONLY | nonblock, cloexec))
-    wfd = k.files.install(FdEntry(PipeEnd(pipe, True, k.next_inode), abi.O_WRONLY | nonblock, cloexec))
-    k.mem.write_user(fds_addr, struct.pack("<ii", rfd, wfd))
-    return 0
-
-
-def sys_pipe(k: Kernel, fds_addr: int, *_: int) -> int:
-    return sys_pipe2(k, fds_addr, 0)
 
 
 def sys_ioctl(k: Kernel, fd: int, request: int, arg: int, *_: int) -> int:

@@ -1,9 +1,6 @@
 """Pipes as Linux has them (fs/pipe.c): a bounded buffer whose full state blocks the writer and
 whose empty state blocks the reader, EPIPE and SIGPIPE once no reader is left, F_SETPIPE_SZ.
-
-Blocking here means "let someone else run": a syscall that must wait raises WouldBlock and the
-machine restarts it once another thread or process has run (fork.py). With nobody else able to
-run it would wait forever, as on Linux; the run then ends as blocked. With O_NONBLOCK it is EAGAIN.
+How a syscall sleeps and who gets woken: blocking.py.
 
 One difference from Linux: a blocking write of more than PIPE_BUF bytes into a pipe with some
 room returns a short count (what fitted) instead of sleeping in the middle of the copy; every
@@ -13,16 +10,15 @@ writer that loops on short writes (stdio, coreutils' full_write, Python) sees th
 from __future__ import annotations
 
 import errno
+import struct
 from typing import TYPE_CHECKING, NoReturn
 
 from emu import abi
 from emu.abi import Signal
+from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.exits import GuestBlocked, WouldBlock
-from emu.kernel.fs import MAX_IO, FdEntry, _signed32, _writable
+from emu.kernel.fs import FdEntry, _signed32
 from emu.kernel.fs import sys_fcntl as fs_sys_fcntl
-from emu.kernel.fs import sys_read as fs_sys_read
-from emu.kernel.fs import sys_write as fs_sys_write
 from emu.kernel.vfs import Pipe, PipeEnd
 
 if TYPE_CHECKING:
@@ -35,29 +31,41 @@ PIPE_MAX_SIZE = 1 << 20  # /proc/sys/fs/pipe-max-size: beyond it only CAP_SYS_RE
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
 
 
+class KernelPipeEnd(PipeEnd):
+    """A pipe end whose reads and writes can sleep (blocking.py calls these)."""
+
+    def k_read(self, k: Kernel, entry: FdEntry, size: int) -> bytes:
+        return pipe_read(k, entry, self, size)
+
+    def k_write(self, k: Kernel, entry: FdEntry, data: bytes) -> int:
+        return pipe_write(k, entry, self, data)
+
+    def close_key(self) -> object:
+        return self.pipe
+
+
+def sys_pipe2(k: Kernel, fds_addr: int, flags: int = 0, *_: int) -> int:
+    if flags & ~(abi.O_CLOEXEC | abi.O_NONBLOCK):
+        raise SyscallError(errno.EINVAL)
+    pipe = Pipe()
+    k.next_inode += 1
+    cloexec, nonblock = bool(flags & abi.O_CLOEXEC), flags & abi.O_NONBLOCK
+    rfd = k.files.install(FdEntry(KernelPipeEnd(pipe, False, k.next_inode), abi.O_RDONLY | nonblock, cloexec))
+    try:
+        wfd = k.files.install(FdEntry(KernelPipeEnd(pipe, True, k.next_inode), abi.O_WRONLY | nonblock, cloexec))
+    except SyscallError:
+        k.files.close(rfd)
+        raise
+    k.mem.write_user(fds_addr, struct.pack("<ii", rfd, wfd))
+    return 0
+
+
+def sys_pipe(k: Kernel, fds_addr: int, *_: int) -> int:
+    return sys_pipe2(k, fds_addr, 0)
+
+
 def room(pipe: Pipe) -> int:
     return max(0, pipe.capacity - len(pipe.buffer))
-
-
-def others_can_run(k: Kernel) -> bool:
-    """Can another thread of this process or another process change what this one waits for?"""
-    return k.sched.threaded or k.family is not None and k.family.has_others(k.ident.pid)
-
-
-def wait(k: Kernel, entry: FdEntry | None, what: str, on: tuple[object, ...] = ()) -> NoReturn:
-    """The syscall must sleep: EAGAIN on a non-blocking descriptor, else wait for the others to run
-    (until one of them changes one of ``on``)."""
-    if entry is not None and entry.flags & abi.O_NONBLOCK:
-        raise SyscallError(errno.EAGAIN)
-    if others_can_run(k):
-        raise WouldBlock(what, on)
-    raise GuestBlocked(f"{what}, and nothing else can run")
-
-
-def notify(k: Kernel, changed: object) -> None:
-    """``changed`` (a pipe, a socket) changed: whoever waits on it runs soon (wake_up_interruptible)."""
-    if k.family is not None and k.family.notify(k.ident.pid, changed):
-        k.sched.request_switch()
 
 
 def broken_pipe(k: Kernel) -> NoReturn:
@@ -66,6 +74,17 @@ def broken_pipe(k: Kernel) -> NoReturn:
 
     send_to_self(k, Signal.SIGPIPE)
     raise SyscallError(errno.EPIPE)
+
+
+def pipe_read(k: Kernel, entry: FdEntry, end: PipeEnd, size: int) -> bytes:
+    """An empty pipe with a writer left sleeps (or is EAGAIN); what is taken frees room for writers."""
+    pipe = end.pipe
+    if size and not pipe.buffer and pipe.writers:
+        wait(k, entry, f"read from an empty pipe ({end.guest_path})", (pipe,))
+    data = end.read(size)
+    if data:
+        notify(k, pipe)
+    return data
 
 
 def pipe_write(k: Kernel, entry: FdEntry, end: PipeEnd, data: bytes) -> int:
@@ -81,57 +100,6 @@ def pipe_write(k: Kernel, entry: FdEntry, end: PipeEnd, data: bytes) -> int:
     pipe.buffer += taken
     notify(k, pipe)
     return len(taken)
-
-
-def _pipe_entry(k: Kernel, fd: int, writable: bool) -> tuple[FdEntry, PipeEnd] | None:
-    entry = k.files.entries.get(_signed32(fd))
-    if entry is None or not isinstance(entry.file, PipeEnd) or entry.file.writable != writable:
-        return None
-    return entry, entry.file
-
-
-def sys_read(k: Kernel, fd: int, buf: int, count: int, *_: int) -> int:
-    """read(2); an empty pipe with a writer left sleeps (or is EAGAIN)."""
-    found = _pipe_entry(k, fd, writable=False)
-    if found is None or not count:
-        return fs_sys_read(k, fd, buf, count)
-    entry, end = found
-    if not end.pipe.buffer and end.pipe.writers:
-        wait(k, entry, f"read from an empty pipe (fd {_signed32(fd)})", (end.pipe,))
-    got = fs_sys_read(k, fd, buf, count)
-    if got:
-        notify(k, end.pipe)
-    return got
-
-
-def sys_close(k: Kernel, fd: int, *_: int) -> int:
-    """close(2); the last close of a pipe end wakes the other side (EOF, or EPIPE for a writer)."""
-    entry = k.files.entries.get(_signed32(fd))
-    k.files.close(_signed32(fd))
-    if entry is not None and isinstance(entry.file, PipeEnd):
-        notify(k, entry.file.pipe)
-    return 0
-
-
-def sys_write(k: Kernel, fd: int, buf: int, count: int, *_: int) -> int:
-    found = _pipe_entry(k, fd, writable=True)
-    if found is None:
-        return fs_sys_write(k, fd, buf, count)
-    _writable(k, fd)
-    entry, end = found
-    return pipe_write(k, entry, end, k.mem.read_user(buf, min(count, MAX_IO)))
-
-
-def sys_writev(k: Kernel, fd: int, iov: int, iovcnt: int, *_: int) -> int:
-    from emu.kernel.fs import _iovecs
-    from emu.kernel.fs import sys_writev as fs_sys_writev
-
-    found = _pipe_entry(k, fd, writable=True)
-    if found is None:
-        return fs_sys_writev(k, fd, iov, iovcnt)
-    entry, end = found
-    data = b"".join(k.mem.read_user(base, length) for base, length in _iovecs(k, iov, iovcnt))
-    return pipe_write(k, entry, end, data)
 
 
 def _round_size(size: int) -> int:

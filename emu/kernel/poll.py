@@ -12,11 +12,12 @@ import errno
 import struct
 from typing import TYPE_CHECKING
 
+from emu.kernel.blocking import others_can_run
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestBlocked, WouldBlock
 from emu.kernel.fs import POLLERR, POLLFD, POLLHUP, POLLIN, POLLNVAL, POLLOUT, POLLRDNORM, POLLWRNORM, _signed32
 from emu.kernel.fs import _poll_mask as fs_poll_mask
-from emu.kernel.pipe import PIPE_BUF, others_can_run, room
+from emu.kernel.pipe import PIPE_BUF, room
 from emu.kernel.vfs import OpenFile, PipeEnd
 
 if TYPE_CHECKING:

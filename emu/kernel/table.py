@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from emu.kernel import fork, fs, mm, pipe, process, signal
+from emu.kernel import blocking, fork, fs, mm, pipe, process, signal
 
 Handler = Callable[..., "int | None"]
 
@@ -61,10 +61,10 @@ class Row:
 def _rows() -> tuple[Row, ...]:
     r = Row
     return (
-        r(0, "read", pipe.sys_read, ("fd", "rbuf", "u"), "an empty pipe another process writes: waits for it"),
-        r(1, "write", pipe.sys_write, ("fd", "wbuf", "u"), "a full pipe: waits; no reader: SIGPIPE, EPIPE"),
+        r(0, "read", blocking.sys_read, ("fd", "rbuf", "u"), "an empty pipe another process writes: waits for it"),
+        r(1, "write", blocking.sys_write, ("fd", "wbuf", "u"), "a full pipe: waits; no reader: SIGPIPE, EPIPE"),
         r(2, "open", fs.sys_open, ("path", "oflags", "mode")),
-        r(3, "close", pipe.sys_close, ("fd",)),
+        r(3, "close", blocking.sys_close, ("fd",)),
         r(4, "stat", fs.sys_stat, ("path", "ptr")),
         r(5, "fstat", fs.sys_fstat, ("fd", "ptr")),
         r(6, "lstat", fs.sys_lstat, ("path", "ptr")),
@@ -79,9 +79,9 @@ def _rows() -> tuple[Row, ...]:
         r(16, "ioctl", fs.sys_ioctl, ("fd", "x", "ptr")),
         r(17, "pread64", fs.sys_pread64, ("fd", "rbuf", "u", "d")),
         r(19, "readv", fs.sys_readv, ("fd", "ptr", "u")),
-        r(20, "writev", pipe.sys_writev, ("fd", "ptr", "u")),
+        r(20, "writev", blocking.sys_writev, ("fd", "ptr", "u")),
         r(21, "access", fs.sys_access, ("path", "amode")),
-        r(22, "pipe", fs.sys_pipe, ("ptr",)),
+        r(22, "pipe", pipe.sys_pipe, ("ptr",)),
         r(24, "sched_yield", process.sys_sched_yield, ()),
         r(25, "mremap", mm.sys_mremap, ("ptr", "u", "u", "x", "ptr")),
         r(28, "madvise", mm.sys_madvise, ("ptr", "u", "d")),
@@ -132,7 +132,7 @@ def _rows() -> tuple[Row, ...]:
         r(269, "faccessat", fs.sys_faccessat_nf, ("dirfd", "path", "amode")),
         r(273, "set_robust_list", process.sys_set_robust_list, ("ptr", "u")),
         r(292, "dup3", fs.sys_dup3, ("fd", "fd", "oflags")),
-        r(293, "pipe2", fs.sys_pipe2, ("ptr", "oflags")),
+        r(293, "pipe2", pipe.sys_pipe2, ("ptr", "oflags")),
         r(298, "perf_event_open", lazy("perf", "sys_perf_event_open"), ("ptr", "d", "d", "d", "x"),
           "the uprobe PMU only"),
         r(302, "prlimit64", process.sys_prlimit64, ("d", "d", "ptr", "ptr")),
@@ -193,6 +193,7 @@ def _rows() -> tuple[Row, ...]:
         r(23, "select", lazy("poll", "sys_select"), ("d", "ptr", "ptr", "ptr", "ptr"), "waits for the others"),
         r(270, "pselect6", lazy("poll", "sys_pselect6"), ("d", "ptr", "ptr", "ptr", "ptr", "ptr"),
           "waits for the others"),
+        r(436, "close_range", blocking.sys_close_range, ("fd", "fd", "x")),
         r(435, "clone3", lazy("threads", "sys_clone3"), ("ptr", "u"), "threads; a new process: fork.py"),
     )
 
