@@ -90,9 +90,9 @@ def close_fd(k: Kernel, fd: int) -> None:
     """Drop ``fd``; the last close of a pipe end or socket wakes the other side (EOF, EPIPE, HUP)."""
     entry = k.files.get(fd)
     k.files.close(fd)
-    key = getattr(entry.file, "close_key", None)
-    if key is not None:
-        notify(k, key())
+    keys = getattr(entry.file, "close_key", None)
+    for key in keys() if keys is not None else ():
+        notify(k, key)
 
 
 def sys_close(k: Kernel, fd: int, *_: int) -> int:

@@ -37,6 +37,7 @@ from emu.memory import Vma
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
+    from emu.kernel.net import UnixSocket
     from emu.kernel.threads import CloneArgs
 
 XOL_NAME = "[uprobes]"
@@ -73,6 +74,7 @@ class Family:
         self.procs: dict[int, ProcessEntry] = {}
         self._next_pid = FIRST_CHILD_PID
         self.preempt = False  # the running process woke another one: its slice ends early
+        self.unix_names: dict[bytes, UnixSocket] = {}  # bound AF_UNIX addresses of the run (net.py)
         self._wake: int | None = None  # the earliest virtual time a suspended process's wait ends
 
     def add(self, pid: int, ppid: int, process: Process, running: bool = False) -> None:

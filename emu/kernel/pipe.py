@@ -40,8 +40,8 @@ class KernelPipeEnd(PipeEnd):
     def k_write(self, k: Kernel, entry: FdEntry, data: bytes) -> int:
         return pipe_write(k, entry, self, data)
 
-    def close_key(self) -> object:
-        return self.pipe
+    def close_key(self) -> tuple[object, ...]:
+        return (self.pipe,)
 
 
 def sys_pipe2(k: Kernel, fds_addr: int, flags: int = 0, *_: int) -> int:
