@@ -43,7 +43,7 @@ def wait(k: Kernel, entry: FdEntry | None, what: str, on: tuple[object, ...] = (
     (until one of them changes one of ``on``, or the virtual clock reaches ``until``)."""
     if entry is not None and entry.flags & abi.O_NONBLOCK:
         raise SyscallError(errno.EAGAIN)
-    if until is None and not others_can_run(k):
+    if until is None and not k.timers and not others_can_run(k):
         raise GuestBlocked(f"{what}, and nothing else can run")
     raise WouldBlock(what, on, until)
 

@@ -31,6 +31,7 @@ from emu.memory import Memory, UserFault, Vma
 
 if TYPE_CHECKING:
     from emu.kernel.perf import PerfAttach
+    from emu.kernel.procsig import Timer
     from emu.kernel.threads import CloneArgs
 
 SYSCALL_INSN_LEN = 2
@@ -109,6 +110,10 @@ class Kernel:
         self.fork: ForkFn | None = None  # set by the machine: clone without CLONE_VM (a new process)
         self.exec: ExecFn | None = None  # set by the machine: execve (path, argv, envp)
         self.family: Family | None = None  # the run's processes (fork.py), set by the machine
+        self.pgid = config.pid  # process group (procsig.py): a fork inherits it, setpgid changes it
+        self.timers: dict[int, Timer] = {}  # alarm/setitimer and POSIX timers (procsig.py)
+        self.prctl: dict[int, int] = {}  # prctl attributes set (process.sys_prctl)
+        self.task_names: dict[int, bytes] = {}  # PR_SET_NAME, by tid
 
     @property
     def task(self) -> Task:

@@ -53,7 +53,10 @@ CLD_EXITED, CLD_KILLED = 1, 2
 
 
 class Process(Protocol):
+    kernel: Kernel
+
     def resume(self) -> bool: ...  # run until it ends or blocks; True if it made progress
+    def signal_arrived(self) -> None: ...  # act on pending signals before running on
 
 
 @dataclass(eq=False)
@@ -65,6 +68,7 @@ class ProcessEntry:
     reaped: bool = False
     running: bool = False  # on the host call stack (it ran another process while blocked)
     waits: tuple[object, ...] | None = None  # blocked on these objects (() : on any change); None: runnable
+    until: int | None = None  # its wait ends by itself at this virtual time (a timeout, a sleep, a timer)
 
 
 class Family:
@@ -74,6 +78,7 @@ class Family:
         self.procs: dict[int, ProcessEntry] = {}
         self._next_pid = FIRST_CHILD_PID
         self.preempt = False  # the running process woke another one: its slice ends early
+        self.ends = 0  # processes ended so far (a poll for a child's end restarts when it changes)
         self.unix_names: dict[bytes, UnixSocket] = {}  # bound AF_UNIX addresses of the run (net.py)
         self._wake: int | None = None  # the earliest virtual time a suspended process's wait ends
 
@@ -86,9 +91,30 @@ class Family:
         return pid
 
     def ended(self, pid: int, status: int) -> None:
-        self.procs[pid].status = status
-        self.procs[pid].waits = None
+        """A process ended: a zombie until reaped; its parent gets SIGCHLD and every waiter a look."""
+        from emu.kernel.procsig import post
+
+        entry = self.procs[pid]
+        entry.status, entry.waits, entry.until = status, None, None
+        self.ends += 1
+        parent = self.procs.get(entry.ppid)
+        if parent is not None and parent.status is None:
+            post(parent.process.kernel, Signal.SIGCHLD, CLD_KILLED if status & 0x7F else CLD_EXITED)
+            parent.process.signal_arrived()
         self.notify(pid, None)
+
+    def signal(self, pid: int, signo: int, sender: int) -> None:
+        """kill() from ``sender``: pending in ``pid``, which is woken to act on it (a zombie ignores it)."""
+        from emu.kernel.procsig import post
+
+        entry = self.procs[pid]
+        if entry.status is not None:
+            return
+        post(entry.process.kernel, signo, 0)
+        entry.process.signal_arrived()
+        if not entry.running:
+            entry.waits = None
+        self.preempt = True
 
     def has_others(self, pid: int) -> bool:
         return any(e.status is None and e.pid != pid for e in self.procs.values())
@@ -96,8 +122,19 @@ class Family:
     def runnable_others(self, pid: int) -> bool:
         """Is another process ready to run now (not ended, not blocked, not on the call stack)? Then
         this one runs in time slices."""
-        return any(e.status is None and e.pid != pid and not e.running and e.waits is None
-                   for e in self.procs.values())
+        return any(e.status is None and e.pid != pid and (not e.running and e.waits is None or e.until is not None)
+                   for e in self.procs.values())  # a timed waiter needs time to pass: slices advance it
+
+    def due(self, now: int) -> bool:
+        """Wake the waiters whose time has come; True if there was one."""
+        woke = False
+        for entry in self.procs.values():
+            if entry.status is None and entry.until is not None and entry.until <= now:
+                woke = True
+                entry.until = None
+                if not entry.running:
+                    entry.waits = None
+        return woke
 
     def notify(self, pid: int, changed: object | None) -> bool:
         """Process ``pid`` changed ``changed`` (None: something every waiter may care about, e.g. a
@@ -124,8 +161,9 @@ class Family:
         wake, self._wake = self._wake, None
         return wake
 
-    def set_waiting(self, pid: int, wait: WouldBlock | None) -> None:
-        self.procs[pid].waits = None if wait is None else wait.on
+    def set_waiting(self, pid: int, wait: WouldBlock | None, until: int | None = None) -> None:
+        entry = self.procs[pid]
+        entry.waits, entry.until = (None, None) if wait is None else (wait.on, until)
 
     def run_others(self, pid: int) -> bool:
         """Run every other live process not already running, until each ends, blocks or is preempted;
@@ -224,6 +262,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     child.brk = Brk(parent.brk.start, parent.brk.current)
     child.ident = dataclasses.replace(parent.ident, pid=pid, ppid=parent.ident.pid)
     child.umask, child.next_inode, child.tracer = parent.umask, parent.next_inode, parent.tracer
+    child.pgid = parent.pgid  # timers are not inherited (fork(2))
     theirs, main = parent.task, child.task
     main.signals = SignalState(actions=dict(theirs.signals.actions), mask=theirs.signals.mask,
                                altstack=theirs.signals.altstack)

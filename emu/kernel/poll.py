@@ -70,7 +70,7 @@ def finish(k: Kernel, ready: int, timeout_ns: int | None, files: list[OpenFile],
         return 0
     times = [t for t in [task.wake_at, *(timer_deadline(f) for f in files)] if t is not None]
     until = min(times) if times else None
-    if not others_can_run(k):
+    if not others_can_run(k) and not k.timers:
         if until is None:
             raise GuestBlocked(f"{what} with no timeout on descriptors that can never become ready")
         k.clock.advance(until - now)  # nobody else can make anything ready: time passes at once
