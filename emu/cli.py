@@ -69,8 +69,9 @@ def die_by_signal(signo: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-    signal.signal(signo, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signo})
+    if signo != signal.SIGKILL:  # SIGKILL can be neither caught nor blocked
+        signal.signal(signo, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signo})
     os.kill(os.getpid(), signo)
     os._exit(128 + signo)  # not reached for a signal whose default action kills
 
