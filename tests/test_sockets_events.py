@@ -166,3 +166,17 @@ def test_kill_reaches_only_processes_that_exist_and_groups_follow_setpgid(guest:
     assert guest("alarm", 10) == 0
     guest.kernel.clock.advance(3 * 10**9 + 1)
     assert guest("alarm", 0) == 7  # seconds left, rounded up
+
+
+def test_signalfd_takes_blocked_pending_signals(guest: GuestKernel) -> None:
+    usr1 = 1 << (Signal.SIGUSR1 - 1)
+    mask = guest.alloc(8, struct.pack("<Q", usr1))
+    assert guest("rt_sigprocmask", 0, mask, 0, 8) == 0  # SIG_BLOCK
+    sfd = guest("signalfd4", -1, mask, 8, 0o4000)
+    buf = guest.alloc(128)
+    assert guest("read", sfd, buf, 128) == -errno.EAGAIN
+    assert guest("kill", guest.kernel.ident.pid, Signal.SIGUSR1) == 0  # blocked: stays pending
+    assert guest("read", sfd, buf, 64) == -errno.EINVAL  # less than one signalfd_siginfo
+    assert guest("read", sfd, buf, 128) == 128
+    assert struct.unpack_from("<I", guest.read(buf, 4)) == (Signal.SIGUSR1,)
+    assert guest.kernel.signals.pending & usr1 == 0  # taken, not delivered

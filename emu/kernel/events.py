@@ -1,4 +1,4 @@
-"""Event descriptors: epoll, eventfd, timerfd (fs/eventpoll.c, fs/eventfd.c, fs/timerfd.c).
+"""Event descriptors: epoll, eventfd, timerfd, signalfd (fs/eventpoll.c, eventfd.c, timerfd.c, signalfd.c).
 
 epoll is level-triggered over poll.poll_mask of each registered file; EPOLLET is reported as
 level-triggered (a program that reads until EAGAIN, as edge-triggered ones must, sees the same
@@ -327,3 +327,67 @@ def sys_timerfd_settime(k: Kernel, fd: int, flags: int, new: int, old: int, *_: 
 def sys_timerfd_gettime(k: Kernel, fd: int, cur: int, *_: int) -> int:
     k.mem.write_user(cur, _current(_timerfd(k, fd)))
     return 0
+
+
+# ---------------------------------------------------------------------------- signalfd
+SFD_NONBLOCK, SFD_CLOEXEC = 0o4000, 0o2000000
+SIGNALFD_SIGINFO_SIZE = 128
+
+
+class SignalFd(OpenFile):
+    """Reads take the pending signals of ``mask`` (blocked, as signalfd(2) wants them) of the reader."""
+
+    def __init__(self, ino: int, path: str, mask: int, k: Kernel) -> None:
+        self.ino, self.guest_path = ino, path
+        self.mask = mask
+        self.kernel = k
+
+    def stat(self) -> StatInfo:
+        return synthetic_stat(ANON_MODE, ino=self.ino)
+
+    def poll_mask(self) -> int:
+        return EPOLLIN if self.kernel.signals.pending & self.mask else 0
+
+    @property
+    def wait_key(self) -> object:
+        return self.kernel  # procsig.post wakes the process it signals
+
+    def k_read(self, k: Kernel, entry: FdEntry, size: int) -> bytes:
+        if size < SIGNALFD_SIGINFO_SIZE:
+            raise SyscallError(errno.EINVAL)
+        state = k.signals
+        out = b""
+        while len(out) + SIGNALFD_SIGINFO_SIZE <= size:
+            ready = state.pending & self.mask
+            if not ready:
+                break
+            signo = (ready & -ready).bit_length()
+            state.pending &= ~(1 << (signo - 1))
+            code = state.pending_code.pop(signo, 0)
+            out += struct.pack("<IiiII", signo, 0, code, k.ident.pid, k.ident.uid).ljust(SIGNALFD_SIGINFO_SIZE, b"\0")
+        if not out:
+            wait(k, entry, f"read of {self.guest_path}", (k,))
+        return out
+
+
+def sys_signalfd4(k: Kernel, fd: int, mask_addr: int, size: int, flags: int, *_: int) -> int:
+    from emu.kernel.signal import UNBLOCKABLE
+
+    if size != 8 or flags & ~(SFD_NONBLOCK | SFD_CLOEXEC):
+        raise SyscallError(errno.EINVAL)
+    (mask,) = struct.unpack("<Q", k.mem.read_user(mask_addr, 8))
+    mask &= ~UNBLOCKABLE
+    fd = _signed32(fd)
+    if fd != -1:
+        file = k.files.get(fd).file
+        if not isinstance(file, SignalFd):
+            raise SyscallError(errno.EINVAL)
+        file.mask = mask
+        return fd
+    ino, path = _anon(k, "[signalfd]")
+    sfd = SignalFd(ino, path, mask, k)
+    return k.files.install(FdEntry(sfd, _flags(bool(flags & SFD_NONBLOCK)), bool(flags & SFD_CLOEXEC)))
+
+
+def sys_signalfd(k: Kernel, fd: int, mask_addr: int, size: int, *_: int) -> int:
+    return sys_signalfd4(k, fd, mask_addr, size, 0)

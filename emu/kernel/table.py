@@ -231,6 +231,8 @@ def _rows() -> tuple[Row, ...]:
         r(225, "timer_getoverrun", lazy("procsig", "sys_timer_getoverrun"), ("d",)),
         r(226, "timer_delete", lazy("procsig", "sys_timer_delete"), ("d",)),
         r(157, "prctl", process.sys_prctl, ("d", "x", "x", "x", "x"), "attributes remembered, no other effect"),
+        r(282, "signalfd", lazy("events", "sys_signalfd"), ("fd", "ptr", "u")),
+        r(289, "signalfd4", lazy("events", "sys_signalfd4"), ("fd", "ptr", "u", "x")),
         r(435, "clone3", lazy("threads", "sys_clone3"), ("ptr", "u"), "threads; a new process: fork.py"),
     )
 
