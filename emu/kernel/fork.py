@@ -279,7 +279,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
 
 def exec_kernel_state(k: Kernel) -> None:
     """What execve resets (fs/exec.c): close-on-exec fds, handled signals back to SIG_DFL (ignored
-    ones stay ignored), the alternate stack, rseq, robust list, clear_child_tid, other threads."""
+    ones stay ignored), the alternate stack, POSIX timers, rseq, robust list, clear_child_tid, other threads."""
     from emu.kernel.threads import SS_DISABLE_ALTSTACK
 
     if isinstance(k.files, SharedFdTable):
@@ -292,6 +292,8 @@ def exec_kernel_state(k: Kernel) -> None:
     for signo in [s for s in actions if k.signals.handler(s) != SIG_IGN]:
         del actions[signo]
     task.signals.altstack = SS_DISABLE_ALTSTACK
+    for ident in [i for i in k.timers if i >= 0]:
+        del k.timers[ident]  # POSIX timers go; the alarm stays (execve(2))
     task.rseq = None
     task.robust_list = task.clear_child_tid = 0
     task.uprobe = UprobeTask()
