@@ -790,7 +790,8 @@ class Machine:
             if timeout_us:
                 remaining = max(1, timeout_us - int((time.perf_counter() - start) * 1e6))
             count = sched.slice_length()
-            self._process_slice = not count and self.family.runnable_others(self.kernel.ident.pid)
+            self._process_slice = (not count and len(self.family.procs) > 1  # (the usual case: one process)
+                                   and self.family.runnable_others(self.kernel.ident.pid))
             if self._process_slice:
                 count = PROCESS_QUANTUM
             self._counted = count > 0
