@@ -64,6 +64,9 @@ COMMANDS: list[list[str]] = [["bash", "-c", line] for line in BASH] + [
     [PY, "-c", "import os, signal\npid = os.fork()\nif pid == 0:\n    signal.pause()\n"
                "os.kill(pid, signal.SIGTERM); print(os.waitpid(pid, 0)[1])"],
     [PY, "-c", "import os\nos.kill(os.getpid(), 9)"],
+    [PY, "-c", "import multiprocessing as mp\ndef f(c):\n    c.send([42, 'hi']); c.close()\nctx = mp.get_context('fork')\n"
+               "a, b = ctx.Pipe()\np = ctx.Process(target=f, args=(b,))\np.start()\n"
+               "print(a.recv()); p.join(); print(p.exitcode)"],
     [PY, "-c", "import os, fcntl\nr, w = os.pipe()\n"
                "print(fcntl.fcntl(w, 1032), fcntl.fcntl(w, 1031, 10000), fcntl.fcntl(r, 1032))"],
     [PY, "-c", "import os, select\nr, w = os.pipe()\np = select.poll(); p.register(r, select.POLLIN)\nprint(p.poll(0))\n"
