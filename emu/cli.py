@@ -59,13 +59,35 @@ def _named_command(argv: Sequence[str] | None) -> str | None:
     return None
 
 
+def die_by_signal(signo: int) -> None:
+    """End this process with ``signo``, as the guest ended: shells, `timeout --preserve-status` and
+    test runners see a death by that signal. No core dump (RLIMIT_CORE 0, as the guest had)."""
+    import os
+    import resource
+    import signal
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    if signo != signal.SIGKILL:  # SIGKILL can be neither caught nor blocked
+        signal.signal(signo, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signo})
+    os.kill(os.getpid(), signo)
+    os._exit(128 + signo)  # not reached for a signal whose default action kills
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """The tool's status: a guest's exit status or a harness error's code; -N when the guest died
+    of signal N. Run as the program (no ``argv``), the tool then dies of that signal itself."""
+    as_program = argv is None
     try:
         argv = sys.argv[1:] if argv is None else argv
         args = build_parser(argv).parse_args(argv)
         if args.verbose:
             _log_more(args.verbose)
         status: int = command_module(args.command).run(args)
+        if status < 0 and as_program:
+            die_by_signal(-status)
         return status
     except EmuError as err:
         stderr_line(f"{PROG}: {err}")

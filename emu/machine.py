@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a bina
 
 CLOCK_TICKS = 100
 RSEQ_FEATURE_SIZE, RSEQ_ALIGN = 28, 32  # offsetofend(struct rseq, mm_cid) and its alignment
+PROCESS_QUANTUM = 200_000  # instructions a process runs while another one is runnable
+PROCESS_SLICE_NS = 4_000_000  # virtual time one such slice takes: a tick of CONFIG_HZ=250 (Debian)
 MAX_SPURIOUS_STOPS = 10_000  # emu_start returning for no reason, per process, before it counts as a hlt
 
 SI_KERNEL, ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 0x80, 2, 1, 1, 2
@@ -224,6 +226,9 @@ class Machine:
         self.uprobes.pid = self.kernel.ident.pid
         self._counted = False  # the last slice ran with an instruction count (several threads)
         self._stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
+        self._signalled = False  # another process sent a signal: act on it before running on
+        self._process_slice = False  # the last slice was counted because another process could run
+        self._waiting = False  # stopped in a syscall that waits: it restarts when the process runs on
         self.spurious_stops = 0  # emu_start returns with nothing to report (see _spurious_stop)
         self.kernel.add_rows(uprobe_rows(self.uprobes))
         self.attachments: list[Attachment] = []
@@ -347,16 +352,63 @@ class Machine:
         self.cpu.write(Reg.RIP, self.interp.entry if self.interp else self.exe.entry)
 
     def resume(self) -> bool:
-        """Run this (non-first) process until it ends or blocks; True if it made progress."""
+        """Run this (non-first) process until it ends, blocks or is preempted; True if it made progress."""
         before = sum(self.kernel.counts.values())
         timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
         try:
             ending, status, signal, _message = self._run_until_end(self.kernel.task.pc, timeout_us,
                                                                   time.perf_counter())
-        except ProcessSuspended:
+        except ProcessSuspended as suspended:
+            wake = self._wake_time(suspended.wait) if suspended.wait is not None else None
+            self.family.set_waiting(self.kernel.ident.pid, suspended.wait, wake)
+            if suspended.wait is None:
+                return True  # preempted: it ran a slice
+            self.family.note_wake(wake)
             return sum(self.kernel.counts.values()) - before >= 2  # more than the restarted syscall
         self._end_process(ending, status, signal)
         return True
+
+    def signal_arrived(self) -> None:
+        self._signalled = True
+
+    def _act_on_signals(self) -> None:
+        """Before running on: signals another process sent and timers that fired are acted on as at a
+        return to user mode (a handler frame on the interrupted state, or death)."""
+        from emu.kernel.procsig import fire_timers
+
+        fired = fire_timers(self.kernel) if self.kernel.timers else False
+        if not (self._signalled or fired):
+            return
+        from emu.kernel.procsig import acting_signal
+
+        self._signalled = False
+        task = self.kernel.sched.current
+        if not task.signals.pending & ~task.signals.mask:
+            return
+        rip = task.pc
+        if self._waiting and acting_signal(self.kernel) is not None:
+            # it sleeps in a syscall about to be restarted: the signal interrupts it (EINTR), then acts
+            rip += SYSCALL_INSN_LEN
+            self.cpu.write_syscall_return(-errno.EINTR, rip, self.cpu.read(Reg.RFLAGS))
+            self._waiting = False
+        self.cpu.write(Reg.RIP, rip)
+        deliver_pending(self.kernel)  # may raise GuestKilled: the caller's loop ends the process
+        self._run_deferred()
+        task.pc = self.cpu.read(Reg.RIP)
+
+    def _share_cpu(self) -> None:
+        """At the end of a slice: let the other processes run if one can (or one this process woke
+        waits further down the call stack); a process that is not the first is suspended for that."""
+        family = self.family
+        if self._process_slice:  # virtual time goes on while processes share the CPU (timeouts come)
+            self.kernel.clock.advance(PROCESS_SLICE_NS)
+        woke, family.preempt = family.preempt or family.due(self.kernel.clock.elapsed), False
+        pid = self.kernel.ident.pid
+        if not (woke or family.runnable_others(pid)):
+            return
+        if not self._first:
+            raise ProcessSuspended("preempted")
+        family.run_others(pid)
 
     def _end_process(self, ending: Ending, status: int, signal: Signal | None) -> None:
         self.kernel.files.close_all()
@@ -581,8 +633,7 @@ class Machine:
         timeout_us = int(self.options.timeout_s * 1e6) if self.options.timeout_s else 0
         ending, status, signal, message = self._run_until_end(entry, timeout_us, start)
         self._end_process(ending, status, signal)
-        while self.family.run_others(self.kernel.ident.pid):
-            pass  # children still running once their parent is gone (orphans) run to their end
+        self._run_orphans()
         probes = tuple(a.summary() for a in self.attachments if not a.library) + tuple(
             lib.summary() for lib in self.library_probes())
         return RunResult(
@@ -599,6 +650,17 @@ class Machine:
             threads=len(self.kernel.sched.tasks),
             switches=self.kernel.sched.switches,
         )
+
+    def _run_orphans(self) -> None:
+        """Children still running once the first process is gone run to their end; when all of them
+        wait, time moves on to the first timeout among them."""
+        while True:
+            if self.family.run_others(self.kernel.ident.pid):
+                continue
+            wake = self.family.take_wake(None)
+            if wake is None:
+                return
+            self.kernel.clock.advance(max(0, wake - self.kernel.clock.elapsed))
 
     def run_from(self, pc: int, timeout_s: float = 0.0) -> tuple[Ending, int, Signal | None, str | None]:
         """Run from ``pc`` with the registers and memory as they are until the guest exits or dies, and
@@ -617,6 +679,9 @@ class Machine:
         yield_first = False
         while True:
             try:
+                if self._signalled or self.kernel.timers:
+                    self._act_on_signals()
+                self._waiting = False
                 if yield_first:
                     yield_first = False
                     self._switch(yielding=True)
@@ -625,6 +690,7 @@ class Machine:
                 if signal is None and self._slice_ended(timeout_us, start):
                     self._stalls = 0
                     self._switch()
+                    self._share_cpu()
                     continue
             except GuestExit as ex:
                 self.kernel.trace_exit("exit_group", ex.status)
@@ -632,6 +698,7 @@ class Machine:
             except GuestKilled as kill:
                 signal = kill
             except WouldBlock as wait:
+                self._waiting = True  # until the restarted syscall runs (a signal may interrupt it)
                 ended = self._wait_for_others(wait)
                 if isinstance(ended, _Wait):
                     yield_first = ended is _Wait.YIELD
@@ -651,11 +718,19 @@ class Machine:
         """A syscall that must wait for another process or thread: it is restarted once they have run
         (or, for a poll, answered); a deadlock ends the run (or suspends a process that is not the first)."""
         sched = self.kernel.sched
+        family, pid = self.family, self.kernel.ident.pid
         after = self.cpu.read(Reg.RIP)
         sched.current.pc = after - SYSCALL_INSN_LEN
-        if self.family.run_others(self.kernel.ident.pid):
+        polling = isinstance(wait, PollOthers)  # it does not sleep: the others get one slice each
+        ends = family.ends
+        family.set_waiting(pid, wait, self.kernel.clock.elapsed if polling else self._wake_time(wait))
+        try:
+            progressed = family.run_others(pid)
+        finally:
+            family.set_waiting(pid, None)
+        if progressed and not (polling and family.ends == ends):
             return _Wait.RESTART
-        if isinstance(wait, PollOthers):  # nothing changed: the poll's answer stands
+        if isinstance(wait, PollOthers):  # no process ended: the poll's answer stands
             self.kernel.cpu.write_syscall_return(wait.result, after, self.cpu.read(Reg.RFLAGS))
             sched.current.pc = after
             return _Wait.RESTART
@@ -663,8 +738,19 @@ class Machine:
             self._stalls += 1  # bounded: fruitless retries with nothing else running are a deadlock
             return _Wait.YIELD
         if not self._first:
-            raise ProcessSuspended(str(wait))
+            raise ProcessSuspended(str(wait), wait)
+        until = family.take_wake(self._wake_time(wait))
+        if until is not None:  # everyone waits, some with a timeout: time moves on to the first one
+            self.kernel.clock.advance(max(0, until - self.kernel.clock.elapsed))
+            return _Wait.RESTART
         return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {wait}"
+
+    def _wake_time(self, wait: WouldBlock) -> int | None:
+        """When the wait ends by itself: its own timeout or the process's first timer, if earlier."""
+        from emu.kernel.procsig import next_expiry
+
+        times = [t for t in (wait.until, next_expiry(self.kernel) if self.kernel.timers else None) if t is not None]
+        return min(times) if times else None
 
     def _slice_ended(self, timeout_us: int, start: float) -> bool:
         """Did the CPU stop at a scheduling point: a syscall asked for a switch, or a counted slice ran out?
@@ -765,6 +851,10 @@ class Machine:
             if timeout_us:
                 remaining = max(1, timeout_us - int((time.perf_counter() - start) * 1e6))
             count = sched.slice_length()
+            self._process_slice = (not count and len(self.family.procs) > 1  # (the usual case: one process)
+                                   and self.family.runnable_others(self.kernel.ident.pid))
+            if self._process_slice:
+                count = PROCESS_QUANTUM
             self._counted = count > 0
             reason = self.cpu.run(pc, timeout_us=remaining, count=count)
             sched.current.pc = self.cpu.read(Reg.RIP)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -28,8 +29,8 @@ def sample(name: str) -> str:
     return str(SAMPLES / name)
 
 
-def run_cli(capfd: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, list[str]]:
-    status = main(["run", "--clear-env", *argv])
+def run_cli(capfd: pytest.CaptureFixture[str], *argv: str, verbose: bool = False) -> tuple[int, str, list[str]]:
+    status = main([*(["-v"] if verbose else []), "run", "--clear-env", *argv])
     out, err = capfd.readouterr()
     return status, out, err.splitlines()
 
@@ -58,10 +59,12 @@ def test_hello(capfd: pytest.CaptureFixture[str]) -> None:
     ("trap", 5, "SIGTRAP", "int3", "breakpoint"),
     ("fpe", 8, "SIGFPE", "idiv .+", "divide error"),
 ])
-def test_crash_gives_128_plus_signo_and_one_line(capfd: pytest.CaptureFixture[str], kind: str, signo: int,
-                                                 name: str, insn: str, detail: str) -> None:
+def test_crash_is_death_by_the_signal_and_the_reason_only_with_verbose(
+        capfd: pytest.CaptureFixture[str], kind: str, signo: int, name: str, insn: str, detail: str) -> None:
     status, out, err = run_cli(capfd, sample("crash"), kind)
-    assert status == 128 + signo
+    assert (status, err) == (-signo, [f"crash: {kind}"])  # main() says -N: the program then dies of N
+    status, out, err = run_cli(capfd, sample("crash"), kind, verbose=True)
+    assert status == -signo
     assert err[0] == f"crash: {kind}"  # the guest's own stderr line
     m = CRASH_LINE.match(one_error_line(err[1:]))
     assert m is not None, err
@@ -69,13 +72,13 @@ def test_crash_gives_128_plus_signo_and_one_line(capfd: pytest.CaptureFixture[st
 
 
 def test_abort_is_sigabrt(capfd: pytest.CaptureFixture[str]) -> None:
-    status, _, err = run_cli(capfd, sample("crash"), "abort")
-    assert status == 128 + 6
+    status, _, err = run_cli(capfd, sample("crash"), "abort", verbose=True)
+    assert status == -6
     assert one_error_line(err[1:]).startswith("uprobe-emu: killed by SIGABRT")
 
 
 def test_segv_exact_line(capfd: pytest.CaptureFixture[str]) -> None:
-    _, _, err = run_cli(capfd, sample("crash"), "segv")
+    _, _, err = run_cli(capfd, sample("crash"), "segv", verbose=True)
     assert err[1] == "uprobe-emu: killed by SIGSEGV at 0x401593: mov dword ptr [rax], 0x2a (write to unmapped 0x0)"
 
 
@@ -93,9 +96,10 @@ def test_json_of_a_clean_exit(capfd: pytest.CaptureFixture[str], tmp_path: Path)
 
 def test_json_of_a_crash(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     report = tmp_path / "r.json"
-    status, _, _ = run_cli(capfd, "--json", str(report), sample("crash"), "segv")
+    status, _, err = run_cli(capfd, "--json", str(report), sample("crash"), "segv")
     doc = json.loads(report.read_text())
-    assert status == doc["exit_status"] == 139
+    assert (status, doc["exit_status"]) == (-11, 139)
+    assert err[1].startswith("uprobe-emu: killed by SIGSEGV")  # --json keeps the reason on stderr
     assert doc["signal"] == "SIGSEGV"
     assert isinstance(doc["insns"], int) and doc["insns"] > 1000
     assert doc["syscalls"]["write"] >= 1 and all(isinstance(n, int) and n > 0 for n in doc["syscalls"].values())
@@ -191,11 +195,24 @@ def test_subprocess_exit_status_and_crash_line() -> None:
     proc = _emu(sample("exit_code"), "42")
     assert (proc.returncode, proc.stdout, proc.stderr) == (42, "", "")
     proc = _emu(sample("crash"), "segv")
-    assert proc.returncode == 139
+    assert (proc.returncode, proc.stderr) == (-signal.SIGSEGV, "crash: segv\n")  # dies of it, as natively
+    native = subprocess.run([sample("crash"), "segv"], capture_output=True, text=True, timeout=60)
+    assert (native.returncode, native.stderr) == (proc.returncode, proc.stderr)
+    proc = _emu(sample("crash"), "abort")
+    assert proc.returncode == -signal.SIGABRT
+
+
+def test_subprocess_death_by_a_signal_dumps_no_core(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    cmd = f"ulimit -c unlimited; exec {sys.executable} -m emu -v run --clear-env {sample('crash')} segv"
+    proc = subprocess.run(["bash", "-c", cmd], cwd=tmp_path, env={**env, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGSEGV
     assert proc.stderr.splitlines() == [
         "crash: segv",
         "uprobe-emu: killed by SIGSEGV at 0x401593: mov dword ptr [rax], 0x2a (write to unmapped 0x0)",
     ]
+    assert list(tmp_path.iterdir()) == []  # no core file, whatever the caller's limit
 
 
 def test_subprocess_bad_option() -> None:

@@ -1,4 +1,5 @@
-"""`uprobe-emu run`: one binary, one design, optional probes and verifiers; the exit status is the guest's."""
+"""`uprobe-emu run`: one binary, one design, optional probes and verifiers; the exit status is the guest's
+(a guest killed by a signal: the tool dies of the same signal, the reason on stderr only with -v or --json)."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from emu.guestio import GuestIO
-    from emu.machine import Machine
+    from emu.machine import Ending, Machine
 
     if args.json:
         check_writable(args.json)
@@ -116,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     result = machine.run()
     if args.save_writes is not None and machine.kernel.vfs.overlay is not None:
         machine.kernel.vfs.overlay.save(args.save_writes)
-    if result.message:
+    killed = result.ending is Ending.KILLED and result.signal is not None
+    if result.message and (not killed or args.verbose or args.json):  # a native death prints nothing
         stderr_line(f"{PROG}: {result.message}")
     shown: list[Attachment | LibraryProbe] = [a for a in machine.attachments if not a.library]
     shown += machine.library_probes()
@@ -137,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         if rsb is not None:
             payload["rsb"] = rsb.to_json()
         write_json(args.json, payload)
+    if killed:
+        assert result.signal is not None
+        return -int(result.signal)  # the tool dies of it too (cli.die_by_signal)
     return result.exit_status
 
 

@@ -34,6 +34,7 @@ from emu.memory import Memory, UserFault, Vma
 
 if TYPE_CHECKING:
     from emu.kernel.perf import PerfAttach
+    from emu.kernel.procsig import Timer
     from emu.kernel.threads import CloneArgs
 
 SYSCALL_INSN_LEN = 2
@@ -120,6 +121,10 @@ class Kernel:
         self.family: Family | None = None  # the run's processes (fork.py), set by the machine
         self.cpu_model = CpuModel(config.cpus)
         self.affinity = self.cpu_model.affinity_mask()  # sched_setaffinity's mask (one for the process)
+        self.pgid = config.pid  # process group (procsig.py): a fork inherits it, setpgid changes it
+        self.timers: dict[int, Timer] = {}  # alarm/setitimer and POSIX timers (procsig.py)
+        self.prctl: dict[int, int] = {}  # prctl attributes set (process.sys_prctl)
+        self.task_names: dict[int, bytes] = {}  # PR_SET_NAME, by tid
 
     @property
     def task(self) -> Task:

@@ -36,7 +36,16 @@ class GuestBlocked(Exception):
 
 class WouldBlock(GuestBlocked):
     """The syscall must wait for another process (wait4 on a running child, an empty pipe another
-    process writes): the machine restarts it once another process has run (-ERESTARTSYS style)."""
+    process writes): the machine restarts it once another process has run (-ERESTARTSYS style).
+
+    ``on``: the kernel objects (a pipe, a socket) whose change may end the wait, so a process that
+    changes one of them lets the waiter run soon (fork.Family.notify); ``until``: the virtual time at
+    which the wait ends anyway (a poll's timeout, a timer), when nothing else can make progress."""
+
+    def __init__(self, detail: str, on: tuple[object, ...] = (), until: int | None = None) -> None:
+        super().__init__(detail)
+        self.on = on
+        self.until = until
 
 
 class PollOthers(WouldBlock):
@@ -49,5 +58,10 @@ class PollOthers(WouldBlock):
 
 
 class ProcessSuspended(Exception):
-    """A process that is not the first one blocked with nothing else able to run: it is suspended
-    (its syscall will be restarted) and control goes back to the process that ran it."""
+    """A process that is not the first one blocked with nothing else able to run, or used up its time
+    slice while others could run: it is suspended (a blocked syscall will be restarted) and control
+    goes back to the process that ran it."""
+
+    def __init__(self, detail: str, wait: WouldBlock | None = None) -> None:
+        super().__init__(detail)
+        self.wait = wait  # None: preempted (it made progress and can go on)

@@ -2,12 +2,15 @@
 the family of processes one harness run holds.
 
 Model: every process is its own Machine (its own Unicorn CPU and memory); a forked child is a
-copy of the parent taken at the ``syscall``. Processes do not preempt each other: the running one
-goes on until it exits or blocks on another (wait4 for a live child, read of an empty pipe whose
-writer another process holds); then the others run, in pid order, until one of them makes progress,
-and the blocked syscall is restarted. A vfork parent lets the child run first. When the first
-process ends, the others run to their end. This gives Linux's results for fork/wait, fork/exec/wait
-and pipes between them; it cannot interleave two processes that both compute without blocking.
+copy of the parent taken at the ``syscall``. The process the run started with drives the others: when
+it blocks (wait4 for a live child, a read of an empty pipe, a write to a full one, a poll) or its time
+slice ends while another process can run, the others run in pid order, each until it ends, blocks or
+uses up its own slice (it is then suspended and control comes back), and the blocked syscall is
+restarted. A process that changes a pipe or socket another one waits on ends its slice early, so
+the waiter runs soon (Family.notify): a busy writer cannot starve its reader. Time slices count
+instructions, as between threads (sched.py), and are used only while another process is runnable:
+a process alone, or with every other one blocked, runs uncounted at full speed. A vfork parent
+lets the child run first. When the first process ends, the others run to their end.
 
 File descriptions are shared between the processes' tables as after fork(2): one is closed (a pipe
 end released) only when the last table holding it drops it.
@@ -22,21 +25,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from emu import abi
 from emu.abi import Signal
 from emu.designs import Design
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import PollOthers, WouldBlock
 from emu.kernel.fs import FdEntry, FdTable
-from emu.kernel.fs import sys_read as fs_sys_read
 from emu.kernel.signal import SIG_IGN, SignalState
 from emu.kernel.uprobes.core import UprobeTask
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
-from emu.kernel.vfs import PipeEnd
 from emu.memory import Vma
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
+    from emu.kernel.net import UnixSocket
     from emu.kernel.threads import CloneArgs
 
 XOL_NAME = "[uprobes]"
@@ -52,7 +53,10 @@ CLD_EXITED, CLD_KILLED = 1, 2
 
 
 class Process(Protocol):
+    kernel: Kernel
+
     def resume(self) -> bool: ...  # run until it ends or blocks; True if it made progress
+    def signal_arrived(self) -> None: ...  # act on pending signals before running on
 
 
 @dataclass(eq=False)
@@ -63,6 +67,8 @@ class ProcessEntry:
     status: int | None = None  # the wait status once it has ended (a zombie until reaped)
     reaped: bool = False
     running: bool = False  # on the host call stack (it ran another process while blocked)
+    waits: tuple[object, ...] | None = None  # blocked on these objects (() : on any change); None: runnable
+    until: int | None = None  # its wait ends by itself at this virtual time (a timeout, a sleep, a timer)
 
 
 class Family:
@@ -71,6 +77,10 @@ class Family:
     def __init__(self) -> None:
         self.procs: dict[int, ProcessEntry] = {}
         self._next_pid = FIRST_CHILD_PID
+        self.preempt = False  # the running process woke another one: its slice ends early
+        self.ends = 0  # processes ended so far (a poll for a child's end restarts when it changes)
+        self.unix_names: dict[bytes, UnixSocket] = {}  # bound AF_UNIX addresses of the run (net.py)
+        self._wake: int | None = None  # the earliest virtual time a suspended process's wait ends
 
     def add(self, pid: int, ppid: int, process: Process, running: bool = False) -> None:
         self.procs[pid] = ProcessEntry(pid, ppid, process, running=running)
@@ -81,16 +91,91 @@ class Family:
         return pid
 
     def ended(self, pid: int, status: int) -> None:
-        self.procs[pid].status = status
+        """A process ended: a zombie until reaped; its parent gets SIGCHLD and every waiter a look."""
+        from emu.kernel.procsig import post
+
+        entry = self.procs[pid]
+        entry.status, entry.waits, entry.until = status, None, None
+        self.ends += 1
+        parent = self.procs.get(entry.ppid)
+        if parent is not None and parent.status is None:
+            post(parent.process.kernel, Signal.SIGCHLD, CLD_KILLED if status & 0x7F else CLD_EXITED)
+            parent.process.signal_arrived()
+        self.notify(pid, None)
+
+    def signal(self, pid: int, signo: int, sender: int) -> None:
+        """kill() from ``sender``: pending in ``pid``, which is woken to act on it (a zombie ignores it)."""
+        from emu.kernel.procsig import post
+
+        entry = self.procs[pid]
+        if entry.status is not None:
+            return
+        post(entry.process.kernel, signo, 0)
+        entry.process.signal_arrived()
+        if not entry.running:
+            entry.waits = None
+        self.preempt = True
 
     def has_others(self, pid: int) -> bool:
         return any(e.status is None and e.pid != pid for e in self.procs.values())
 
+    def runnable_others(self, pid: int) -> bool:
+        """Is another process ready to run now (not ended, not blocked, not on the call stack)? Then
+        this one runs in time slices."""
+        return any(e.status is None and e.pid != pid and (not e.running and e.waits is None or e.until is not None)
+                   for e in self.procs.values())  # a timed waiter needs time to pass: slices advance it
+
+    def due(self, now: int) -> bool:
+        """Wake the waiters whose time has come; True if there was one."""
+        woke = False
+        for entry in self.procs.values():
+            if entry.status is None and entry.until is not None and entry.until <= now:
+                woke = True
+                entry.until = None
+                if not entry.running:
+                    entry.waits = None
+        return woke
+
+    def notify(self, pid: int, changed: object | None) -> bool:
+        """Process ``pid`` changed ``changed`` (None: something every waiter may care about, e.g. a
+        process ended); wake whoever waits on it. True if one did: the caller's slice should end
+        soon (``preempt``) so it gets there, even when it waits further down the call stack."""
+        woke = False
+        for entry in self.procs.values():
+            if entry.pid == pid or entry.status is not None or entry.waits is None:
+                continue
+            if changed is None or not entry.waits or changed in entry.waits:
+                woke = True
+                if not entry.running:
+                    entry.waits = None
+        self.preempt |= woke
+        return woke
+
+    def note_wake(self, until: int | None) -> None:
+        if until is not None:
+            self._wake = until if self._wake is None else min(self._wake, until)
+
+    def take_wake(self, until: int | None) -> int | None:
+        """The earliest of ``until`` and the suspended processes' timeouts (which are then forgotten)."""
+        self.note_wake(until)
+        wake, self._wake = self._wake, None
+        return wake
+
+    def set_waiting(self, pid: int, wait: WouldBlock | None, until: int | None = None) -> None:
+        entry = self.procs[pid]
+        entry.waits, entry.until = (None, None) if wait is None else (wait.on, until)
+
     def run_others(self, pid: int) -> bool:
-        """Run every other live process not already running, until each ends or blocks; True if any made progress."""
+        """Run every other live process not already running, until each ends, blocks or is preempted;
+        True if any made progress. Those blocked on something nobody changed since are tried only
+        when the runnable ones made none (a change notify() missed still gets seen)."""
+        progress = self._run_each(pid, blocked=False)
+        return progress or self._run_each(pid, blocked=True)
+
+    def _run_each(self, pid: int, blocked: bool) -> bool:
         progress = False
         for entry in list(self.procs.values()):
-            if entry.pid == pid or entry.status is not None or entry.running:
+            if entry.pid == pid or entry.status is not None or entry.running or (entry.waits is not None) != blocked:
                 continue
             entry.running = True
             try:
@@ -181,6 +266,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     child.ident = dataclasses.replace(parent.ident, pid=pid, ppid=parent.ident.pid)
     child.umask, child.next_inode, child.tracer = parent.umask, parent.next_inode, parent.tracer
     child.affinity = parent.affinity
+    child.pgid = parent.pgid  # timers are not inherited (fork(2))
     theirs, main = parent.task, child.task
     main.signals = SignalState(actions=dict(theirs.signals.actions), mask=theirs.signals.mask,
                                altstack=theirs.signals.altstack)
@@ -197,7 +283,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
 
 def exec_kernel_state(k: Kernel) -> None:
     """What execve resets (fs/exec.c): close-on-exec fds, handled signals back to SIG_DFL (ignored
-    ones stay ignored), the alternate stack, rseq, robust list, clear_child_tid, other threads."""
+    ones stay ignored), the alternate stack, POSIX timers, rseq, robust list, clear_child_tid, other threads."""
     from emu.kernel.threads import SS_DISABLE_ALTSTACK
 
     if isinstance(k.files, SharedFdTable):
@@ -210,6 +296,8 @@ def exec_kernel_state(k: Kernel) -> None:
     for signo in [s for s in actions if k.signals.handler(s) != SIG_IGN]:
         del actions[signo]
     task.signals.altstack = SS_DISABLE_ALTSTACK
+    for ident in [i for i in k.timers if i >= 0]:
+        del k.timers[ident]  # POSIX timers go; the alarm stays (execve(2))
     task.rseq = None
     task.robust_list = task.clear_child_tid = 0
     task.uprobe = UprobeTask()
@@ -275,17 +363,6 @@ def sys_waitid(k: Kernel, idtype: int, ident: int, infop: int, options: int, rus
     if rusage:
         k.mem.write_user(rusage, bytes(RUSAGE_SIZE))
     return 0
-
-
-def sys_read(k: Kernel, fd: int, buf: int, count: int, *_: int) -> int:
-    """read(2); an empty pipe that another thread or process may still write blocks until they have run."""
-    entry = k.files.get(fd)
-    file = entry.file
-    others = k.sched.threaded or k.family is not None and k.family.has_others(k.ident.pid)
-    if (isinstance(file, PipeEnd) and not file.writable and not file.pipe.buffer and file.pipe.writers
-            and not entry.flags & abi.O_NONBLOCK and others):
-        raise WouldBlock(f"read from an empty pipe (fd {fd})")
-    return fs_sys_read(k, fd, buf, count)
 
 
 def sys_fork(k: Kernel, *_: int) -> int:

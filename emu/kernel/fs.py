@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from emu import abi
 from emu.kernel import cpufs, procfs, sysfs
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.exits import GuestBlocked
 from emu.kernel.vfs import (
     ALLOWED_DEVICES,
     STATFS_SIZE,
@@ -26,7 +25,6 @@ from emu.kernel.vfs import (
     HostFile,
     MemFile,
     OpenFile,
-    Pipe,
     PipeEnd,
     StatInfo,
     Stream,
@@ -569,22 +567,6 @@ def sys_fcntl(k: Kernel, fd: int, cmd: int, arg: int, *_: int) -> int:
     raise SyscallError(errno.EINVAL)
 
 
-def sys_pipe2(k: Kernel, fds_addr: int, flags: int = 0, *_: int) -> int:
-    if flags & ~(abi.O_CLOEXEC | abi.O_NONBLOCK):
-        raise SyscallError(errno.EINVAL)
-    pipe = Pipe()
-    k.next_inode += 1
-    cloexec = bool(flags & abi.O_CLOEXEC)
-    rfd = k.files.install(FdEntry(PipeEnd(pipe, False, k.next_inode), abi.O_RDONLY, cloexec))
-    wfd = k.files.install(FdEntry(PipeEnd(pipe, True, k.next_inode), abi.O_WRONLY, cloexec))
-    k.mem.write_user(fds_addr, struct.pack("<ii", rfd, wfd))
-    return 0
-
-
-def sys_pipe(k: Kernel, fds_addr: int, *_: int) -> int:
-    return sys_pipe2(k, fds_addr, 0)
-
-
 def sys_ioctl(k: Kernel, fd: int, request: int, arg: int, *_: int) -> int:
     entry = k.files.get(_signed32(fd))
     file = entry.file
@@ -986,50 +968,3 @@ def _poll_mask(file: OpenFile) -> int:
         # Captured input is all there (data or EOF); a terminal's read blocks like read() does.
         return (POLLIN | POLLRDNORM if file.reader else 0) | (POLLOUT | POLLWRNORM if file.writer else 0)
     return DEFAULT_POLLMASK
-
-
-def _revents(k: Kernel, fd: int, events: int) -> int:
-    if fd < 0:
-        return 0  # ignored, as Linux ignores negative fds
-    entry = k.files.entries.get(fd)
-    if entry is None:
-        return POLLNVAL
-    return _poll_mask(entry.file) & (events | POLLERR | POLLHUP)
-
-
-def _poll(k: Kernel, fds_addr: int, nfds: int, timeout_ns: int | None) -> int:
-    """poll()/ppoll() over a single-threaded world: report readiness now; waiting changes nothing,
-    so a finite timeout only advances the virtual clock and an infinite one can never end."""
-    if nfds > k.rlimits[7][0]:  # RLIMIT_NOFILE
-        raise SyscallError(errno.EINVAL)
-    raw = bytearray(k.mem.read_user(fds_addr, POLLFD.size * nfds)) if nfds else bytearray()
-    ready = 0
-    for i in range(nfds):
-        fd, events, _ = POLLFD.unpack_from(raw, POLLFD.size * i)
-        revents = _revents(k, fd, events & 0xFFFF)
-        POLLFD.pack_into(raw, POLLFD.size * i, fd, events, revents - 0x10000 if revents & 0x8000 else revents)
-        ready += bool(revents)
-    if nfds:
-        k.mem.write_user(fds_addr, bytes(raw))
-    if ready == 0 and timeout_ns is None:
-        raise GuestBlocked("poll with no timeout on descriptors that can never become ready")
-    if ready == 0 and timeout_ns:
-        k.clock.advance(timeout_ns)
-    return ready
-
-
-def sys_poll(k: Kernel, fds_addr: int, nfds: int, timeout_ms: int, *_: int) -> int:
-    timeout = _signed32(timeout_ms)
-    return _poll(k, fds_addr, nfds & 0xFFFFFFFF, None if timeout < 0 else timeout * 10**6)
-
-
-def sys_ppoll(k: Kernel, fds_addr: int, nfds: int, tmo_addr: int, sigmask: int, sigsetsize: int, *_: int) -> int:
-    if sigmask and sigsetsize != 8:
-        raise SyscallError(errno.EINVAL)
-    timeout: int | None = None
-    if tmo_addr:
-        sec, nsec = struct.unpack("<qq", k.mem.read_user(tmo_addr, 16))
-        if sec < 0 or not 0 <= nsec < 10**9:
-            raise SyscallError(errno.EINVAL)
-        timeout = sec * 10**9 + nsec
-    return _poll(k, fds_addr, nfds & 0xFFFFFFFF, timeout)

@@ -12,7 +12,7 @@ from emu.abi import Prot
 from emu.cpu import Reg
 from emu.cpumodel import MAX_CPUS
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.exits import GuestExit
+from emu.kernel.exits import GuestExit, WouldBlock
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -77,12 +77,6 @@ def sys_getgroups(k: Kernel, size: int, addr: int, *_: int) -> int:
         raise SyscallError(errno.EINVAL)
     k.mem.write_user(addr, struct.pack(f"<{len(groups)}I", *groups))
     return len(groups)
-
-
-def sys_getpgid(k: Kernel, pid: int, *_: int) -> int:
-    if pid not in (0, k.ident.pid):
-        raise SyscallError(errno.ESRCH)
-    return k.ident.pid
 
 
 def sys_gettid(k: Kernel, *_: int) -> int:
@@ -204,8 +198,25 @@ def _sleep(k: Kernel, req: int) -> int:
     sec, nsec = struct.unpack("<qq", k.mem.read_user(req, 16))
     if sec < 0 or not 0 <= nsec < 10**9:
         raise SyscallError(errno.EINVAL)
-    k.clock.advance(sec * 10**9 + nsec)  # virtual time: sleeping is instant, other threads get the CPU
-    return sys_sched_yield(k)
+    return sleep_for(k, sec * 10**9 + nsec)
+
+
+def sleep_for(k: Kernel, ns: int) -> int:
+    """Virtual time. Alone (the other threads aside) sleeping is instant: the clock jumps. With other
+    processes or timers the sleeper waits until the clock reaches its wake time, which it does when
+    every process waits (the first wake time) or as the others run their time slices (fork.py)."""
+    task = k.task
+    others = k.family is not None and k.family.has_others(k.ident.pid)
+    if not others and not k.timers:
+        k.clock.advance(ns)  # other threads get the CPU
+        return sys_sched_yield(k)
+    now = k.clock.elapsed
+    if task.wake_at is None:
+        task.wake_at = now + ns
+    if now >= task.wake_at:
+        task.wake_at = None
+        return 0
+    raise WouldBlock(f"sleep until {task.wake_at} ns", (task,), task.wake_at)
 
 
 def sys_nanosleep(k: Kernel, req: int, rem: int, *_: int) -> int:
@@ -219,8 +230,7 @@ def sys_clock_nanosleep(k: Kernel, clock: int, flags: int, req: int, rem: int, *
         sec, nsec = struct.unpack("<qq", k.mem.read_user(req, 16))
         target = sec * 10**9 + nsec
         now = k.clock.now(realtime=clock in (0, 5, 8, 11))
-        k.clock.advance(max(0, target - now))
-        return 0
+        return sleep_for(k, max(0, target - now)) if k.task.wake_at is None else sleep_for(k, 0)
     return _sleep(k, req)
 
 
@@ -255,6 +265,35 @@ def sys_sched_yield(k: Kernel, *_: int) -> int:
     if k.sched.threaded:
         k.sched.request_switch()
     return 0
+
+
+PR_SET_PDEATHSIG, PR_GET_PDEATHSIG, PR_GET_DUMPABLE, PR_SET_DUMPABLE = 1, 2, 3, 4
+PR_SET_NAME, PR_GET_NAME, PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 15, 16, 36, 37
+PR_SET_NO_NEW_PRIVS, PR_GET_NO_NEW_PRIVS = 38, 39
+
+
+def sys_prctl(k: Kernel, option: int, arg2: int, *_: int) -> int:
+    """The process attributes programs set and read back (timeout turns dumping off, Python names
+    threads); each is remembered per process and has no other effect here."""
+    flags = k.prctl
+    if option in (PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS):
+        if option == PR_SET_DUMPABLE and arg2 > 1 or option == PR_SET_PDEATHSIG and arg2 > 64:
+            raise SyscallError(errno.EINVAL)
+        flags[option] = arg2
+        return 0
+    if option in (PR_GET_DUMPABLE, PR_GET_NO_NEW_PRIVS):
+        return flags.get(option - 1, 1 if option == PR_GET_DUMPABLE else 0)
+    if option in (PR_GET_PDEATHSIG, PR_GET_CHILD_SUBREAPER):
+        k.mem.write_user(arg2, struct.pack("<i", flags.get(option - 1, 0)))
+        return 0
+    if option == PR_SET_NAME:
+        k.task_names[k.task.tid] = k.mem.read_cstring(arg2, 4096)[:15]
+        return 0
+    if option == PR_GET_NAME:
+        name = k.task_names.get(k.task.tid, os.path.basename(k.ident.exe).encode()[:15])
+        k.mem.write_user(arg2, name.ljust(16, b"\0"))
+        return 0
+    raise SyscallError(errno.EINVAL)
 
 
 def sys_sysinfo(k: Kernel, info: int, *_: int) -> int:

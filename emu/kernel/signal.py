@@ -1,8 +1,8 @@
 """Signal syscalls: actions, masks, alternate stacks, and signals a process sends itself.
 
 Masks, pending sets and alternate stacks are per thread (Kernel.signals is the running thread's);
-actions are shared. kill() and raise() mark the signal pending on the calling thread; tgkill/tkill
-on the named one, which acts on it when the scheduler next runs it.
+actions are shared. raise() marks the signal pending on the calling thread; tgkill/tkill on the named
+one, which acts on it when the scheduler next runs it. kill() between processes: procsig.py.
 """
 
 from __future__ import annotations
@@ -162,14 +162,6 @@ def sys_rt_sigreturn(k: Kernel, nr: int, entry: list[int] | None = None) -> None
     for observer in k.signal_frame_observers:
         observer(None, ip)
     deliver_pending(k)
-
-
-def sys_kill(k: Kernel, pid: int, signo: int, *_: int) -> int:
-    pid = pid - (1 << 64) if pid >= 1 << 63 else pid
-    if pid not in (0, -1, k.ident.pid, -k.ident.pid):
-        raise SyscallError(errno.ESRCH)
-    send_to_self(k, signo)
-    return 0
 
 
 def sys_tgkill(k: Kernel, tgid: int, tid: int, signo: int, *_: int) -> int:

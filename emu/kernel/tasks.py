@@ -39,6 +39,7 @@ class Task:
     rseq: tuple[int, int, int] | None = None
     wait: FutexWait | None = None
     resume_regs: dict[Reg, int] = field(default_factory=dict)  # written after the context is loaded
+    wake_at: int | None = None  # virtual time a restarted poll/select times out (its restart_block)
 
     @property
     def alive(self) -> bool:

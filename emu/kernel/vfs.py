@@ -470,12 +470,13 @@ class Stream(OpenFile):
 
 
 class Pipe:
-    """Both ends share one buffer. A single-threaded guest can never wait on it."""
+    """Both ends share one buffer of ``capacity`` bytes (pipe.py blocks, wakes and resizes)."""
 
     def __init__(self) -> None:
         self.buffer = bytearray()
         self.readers = 1
         self.writers = 1
+        self.capacity = 16 * 4096  # PIPE_DEF_BUFFERS pages; F_SETPIPE_SZ changes it
 
 
 class PipeEnd(OpenFile):
