@@ -49,7 +49,7 @@ class DesignReport:
         return None if extra is None else extra / self.hits if self.hits else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        kinds = (Check.REDZONE, Check.REGS, Check.RESUME) + ((Check.SHSTK,) if self.shstk else ())
+        kinds = (Check.REDZONE, Check.REGS, Check.RESUME, Check.MEMORY) + ((Check.SHSTK,) if self.shstk else ())
         out = self._json_base(kinds)
         if self.rsb is not None:
             out["rsb"] = {**self.rsb.to_json(), "reference_mispredicted":
@@ -153,12 +153,12 @@ def check_table(reports: Sequence[DesignReport]) -> str:
     added over the unprobed run, per hit) columns appear when those models were on."""
     shstk = any(r.shstk for r in reports)
     rsb = any(r.rsb is not None for r in reports)
-    header = ("design", "hits", "redzone", "regs", "resume") + (("shstk",) if shstk else ()) + (
+    header = ("design", "hits", "redzone", "regs", "resume", "memory") + (("shstk",) if shstk else ()) + (
         "same output", "sysret", "iret") + (("rsb miss/hit",) if rsb else ())
     rows: list[tuple[str, ...]] = [header]
     for r in reports:
         row: tuple[str, ...] = (r.design, str(r.hits), str(r.count(Check.REDZONE)), str(r.count(Check.REGS)),
-                                str(r.count(Check.RESUME)))
+                                str(r.count(Check.RESUME)), str(r.count(Check.MEMORY)))
         if shstk:
             row += (str(r.count(Check.SHSTK)) if r.shstk else "-",)
         row += ("yes" if r.same_output else "no", str(r.exits.get("sysret", 0)), str(r.exits.get("iret", 0)))

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from emu.errors import UsageError
-from emu.verify.checks import check_redzone, check_regs, check_resume
+from emu.verify.checks import check_memory, check_redzone, check_regs, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
 from emu.verify.reference_cache import Prepared, ReferenceCache
 from emu.verify.rsb import RsbModel
@@ -27,11 +27,12 @@ class Verifier(enum.Enum):
     REDZONE = "redzone"
     REGS = "regs"
     RESUME = "resume"
+    MEMORY = "memory"  # writes outside the red zone, the design's scratch and the kernel's pages
     LOCKSTEP = "lockstep"
     SHSTK = "shstk"  # opt-in: a CET shadow stack (emu/verify/shstk.py)
 
 
-DEFAULT_VERIFIERS = (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME)
+DEFAULT_VERIFIERS = (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME, Verifier.MEMORY)
 
 
 def parse_verifiers(text: str) -> tuple[Verifier, ...]:
@@ -96,11 +97,21 @@ class VerifySession:
         raw = start_raw if tx is None or tx.chain is None else reference_input(tx)
         return None if raw is None else self.references.prepare(at.address, at.original, raw)
 
+    def _allowed(self, tx: Transaction, addr: int, size: int) -> bool:
+        """A write there is the hit's right: the kernel's own pages, or the design's scratch deeper
+        than the write log's SCRATCH below the red zone, on the interrupted thread's own stack."""
+        if self.tracker.kernel_page(addr):
+            return True
+        stack = self.machine.mem.find(tx.start_rsp)
+        return stack is not None and stack.start <= addr and addr + size <= tx.redzone_base
+
     def _finished(self, tx: Transaction) -> None:
         effect = None if tx.prepared is None else tx.prepared.effect
-        if tx.chain is None and effect is not None and effect.settles(tx):
+        if tx.chain is None and effect is not None and not tx.outside and effect.settles(tx):
             return  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
+        if Verifier.MEMORY in self.enabled:
+            self.violations += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self.machine.describe_insn)
         if matches_exactly(tx, exp):
             return
         if Verifier.REGS in self.enabled:
