@@ -133,6 +133,7 @@ def run_design(request: CheckRequest, design: str, reference: Observed,
             refused.append(str(err))  # e.g. a nop10 the design's kernel refuses (-ENOTSUPP)
     session = VerifySession(machine, request.verifiers, shstk=request.shstk, rsb=request.rsb)
     result = machine.run()
+    session.finish(result.message or result.ending.value, killed=result.signal is not None)
     divergence = first_divergence(reference, _observed(machine, io, result))
     hits = sum(int(p["hits"]) for p in result.probes)
     return DesignReport(design, hits, session.violations, divergence is None, divergence, result.exits, refused, result,

@@ -203,7 +203,7 @@ def test_scratch_cpu_sees_guest_memory_as_it_is_now() -> None:
     state = [0] * 18
     state[7], state[16] = sp, m.exe.entry  # rsp; rip at any executable address
     load = bytes.fromhex("488b0424")  # mov rax, [rsp]
-    ext = (0, 0, bytes(256), 0x1F80)
+    ext = (0, 0, bytes(256), 0x1F80, bytes(152))  # x87: control, status, tag words and st0-7
     for value in (0x1111, 0x2222):  # the page stays mapped on the scratch CPU: it must be copied again
         m.mem.write(sp, value.to_bytes(8, "little"))
         ref = scratch.execute(m.exe.entry, load, encode_state(state, ext))

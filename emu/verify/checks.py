@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from emu.abi import RED_ZONE
 from emu.verify.expected import STATE_INDEX, Expected, resume_address, same_registers
+from emu.verify.state import x87_registers
 from emu.verify.transaction import RIP_INDEX, Transaction, guest_writes
 from emu.verify.violations import Check, Violation
 from emu.verify.write_log import classify
@@ -43,10 +44,15 @@ def check_regs(tx: Transaction, exp: Expected) -> list[Violation]:
         elif want != got:
             diffs[REG_NAMES[i]] = f"expected {want:#x}, found {got:#x}"
     assert tx.end_ext is not None
-    (efs, egs, exmm, emx), (afs, ags, axmm, amx) = exp.extended, tx.end_ext
+    (efs, egs, exmm, emx, ex87), (afs, ags, axmm, amx, ax87) = exp.extended, tx.end_ext
     for name, want, got in (("fs_base", efs, afs), ("gs_base", egs, ags), ("mxcsr", emx, amx)):
         if want != got:
             diffs[name] = f"expected {want:#x}, found {got:#x}"
+    if ex87 != ax87:
+        found = x87_registers(ax87)
+        for name, want in x87_registers(ex87).items():
+            if want != found[name]:
+                diffs[name] = f"expected {want:#x}, found {found[name]:#x}"
     for i in range(16 if exmm != axmm else 0):
         want, got = (int.from_bytes(x[16 * i : 16 * i + 16], "little") for x in (exmm, axmm))
         if want != got:

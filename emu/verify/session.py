@@ -14,7 +14,7 @@ from emu.verify.rsb import RsbModel
 from emu.verify.scratch import ScratchCpu
 from emu.verify.shstk import CallRetTracker, ShadowStack
 from emu.verify.transaction import ProbeSite, Transaction, TransactionTracker
-from emu.verify.violations import Violation
+from emu.verify.violations import Check, Violation
 
 if TYPE_CHECKING:
     from emu.kernel.uprobes.consumers import Path
@@ -75,6 +75,21 @@ class VerifySession:
         that re-attaches probes between runs of one process, like the fuzzer)."""
         self.violations.clear()
         self.tracker.bind(self.machine.attachments)
+
+    def finish(self, ending: str, killed: bool = False) -> None:
+        """The run is over (``ending``: how, in words; ``killed``: by a signal). A hit still open,
+        or the last one abandoned as a signal ended the run, never resumed, which the original
+        instruction alone would have (a trampoline that traps, faults or exits): a ``resume``
+        violation, never "no verdict, so clean"."""
+        if Verifier.RESUME not in self.enabled:
+            return
+        opened = self.tracker.opened()
+        tx = self.tracker.active if opened is not None else self.tracker.lost if killed else None
+        if tx is None:
+            return
+        self.violations.append(Violation(Check.RESUME, tx.probe, tx.site,
+                                         f"never resumed: the run ended inside the hit ({ending})",
+                                         {"ending": ending}, tx.hit))
 
     @property
     def transactions(self) -> int:

@@ -235,6 +235,7 @@ class TransactionTracker:
         self._exits = machine.uprobes.stats.exits
         self.on_finished = on_finished
         self._active: Transaction | None = None
+        self.lost: Transaction | None = None  # the last one abandoned as the kernel killed or stopped its thread
         self._count = 0
         self._by_site: dict[int, ProbeSite] = {}
         self._site_hooks: list[HookHandle] = []
