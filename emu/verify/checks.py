@@ -73,6 +73,37 @@ def _same_regs(want: list[int], got: list[int]) -> bool:
     return want[:16] == got[:16] and (want[17] & FLAGS_MASK) == (got[17] & FLAGS_MASK)
 
 
+def check_consumer_view(tx: Transaction) -> list[Violation]:
+    """The pt_regs the consumers' handlers were given must be the interrupted code's registers
+    (ip the probe's address, every GPR, sp and the user-visible flags as they were at the site):
+    a handler reading a saved word from the wrong slot sees another register's value, and its
+    program (bpf, a ret_handler) acts on it. Checked on hits where a handler ran."""
+    if tx.chain is None:
+        return []
+    seen, start = tx.chain[0], tx.start_state
+    diffs: dict[str, str] = {}
+    for name, i in STATE_INDEX.items():
+        want = tx.site if i == RIP_INDEX else start[i]
+        got = getattr(seen, name)
+        if i == 17:
+            want, got = want & FLAGS_MASK, got & FLAGS_MASK
+        if want != got:
+            diffs[name] = f"the site had {want:#x}, the handlers saw {got:#x}"
+    if not diffs:
+        return []
+    summary = "pt_regs given to the handlers: " + ", ".join(f"{k} {v}" for k, v in diffs.items())
+    return [_violation(Check.REGS, tx, summary, consumer_view=diffs, path=_path(tx))]
+
+
+def check_fired(tx: Transaction) -> list[Violation]:
+    """A hit whose probe's handler chain never ran: the guest went past the site as if unprobed
+    (a trampoline whose syscall the kernel refused, say), and the consumers missed the hit."""
+    if tx.path is not None:
+        return []
+    return [_violation(Check.RESUME, tx, "resumed without the probe firing: the consumers never ran for this hit",
+                       expected="the handler chain", actual=hex(tx.end_addr), exits=tx.exits)]
+
+
 def check_resume(tx: Transaction, exp: Expected) -> list[Violation]:
     want, got = resume_address(exp), tx.end_addr
     if want == got:

@@ -26,8 +26,9 @@ from typing import Any
 from emu.designs import Design, DesignError
 from emu.errors import UsageError
 from emu.guestio import GuestIO
+from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.machine import Machine, RunOptions
-from emu.verify.session import VerifySession
+from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
 from emu.verify.violations import Violation
 
 LIVE_STATE = str(Path(__file__).resolve().parent.parent.parent / "elf_samples" / "live_state")
@@ -248,6 +249,31 @@ def clobber_vector(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
         yield f"`{code}` after the saves", _with_code(design, insns[:at] + [code] + insns[at:])
 
 
+def clobber_control(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """The SSE or x87 control word changed after the saves (through a stack word: below the red
+    zone where the design already is, in it where it is not)."""
+    insns = _insns(design)
+    at = _before_syscall_setup(insns)
+    for what, code in (("mxcsr -> 0x1fa0", ["pushq $0x1fa0", "ldmxcsr (%rsp)", "lea 8(%rsp), %rsp"]),
+                       ("fcw -> 0x27f", ["pushq $0x27f", "fldcw (%rsp)", "lea 8(%rsp), %rsp"])):
+        yield what, _with_code(design, insns[:at] + code + insns[at:])
+
+
+def unbalanced_stack(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """rsp moved after the saves and never moved back."""
+    insns = _insns(design)
+    at = _before_syscall_setup(insns)
+    for form in ("lea -8(%rsp), %rsp", "lea 8(%rsp), %rsp"):
+        yield f"`{form}` after the saves", _with_code(design, insns[:at] + [form] + insns[at:])
+
+
+def drop_site_prefix(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """The site's own code before the branch (nop10: the lea over the red zone) dropped, the
+    handler left as it was."""
+    if design.patch is not None and design.patch.prefix:
+        yield f"site prefix {design.patch.prefix!r} dropped", replace(design, patch=replace(design.patch, prefix=b""))
+
+
 def saved_order(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
     assert design.handler is not None
     saved = design.handler.saved
@@ -316,6 +342,9 @@ OPERATORS: dict[str, tuple[Edit, bool]] = {  # name -> (the edit, equivalent)
     "set-flag": (set_flag, False),
     "clobber-gpr": (clobber_gpr, False),
     "clobber-vector": (clobber_vector, False),
+    "clobber-control": (clobber_control, False),
+    "unbalanced-stack": (unbalanced_stack, False),
+    "drop-site-prefix": (drop_site_prefix, False),
     "saved-order": (saved_order, False),
     "off-by-eight": (off_by_eight, False),
     "sysret-for-iret": (wrong_exit, False),
@@ -371,22 +400,38 @@ def sites_of(design: Design) -> tuple[str, ...]:
     return ("uprobe:nop10_site",) if design.site_length == 10 else ("uprobe:nop5_site",)
 
 
-def run_once(design: Design, target: Target) -> Run:
+def _looks(_hit: Hit) -> None:
+    """A handler that only looks: the kernel takes its full path (pt_regs from the saved words and back)."""
+
+
+def run_once(design: Design, target: Target, verifiers: tuple[Verifier, ...] = DEFAULT_VERIFIERS,
+             handler: bool = False) -> Run:
+    """One run of ``target`` under ``design`` with its sites probed (``handler``: by a consumer with
+    a handler, else a counting one: the kernel's fast path)."""
     m = Machine(target.path, [target.path, *target.args], {}, RunOptions(design=design), io := GuestIO.captured())
     for spec in sites_of(design):
-        m.attach(spec)
-    session = VerifySession(m)
+        m.attach(spec, Consumer(handler=_looks) if handler else None)
+    session = VerifySession(m, verifiers)
     result = m.run()
     session.finish(result.message or result.ending.value, killed=result.signal is not None)
-    return Run(frozenset(map(_signature, session.violations)), tuple(session.violations), bytes(io.out),
-               result.exit_status)
+    tag = "handler" if handler else "counting"
+    return Run(frozenset((tag, *_signature(v)) for v in session.violations), tuple(session.violations),
+               bytes(io.out), result.exit_status)
 
 
-def judge(mutant: Mutant, run: Run, baseline: Run) -> Result:
-    new = tuple(v for v in run.violations if _signature(v) not in baseline.signatures)
+def run_both(design: Design, target: Target, verifiers: tuple[Verifier, ...] = DEFAULT_VERIFIERS) -> tuple[Run, Run]:
+    """With a counting consumer, then with one with a handler: each path of the kernel gets its turn."""
+    return run_once(design, target, verifiers), run_once(design, target, verifiers, handler=True)
+
+
+def judge(mutant: Mutant, runs: tuple[Run, Run], baselines: tuple[Run, Run]) -> Result:
+    new: tuple[Violation, ...] = ()
     observed = ""
-    if run.stdout != baseline.stdout or run.exit_status != baseline.exit_status:
-        observed = f"output {run.stdout!r} exit {run.exit_status} (unmutated: {baseline.stdout!r} exit {baseline.exit_status})"
+    for run, baseline, tag in zip(runs, baselines, ("counting", "handler"), strict=True):
+        new += tuple(v for v in run.violations if (tag, *_signature(v)) not in baseline.signatures)
+        if not observed and (run.stdout != baseline.stdout or run.exit_status != baseline.exit_status):
+            observed = (f"{tag} consumer: output {run.stdout!r} exit {run.exit_status} "
+                        f"(unmutated: {baseline.stdout!r} exit {baseline.exit_status})")
     if mutant.equivalent:
         return Result(mutant, Outcome.FALSE_ALARM if new or observed else Outcome.CLEAN, new, observed)
     if new:
@@ -401,12 +446,14 @@ def global_address(path: str) -> int:
 
 
 def score_design(design: Design, target: Target | None = None, operators: list[str] | None = None,
-                 on_result: Callable[[Result], None] | None = None) -> DesignScore:
+                 on_result: Callable[[Result], None] | None = None,
+                 verifiers: tuple[Verifier, ...] = DEFAULT_VERIFIERS) -> DesignScore:
+    """Every mutant of ``design`` run on ``target`` (default live_state) with ``verifiers``, judged."""
     target = target or Target(global_address=global_address(LIVE_STATE))
-    baseline = run_once(design, target)
+    baselines = run_both(design, target, verifiers)
     out = DesignScore(design.name)
     for mutant in mutants(design, target, operators):
-        result = judge(mutant, run_once(mutant.design, target), baseline)
+        result = judge(mutant, run_both(mutant.design, target, verifiers), baselines)
         out.results.append(result)
         if on_result is not None:
             on_result(result)

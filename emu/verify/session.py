@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from emu.errors import UsageError
-from emu.verify.checks import check_memory, check_redzone, check_regs, check_resume
+from emu.verify.checks import check_consumer_view, check_fired, check_memory, check_redzone, check_regs, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
 from emu.verify.reference_cache import Prepared, ReferenceCache
 from emu.verify.rsb import RsbModel
@@ -122,11 +122,15 @@ class VerifySession:
 
     def _finished(self, tx: Transaction) -> None:
         effect = None if tx.prepared is None else tx.prepared.effect
+        if Verifier.RESUME in self.enabled:
+            self.violations += check_fired(tx)
         if tx.chain is None and effect is not None and not tx.outside and effect.settles(tx):
             return  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
         if Verifier.MEMORY in self.enabled:
             self.violations += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self.machine.describe_insn)
+        if Verifier.REGS in self.enabled:
+            self.violations += check_consumer_view(tx)
         if matches_exactly(tx, exp):
             return
         if Verifier.REGS in self.enabled:

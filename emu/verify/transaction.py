@@ -380,7 +380,7 @@ class TransactionTracker:
             return self._pending_site()
         tx = self.active
         if (tx is None or tx is not self._native_tx or tx.chain is not None or self._up.task.stepping
-                or tx.outside or self.log.outside):
+                or tx.outside or self.log.outside or tx.path is None):
             return None
         return tx.at
 
@@ -391,6 +391,8 @@ class TransactionTracker:
         if not self._unmaterialized() or self._up.task.stepping:
             return None
         assert self._edge_words is not None
+        if self._path_seq != self._edge_words[SEQ]:
+            return None  # the handler chain has not run for it (yet): not a hit to settle as clean
         at = self._by_site.get(self._edge_words[SITE])
         return at if at is not None and self._up.probes.get(at.address) is at.uprobe else None
 
@@ -510,6 +512,7 @@ class TransactionTracker:
         if redzone is None and before is not None:
             redzone = self._redzone(tx.redzone_base) if tx.redzone_changed else before
         if (tx.nop and resume == tx.at.next and rsp == tx.start_rsp and tx.chain is None and not tx.outside
+                and tx.path is not None
                 and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and (before is None or redzone == before)):
             # A NOP-class site, no consumer could change anything, the guest resumed right after
             # it with every register (rflags exactly), the extended state and the red zone as they
