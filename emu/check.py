@@ -98,7 +98,8 @@ def _observe(request: CheckRequest, design: str, probes: bool) -> tuple[Machine,
     io = GuestIO.captured(request.stdin)
     options = RunOptions(**{**_fields(request.options), "design": design})
     machine = Machine(request.binary, request.argv, request.env, options, io)
-    machine.kernel.syscall_log = SyscallLog(machine.kernel.sched)
+    arity = {row.name: len(row.args) for row in machine.kernel.table.values()}
+    machine.kernel.syscall_log = SyscallLog(machine.kernel.sched, machine.mem, lambda name: arity.get(name, 6))
     return machine, io
 
 
