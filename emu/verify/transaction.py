@@ -2,10 +2,13 @@
 
 Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
 after the code was translated): an exact-address code hook per probe site (free elsewhere); one
-memory-write hook whose range is moved onto the red zone for the length of a transaction and
-onto nothing otherwise (adding and removing a hook per hit costs ~39 us; HookRange), added over
-the whole address space so that it can follow any thread's stack (pthread stacks are mmapped,
-not ``[stack]``); a memory backend that sees the fake kernel's writes before they land; an
+memory-write hook whose range is opened over the whole address space for the length of a
+transaction and moved onto nothing otherwise (adding and removing a hook per hit costs ~39 us;
+HookRange): the write log (emu/verify/write_log.py) keeps the stores into the red zone, drops
+those into the scratch below it, and keeps every other one with the bytes it overwrote, for
+the memory check; a memory backend that sees the fake kernel's writes before they land (into
+the red zone: folded in; anywhere else but the scratch and the kernel's own pages: recorded
+for the memory check); an
 observer of the handler chain that records what the consumers changed; and emu/verify/resume.py,
 which says where and when the guest resumes.
 
@@ -70,7 +73,7 @@ from emu.verify.native_edges import (
 from emu.verify.reference_cache import MAX_PLANS, Prepared
 from emu.verify.resume import KERNEL_SIDE, ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
-from emu.verify.write_log import WriteLog, classify
+from emu.verify.write_log import SCRATCH, WriteLog, classify
 from emu.verify.write_log import entries as log_entries
 
 if TYPE_CHECKING:
@@ -549,8 +552,13 @@ class TransactionTracker:
         """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it;
         what it overwrites, if it lands outside the red zone and the scratch (the memory check)."""
         size = len(data)
-        if self._edge_words is None or self._edge_words[STATE]:  # a transaction is open
-            self._kernel_outside(addr, data)
+        words = self._edge_words
+        if words is None or words[STATE]:  # a transaction is open: where does it land?
+            tx = self._active
+            rsp = words[START_RSP] if words is not None and words[SEQ] != self._seq else (
+                tx.start_rsp if tx is not None else None)
+            if rsp is not None and not (rsp - RED_ZONE - SCRATCH <= addr and addr + size <= rsp):  # inline: every hit
+                self._kernel_outside(addr, data, rsp)
         if self._unmaterialized():  # no Transaction yet: a write into its red zone is noted (_materialize)
             assert self._edge_words is not None and self.edges is not None
             if not _reaches_redzone(addr, size, self._edge_words[START_RSP] - RED_ZONE):
@@ -565,21 +573,17 @@ class TransactionTracker:
                 tx.redzone_before = self._redzone_at_start(tx)
             tx.redzone_changed = True
 
-    def _kernel_outside(self, addr: int, data: bytes) -> None:
-        """A kernel write during a transaction that lands outside the red zone and the scratch,
-        and is not the kernel's own (its pages, a uretprobe's return-address hijack: spec 5.1):
-        recorded with the bytes it overwrites."""
-        if self._unmaterialized():
-            assert self._edge_words is not None
-            rsp = self._edge_words[START_RSP]
-        elif self._active is not None:
-            rsp = self._active.start_rsp
-        else:
-            return
-        if classify(addr, len(data), rsp - RED_ZONE) != 2 or self.mem.find(addr) is None or self.kernel_page(addr):
-            return  # (no mapping yet: the kernel fills a page it is mapping, e.g. a trampoline's)
+    def _kernel_outside(self, addr: int, data: bytes, rsp: int) -> None:
+        """A kernel write during the transaction whose interrupted rsp is ``rsp`` that lands
+        outside the red zone and the scratch, and is not the kernel's own (its pages, a
+        uretprobe's return-address hijack: spec 5.1): recorded with the bytes it overwrites."""
         if addr == rsp and len(data) == 8 and self.kernel_page(int.from_bytes(data, "little")):
-            return  # the return address replaced by the uretprobe trampoline's
+            return  # the return address replaced by the uretprobe trampoline's (first: on every uretprobe hit)
+        if classify(addr, len(data), rsp - RED_ZONE) != 2:
+            return
+        vma = self.mem.find(addr)
+        if vma is None or vma.name in KERNEL_SIDE or not vma.prot & Prot.WRITE:
+            return  # the kernel's own page (see kernel_page), or one it is mapping and filling (a trampoline's)
         tx = self.active
         if tx is None:
             return
