@@ -72,6 +72,14 @@ def test_a_slot_setting_any_user_flag_is_caught(flag_code: str, bit: str) -> Non
     assert found and all(v.kind is Check.REGS and f"{bit}=" in v.summary for v in found)
 
 
+@pytest.mark.parametrize("code, registers", [("fldz", {"fpsw", "fptag", "st0", "st1"}), ("fninit", {"fpsw", "fptag"}),
+                                             ("pxor %xmm3, %xmm3", {"xmm3"})])
+def test_a_slot_changing_x87_or_sse_state_is_a_regs_violation_naming_it(code: str, registers: set[str]) -> None:
+    found = violations(slot_variant("vector", code), LIVE)
+    assert found and all(v.kind is Check.REGS for v in found)
+    assert all(registers <= set(v.detail["registers"]) for v in found), [v.detail["registers"] for v in found]
+
+
 def test_a_store_into_the_interrupted_frame_is_a_memory_violation() -> None:
     found = violations(FRAME_STORE)
     assert found and {v.kind for v in found} == {Check.MEMORY}
