@@ -123,24 +123,36 @@ def _trace_divergence(reference: Trace, probed: Trace) -> str | None:
     if sorted(ref_threads) != sorted(probed_threads):
         return f"threads: unprobed {sorted(ref_threads)}, probed {sorted(probed_threads)}"
     for tid, calls in ref_threads.items():
-        differs = _calls_divergence(_unscheduled(calls), _unscheduled(probed_threads[tid]), f"thread {tid}: ")
+        want, got = _unscheduled(calls), _unscheduled(probed_threads[tid])
+        differs = _calls_divergence([c for c, _ in want], [c for c, _ in got], f"thread {tid}: ",
+                                    *_thread_views(want, got))
         if differs is not None:
             return differs
     return None
 
 
-def _by_thread(trace: Trace) -> dict[int, Trace] | None:
-    """The calls of each thread, in order; None for a log that did not record threads."""
+def _thread_views(want: list[tuple[Call, View | None]],
+                  got: list[tuple[Call, View | None]]) -> tuple[list[View] | None, list[View] | None]:
+    """The views of one thread's calls in both runs, if both logs recorded them."""
+    if any(v is None for _, v in want) or any(v is None for _, v in got):
+        return None, None
+    return [v for _, v in want if v is not None], [v for _, v in got if v is not None]
+
+
+def _by_thread(trace: Trace) -> dict[int, list[tuple[Call, View | None]]] | None:
+    """The calls of each thread, in order, each with its view (None: not recorded); None for a log
+    that did not record threads."""
     if not isinstance(trace, SyscallLog):
         return None
-    threads: dict[int, Trace] = {}
-    for tid, call in zip(trace.tids, trace, strict=True):
-        threads.setdefault(tid, []).append(call)
-    return threads  # (a threaded comparison looks at names and results: the interleaving moves the rest)
+    views: list[View | None] = list(trace.views) if len(trace.views) == len(trace) else [None] * len(trace)
+    threads: dict[int, list[tuple[Call, View | None]]] = {}
+    for tid, call, view in zip(trace.tids, trace, views, strict=True):
+        threads.setdefault(tid, []).append((call, view))
+    return threads
 
 
-def _unscheduled(calls: Iterable[Call]) -> Trace:
-    return [c for c in calls if c[0] not in INTERLEAVING_RESULTS]
+def _unscheduled(calls: Iterable[tuple[Call, View | None]]) -> list[tuple[Call, View | None]]:
+    return [(c, v) for c, v in calls if c[0] not in INTERLEAVING_RESULTS]
 
 
 def _calls_divergence(reference: Trace, probed: Trace, who: str, ref_views: list[View] | None = None,
