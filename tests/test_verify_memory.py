@@ -184,3 +184,46 @@ def test_a_fixed_hook_range_still_sees_a_thread_stack_clobber(fixed_hook_range: 
     m.run()
     assert session.tracker.edges is None
     assert any(v.kind is Check.REDZONE for v in session.violations)
+
+
+# ------------------------------------------------------------------------ hits that go wrong otherwise
+def _live_session(design: Design, handler: bool = False) -> tuple[VerifySession, int]:
+    from emu.kernel.uprobes.consumers import Consumer
+
+    m = Machine(LIVE, [LIVE, "3"], {}, RunOptions(design=design), GuestIO.captured())
+    m.attach("uprobe:nop5_site", Consumer(handler=lambda _hit: None) if handler else None)
+    session = VerifySession(m)
+    result = m.run()
+    session.finish(result.message or result.ending.value, killed=result.signal is not None)
+    return session, result.exit_status
+
+
+def test_a_trampoline_that_traps_never_resumes_and_says_so() -> None:
+    session, status = _live_session(slot_variant("traps", "int3"))
+    assert status == 128 + 5  # SIGTRAP
+    assert [(v.kind, v.hit) for v in session.violations] == [(Check.RESUME, 2)]
+    assert "never resumed" in session.violations[0].summary
+
+
+def test_a_hit_whose_probe_never_fires_is_a_resume_violation() -> None:
+    """linux-6.18 with the saved words read 8 bytes off: sys_uprobe does not find the probe, the
+    trampoline's pops put everything back, and the hit is lost without a trace in the output."""
+    base = DESIGNS["linux-6.18"]
+    assert base.handler is not None
+    lost = replace(base, name="lost", handler=replace(base.handler, saved_offset=8))
+    session, status = _live_session(lost)
+    assert status == 4  # only the red zone clobber 6.18 always has
+    fired = [v for v in session.violations if v.kind is Check.RESUME]
+    assert [v.hit for v in fired] == [2, 3] and all("without the probe firing" in v.summary for v in fired)
+    clean, _ = _live_session(base)
+    assert not [v for v in clean.violations if v.kind is Check.RESUME]
+
+
+def test_the_registers_a_handler_is_given_are_checked() -> None:
+    base = DESIGNS["jmp-slots"]
+    assert base.handler is not None
+    swapped = replace(base, name="swapped", handler=replace(base.handler, saved=("r11", "ax", "cx")))
+    session, _ = _live_session(swapped, handler=True)
+    seen = [v for v in session.violations if "consumer_view" in v.detail]
+    assert seen and all(set(v.detail["consumer_view"]) == {"ax", "r11"} for v in seen)
+    assert _live_session(base, handler=True)[0].violations == []

@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detach-after", type=positive_int, metavar="N",
                    help="remove each probe after its N-th hit (the consumer returns UPROBE_HANDLER_REMOVE)")
     add_sched_options(p)
-    add_verifier_options(p, "verifiers to run on every probe hit: redzone,regs,resume (default: none)")
+    add_verifier_options(p, "verifiers to run on every probe hit: redzone,regs,resume,memory (default: none)")
     add_binary(p)
 
 
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
         session = VerifySession(machine, args.verify or (), shstk=args.shstk, rsb=args.rsb)
     result = machine.run()
+    if session is not None:
+        session.finish(result.message or result.ending.value, killed=result.signal is not None)
     if result.message:
         stderr_line(f"{PROG}: {result.message}")
     shown: list[Attachment | LibraryProbe] = [a for a in machine.attachments if not a.library]
