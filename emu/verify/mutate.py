@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from emu.abi import RED_ZONE
 from emu.designs import Design, DesignError
 from emu.errors import UsageError
 from emu.guestio import GuestIO
@@ -329,6 +330,9 @@ def one_more_saved(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
     first_push = next((i for i, insn in enumerate(insns) if insn.startswith("push ")), None)
     if first_push is None or "dx" in design.handler.saved or design.handler.exit == "trampoline":
         return  # a 'trampoline' exit pops the saved words itself: its epilogue would need the pop too
+    stepped = [m for insn in insns[:first_push] if (m := _LEA_RSP.match(insn)) is not None]
+    if not any(-int(m.group(1)) >= RED_ZONE for m in stepped):
+        return  # its pushes land in the red zone: one more is one more clobbered word, not an equivalent
     yield "push %rdx, saved + ('dx',)", _with_handler(
         _with_code(design, insns[:first_push] + ["push %rdx"] + insns[first_push:]), saved=(*design.handler.saved, "dx"))
 
