@@ -50,7 +50,7 @@ class DesignReport:
         return None if extra is None else extra / self.hits if self.hits else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        kinds = (Check.REDZONE, Check.REGS, Check.RESUME) + ((Check.SHSTK,) if self.shstk else ())
+        kinds = (Check.REDZONE, Check.REGS, Check.RESUME, Check.MEMORY) + ((Check.SHSTK,) if self.shstk else ())
         out = self._json_base(kinds)
         if self.rsb is not None:
             out["rsb"] = {**self.rsb.to_json(), "reference_mispredicted":
@@ -100,7 +100,8 @@ def _observe(request: CheckRequest, design: str, probes: bool) -> tuple[Machine,
     io = GuestIO.captured(request.stdin)
     options = RunOptions(**{**_fields(request.options), "design": design})
     machine = Machine(request.binary, request.argv, request.env, options, io)
-    machine.kernel.syscall_log = SyscallLog(machine.kernel.sched)
+    arity = {row.name: len(row.args) for row in machine.kernel.table.values()}
+    machine.kernel.syscall_log = SyscallLog(machine.kernel.sched, machine.mem, lambda name: arity.get(name, 6))
     return machine, io
 
 
@@ -136,6 +137,7 @@ def run_design(request: CheckRequest, design: str, reference: Observed,
     session = VerifySession(machine, request.verifiers, shstk=request.shstk, rsb=request.rsb)
     trace = request.tracer(machine) if request.tracer is not None else None
     result = machine.run()
+    session.finish(result.message or result.ending.value, killed=result.signal is not None)
     divergence = first_divergence(reference, _observed(machine, io, result))
     hits = sum(int(p["hits"]) for p in result.probes)
     return DesignReport(design, hits, session.violations, divergence is None, divergence, result.exits, refused, result,
@@ -156,12 +158,12 @@ def check_table(reports: Sequence[DesignReport]) -> str:
     added over the unprobed run, per hit) columns appear when those models were on."""
     shstk = any(r.shstk for r in reports)
     rsb = any(r.rsb is not None for r in reports)
-    header = ("design", "hits", "redzone", "regs", "resume") + (("shstk",) if shstk else ()) + (
+    header = ("design", "hits", "redzone", "regs", "resume", "memory") + (("shstk",) if shstk else ()) + (
         "same output", "sysret", "iret") + (("rsb miss/hit",) if rsb else ())
     rows: list[tuple[str, ...]] = [header]
     for r in reports:
         row: tuple[str, ...] = (r.design, str(r.hits), str(r.count(Check.REDZONE)), str(r.count(Check.REGS)),
-                                str(r.count(Check.RESUME)))
+                                str(r.count(Check.RESUME)), str(r.count(Check.MEMORY)))
         if shstk:
             row += (str(r.count(Check.SHSTK)) if r.shstk else "-",)
         row += ("yes" if r.same_output else "no", str(r.exits.get("sysret", 0)), str(r.exits.get("iret", 0)))

@@ -664,12 +664,16 @@ def _reason(errno: int) -> StopReason:
 STATE_REGS: tuple[int, ...] = (
     (Reg.RIP, Reg.RSP) + tuple(r for r in GPRS if r != Reg.RSP)
     + (Reg.RFLAGS, Reg.FS_BASE, Reg.GS_BASE, Reg.MXCSR) + tuple(x86.UC_X86_REG_XMM0 + i for i in range(16))
+    + (x86.UC_X86_REG_FPCW, x86.UC_X86_REG_FPSW, x86.UC_X86_REG_FPTAG) + tuple(x86.UC_X86_REG_ST0 + i for i in range(8))
 )
 """rip and rsp first: everything a probe hit must leave as it was is then one slice of the snapshot."""
 STATE_FLAGS_OFFSET = 8 * 17  # rip, rsp, the 15 other GPRs in GPRS order, then rflags
 STATE_XMM_OFFSET = 8 * 21  # after rflags, fs base, gs base, mxcsr (8 bytes each); then xmm0-15
-STATE_BYTES = STATE_XMM_OFFSET + 16 * 16
-STATE_OFFSETS: tuple[int, ...] = tuple(8 * i for i in range(21)) + tuple(STATE_XMM_OFFSET + 16 * i for i in range(16))
+STATE_X87_OFFSET = STATE_XMM_OFFSET + 16 * 16  # x87 control, status and tag words (8 bytes each), then st0-7
+STATE_BYTES = STATE_X87_OFFSET + 3 * 8 + 8 * 16  # (st registers: 10 bytes each, in 16)
+STATE_OFFSETS: tuple[int, ...] = (tuple(8 * i for i in range(21)) + tuple(STATE_XMM_OFFSET + 16 * i for i in range(16))
+                                  + tuple(STATE_X87_OFFSET + 8 * i for i in range(3))
+                                  + tuple(STATE_X87_OFFSET + 24 + 16 * i for i in range(8)))
 """Where each of STATE_REGS lies in a snapshot."""
 
 # Bound through PyDLL: these calls keep the GIL (releasing and taking it back costs more than they

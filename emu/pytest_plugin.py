@@ -71,6 +71,7 @@ class UprobeRun:
 
     def run(self) -> UprobeReport:
         result = self.machine.run()
+        self.session.finish(result.message or result.ending.value, killed=result.signal is not None)
         hits = {str(p["spec"]): int(p["hits"]) for p in result.probes}
         return UprobeReport(self.design, self.binary, result, bytes(self.io.out), bytes(self.io.err),
                             list(self.session.violations), hits)

@@ -120,3 +120,15 @@ def test_every_register_survives_the_site_natively_and_emulated(retprobe: bool) 
         assert after[10] == "0xdeadbeef" and after[:10] + after[11:] == before[:10] + before[11:]
         assert count == 3
     assert (native.returncode, status) == (0, 0)
+
+
+def test_live_state_sees_the_real_kernel_s_red_zone_clobber_and_nothing_else() -> None:
+    """The mutation fixture against the real 6.18: only its red-zone bit (4) is set, as emulated;
+    unprobed it is clean."""
+    live = str(SAMPLES / "live_state")
+    assert run_native([live, "3"], [], env={}).returncode == 0
+    native = run_native([live, "3"], [NativeProbe(live, symbol_file_offset(live, "nop5_site"))], env={})
+    out, status, hits = _emulated(live, [live, "3"], ["uprobe:nop5_site"])
+    assert native.stdout == b"live_state errors=0x04\n" and native.returncode == 4
+    assert (native.stdout, native.returncode) == (out, status)
+    assert list(native.counts) == hits == [3]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emu.abi import RED_ZONE
-from emu.cpu import RawState
+from emu.cpu import STATE_X87_OFFSET, Cpu, RawState
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 from emu.verify.expected import expected_outcome, matches_exactly
@@ -21,6 +21,7 @@ from emu.verify.state import RAW_KEPT, SLOTS, decode_state, encode_state
 
 TARGETS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "probe_targets")
 MXCSR_DEFAULT = 0x1F80
+X87_DEFAULT = RawState(Cpu()).read()[STATE_X87_OFFSET:]  # a fresh CPU's x87 state, as the snapshot holds it
 
 # (bytes, text): instructions a probe may sit on, reading registers, flags and memory
 INSNS = [
@@ -54,7 +55,7 @@ def _raw(m: Machine, regs: dict[int, int], flags: int = 0x202) -> bytes:
     state[7], state[16], state[17] = m.entry_sp, m.exe.entry, flags
     for index, value in regs.items():
         state[index] = value
-    return encode_state(state, (0, 0, bytes(range(256)), MXCSR_DEFAULT))
+    return encode_state(state, (0, 0, bytes(range(256)), MXCSR_DEFAULT, X87_DEFAULT))
 
 
 def _cache(m: Machine) -> ReferenceCache:

@@ -178,7 +178,7 @@ def test_check_prints_shstk_and_rsb_columns_and_json(tmp_path: Path, capsys: pyt
                        SHAPES, "n", "3"])
     assert status == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["design", "hits", "redzone", "regs", "resume", "shstk", "same", "output",
+    assert lines[0].split() == ["design", "hits", "redzone", "regs", "resume", "memory", "shstk", "same", "output",
                                 "sysret", "iret", "rsb", "miss/hit"]
     rows = {line.split()[0]: line.split() for line in lines[1:6]}
     assert set(rows) == set(DESIGNS) and all(r[5] == "0" and r[-1] == "1.00" for r in rows.values())

@@ -131,13 +131,13 @@ def test_check_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     status = cli.main(["check", "--json", str(out), REDZONE, "3"])
     assert status == 0
     table = capsys.readouterr().out
-    assert table.splitlines()[0].split() == ["design", "hits", "redzone", "regs", "resume", "same", "output",
-                                             "sysret", "iret"]
+    assert table.splitlines()[0].split() == ["design", "hits", "redzone", "regs", "resume", "memory", "same",
+                                             "output", "sysret", "iret"]
     data = json.loads(out.read_text())["designs"]
     assert set(data) == {"int3", "uretprobe-rfc", "linux-6.18", "jmp-slots", "nop10"}
     assert data["linux-6.18"]["violations"]["redzone"] > 0 and data["linux-6.18"]["same_output"] is False
     for name in ("int3", "uretprobe-rfc", "jmp-slots", "nop10"):
-        assert data[name]["violations"] == {"redzone": 0, "regs": 0, "resume": 0}, name
+        assert data[name]["violations"] == {"redzone": 0, "regs": 0, "resume": 0, "memory": 0}, name
         assert data[name]["same_output"] is True
         assert data[name]["hits"] > 0
     assert cli.main(["check", "--strict", "--kernel", "jmp-slots,nop10", REDZONE, "3"]) == 0
@@ -203,7 +203,7 @@ def test_scratch_cpu_sees_guest_memory_as_it_is_now() -> None:
     state = [0] * 18
     state[7], state[16] = sp, m.exe.entry  # rsp; rip at any executable address
     load = bytes.fromhex("488b0424")  # mov rax, [rsp]
-    ext = (0, 0, bytes(256), 0x1F80)
+    ext = (0, 0, bytes(256), 0x1F80, bytes(152))  # x87: control, status, tag words and st0-7
     for value in (0x1111, 0x2222):  # the page stays mapped on the scratch CPU: it must be copied again
         m.mem.write(sp, value.to_bytes(8, "little"))
         ref = scratch.execute(m.exe.entry, load, encode_state(state, ext))
@@ -271,5 +271,6 @@ def test_a_reference_taken_after_the_hit_would_see_the_instruction_s_own_store()
     session = VerifySession(m)
     session.tracker.prepare = None  # the reference is taken when the hit is checked, after it ran
     m.run()
-    assert {v.kind for v in session.violations} == {Check.REGS}
+    # the flags, and the stored value the memory check compares with the reference's, come out wrong
+    assert Check.REGS in {v.kind for v in session.violations} <= {Check.REGS, Check.MEMORY}
     assert {v.probe for v in session.violations} >= {"uprobe:add_site", "uprobe:inc_site"}

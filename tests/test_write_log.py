@@ -13,7 +13,7 @@ from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 from emu.verify import machine_code
 from emu.verify.session import VerifySession
-from emu.verify.write_log import WriteLog, entries
+from emu.verify.write_log import WriteLog, classify, entries
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 CODE, DATA = 0x10000, 0x80000
@@ -34,15 +34,19 @@ def _refuse(*_args: object, **_kwargs: object) -> object:
     raise PermissionError("no executable mappings here")
 
 
-def _stores_on_a_cpu(log: WriteLog) -> tuple[list[tuple[int, int, int, int]], bytes, bool]:
+def _stores_on_a_cpu(log: WriteLog) -> tuple[list[tuple[int, int, int, int, int]], bytes, bool]:
     cpu = Cpu()
     cpu.mem_map(CODE, 0x1000, Prot.READ | Prot.WRITE | Prot.EXEC)
     cpu.mem_map(DATA, 0x1000, Prot.READ | Prot.WRITE)
     cpu.mem_write(DATA + 0x100, bytes(range(128)))
+    cpu.mem_write(DATA + 0x200, OUTSIDE_OLD.to_bytes(8, "little"))
     cpu.mem_write(CODE, STORES)
     window = DATA + 0x100
 
     def python_hook(_uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
+        if classify(addr, size, window) == 2:  # as the tracker's stand-in does
+            log.record(cpu.read(Reg.RIP), addr, size, value, cpu.mem_read(addr, size))
+            return True
         if log.snapshot_pending:
             log.set_snapshot(cpu.mem_read(window, 128))
         log.record(cpu.read(Reg.RIP), addr, size, value)
@@ -52,14 +56,17 @@ def _stores_on_a_cpu(log: WriteLog) -> tuple[list[tuple[int, int, int, int]], by
     log.start(window, snapshot_wanted=True)
     cpu.write(Reg.RAX, 0x1122334455667788)
     cpu.run(CODE)
-    assert log.count == 3
+    assert log.count == 3 and log.outside == 1  # the store at DATA + 0x200 is outside the window
     raw, overflowed = log.take()
-    assert log.count == 0 and not overflowed
+    assert log.count == 0 and log.outside == 0 and not overflowed
     return entries(raw), log.snapshot(), native
 
 
-EXPECTED = [(CODE, DATA + 0x108, 8, 0x1122334455667788), (CODE + 8, DATA + 0x200, 8, 0x1122334455667788),
-            (CODE + 16, DATA + 0x101, 1, 0x7F)]
+OUTSIDE_OLD = 0x0123456789ABCDEF
+# (pc, address, size, value, old): the bytes an outside store overwrote, 0 for one into the window
+EXPECTED = [(CODE, DATA + 0x108, 8, 0x1122334455667788, 0),
+            (CODE + 8, DATA + 0x200, 8, 0x1122334455667788, OUTSIDE_OLD),
+            (CODE + 16, DATA + 0x101, 1, 0x7F, 0)]
 
 
 def test_the_machine_code_hook_logs_each_store_and_the_window_before_the_first() -> None:

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--details", action="store_true", help="print every violation with its evidence")
     p.add_argument("--strict", action="store_true", help="exit 1 if any design has a violation or diverges")
     add_sched_options(p)
-    add_verifier_options(p, "verifiers (default redzone,regs,resume)")
+    add_verifier_options(p, "verifiers (default redzone,regs,resume,memory)")
     add_binary(p)
 
 

@@ -91,7 +91,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--detach-after", type=positive_int, metavar="N",
                    help="remove each probe after its N-th hit (the consumer returns UPROBE_HANDLER_REMOVE)")
     add_sched_options(p)
-    add_verifier_options(p, "verifiers to run on every probe hit: redzone,regs,resume (default: none)")
+    add_verifier_options(p, "verifiers to run on every probe hit: redzone,regs,resume,memory (default: none)")
     add_binary(p)
 
 
@@ -117,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
     result = machine.run()
     if args.save_writes is not None and machine.kernel.vfs.overlay is not None:
         machine.kernel.vfs.overlay.save(args.save_writes)
+    if session is not None:
+        session.finish(result.message or result.ending.value, killed=result.signal is not None)
     killed = result.ending is Ending.KILLED and result.signal is not None
     if result.message and (not killed or args.verbose or args.json):  # a native death prints nothing
         stderr_line(f"{PROG}: {result.message}")

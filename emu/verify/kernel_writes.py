@@ -10,7 +10,7 @@ from collections.abc import Callable
 from emu.abi import Prot
 from emu.memory import MemoryBackend
 
-WriteSeen = Callable[[int, int], None]  # (address, size)
+WriteSeen = Callable[[int, bytes], None]  # (address, the bytes about to be written)
 
 
 class WatchedBackend:
@@ -24,5 +24,5 @@ class WatchedBackend:
         self.flush_code: Callable[[int, int], None] = backend.flush_code
 
     def mem_write(self, addr: int, data: bytes) -> None:
-        self.on_write(addr, len(data))
+        self.on_write(addr, data)
         self.backend.mem_write(addr, data)

@@ -7,7 +7,9 @@ is a ctypes callback plus a state read through ctypes, ~4-8 us). In machine code
 * the **site hook** counts the hit (SiteCounters), reads the whole state (``uc_reg_read_batch``,
   the RawState layout) and the red zone into the control block, starts the write log (which
   copies the red zone again only if that read failed), opens the red-zone window and numbers
-  the now *open* transaction (SEQ). The tracker makes a Transaction of it only when Python
+  the now *open* transaction (SEQ). The window is the whole address space while it is open: the
+  write log sorts the stores (emu/verify/write_log.py), and a store outside the red zone and the
+  scratch below it keeps every fast path here from settling the hit. The tracker makes a Transaction of it only when Python
   needs one (emu/verify/transaction.py): a consumer with a handler, a context switch, a hit the
   code here hands over.
 * the **ret hook** settles an *armed* transaction: the ``ret`` is the one it was armed for, it
@@ -59,7 +61,7 @@ from emu.cpu import (
 from emu.verify.machine_code import mapped
 from emu.verify.reference_cache import EffectSpans
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP
-from emu.verify.write_log import BASE, COUNT, STATUS, TAKEN, WriteLog
+from emu.verify.write_log import BASE, COUNT, OUTSIDE, STATUS, TAKEN, WriteLog
 
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, WINDOW, NREGS, IDS, START_PTRS, END_PTRS,
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ) = range(19)
@@ -73,7 +75,6 @@ END_PTRS_AT = START_PTRS_AT + 8 * len(STATE_REGS)
 BLOCK_BYTES = END_PTRS_AT + 8 * len(STATE_REGS)
 START_RSP = (START + RAW_RSP) // 8  # the word of the start state's rsp
 ADDRESS_MASK = (1 << 64) - 1
-MAX_STORE = 8  # as in emu/verify/transaction.py: a store starting 7 bytes below the red zone reaches it
 
 
 # The state word (plain ints: the tracker compares it on every hit, and an enum costs ~0.1 us more).
@@ -82,11 +83,22 @@ OPEN = 1  # a transaction is open (the site hook's, numbered SEQ, or one the tra
 ARMED = 2  # ... and the ret hook may settle it
 
 
+def _nothing_outside(differs: str) -> str:
+    """Machine code that jumps to ``differs`` if the write log holds a store outside the red zone
+    and the scratch below it (the memory check needs Python); rbx = the block."""
+    return f"""
+mov {8 * LOG}(%rbx), %rax
+cmpq $0, {8 * OUTSIDE}(%rax)
+jne {differs}
+"""
+
+
 def _same_as_start(differs: str) -> str:
     """Machine code that jumps to ``differs`` unless the end buffer (just read) holds every register
     but rip and rsp, rflags exactly and the extended state as the start buffer, and the red zone
-    now is the site hook's copy; with rbx = the block, r12 = the engine."""
-    return f"""
+    now is the site hook's copy, and no store landed outside it and the scratch; with rbx = the
+    block, r12 = the engine."""
+    return f"""{_nothing_outside(differs)}
 lea {START + RAW_KEPT}(%rbx), %rsi
 lea {END + RAW_KEPT}(%rbx), %rdi
 mov ${(STATE_BYTES - RAW_KEPT) // 8}, %ecx
@@ -166,14 +178,10 @@ movq $0, {8 * COUNT}(%rdx)
 mov %rax, {8 * BASE}(%rdx)
 mov %r14, {8 * TAKEN}(%rdx)
 movq $0, {8 * STATUS}(%rdx)
+movq $0, {8 * OUTSIDE}(%rdx)
 mov {8 * WINDOW}(%rbx), %rdx
-lea {RED_ZONE - 1}(%rax), %rcx
-mov %rcx, 8(%rdx)
-xor %ecx, %ecx
-lea -{MAX_STORE - 1}(%rax), %r8
-cmp ${MAX_STORE}, %rax
-cmovae %r8, %rcx
-mov %rcx, (%rdx)
+movq $-1, 8(%rdx)
+movq $0, (%rdx)
 {_RESTORE}
 ret
 to_python:
@@ -280,6 +288,7 @@ jne differs
 # at a must equal those at b.
 SETTLE_COMPARED_SOURCE = f"""
 {_CALLED}
+{_nothing_outside("differs")}
 {_READ_REDZONE}
 test %eax, %eax
 jne differs

@@ -113,6 +113,7 @@ class ResumeWatch:
         """The kernel returns to rip + ``rip_advance`` during ``tx``; that address if it is
         straight-line code now watched to its ``ret``."""
         if hook_failed(self.cpu):
+            self.tracker.lost = tx  # the session's finish() judges it if the run ends here
             self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
             return None
         raw, redzone = self.tracker.read_end(tx)
@@ -186,6 +187,7 @@ class ResumeWatch:
             else:
                 target = tracker.raw.u64(rsp)
             if target is None:
+                tracker.lost = tx
                 tracker.abandon()  # the ret faults: SIGSEGV, no resume
                 return
             if self._guest_side(tx, target):

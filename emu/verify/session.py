@@ -7,14 +7,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from emu.errors import UsageError
-from emu.verify.checks import check_redzone, check_regs, check_resume
+from emu.verify.checks import check_consumer_view, check_fired, check_memory, check_redzone, check_regs, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
 from emu.verify.reference_cache import Prepared, ReferenceCache
 from emu.verify.rsb import RsbModel
 from emu.verify.scratch import ScratchCpu
 from emu.verify.shstk import CallRetTracker, ShadowStack
 from emu.verify.transaction import ProbeSite, Transaction, TransactionTracker
-from emu.verify.violations import Violation
+from emu.verify.violations import Check, Violation
 
 if TYPE_CHECKING:
     from emu.kernel.uprobes.consumers import Path
@@ -27,11 +27,12 @@ class Verifier(enum.Enum):
     REDZONE = "redzone"
     REGS = "regs"
     RESUME = "resume"
+    MEMORY = "memory"  # writes outside the red zone, the design's scratch and the kernel's pages
     LOCKSTEP = "lockstep"
     SHSTK = "shstk"  # opt-in: a CET shadow stack (emu/verify/shstk.py)
 
 
-DEFAULT_VERIFIERS = (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME)
+DEFAULT_VERIFIERS = (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME, Verifier.MEMORY)
 
 
 def parse_verifiers(text: str) -> tuple[Verifier, ...]:
@@ -75,6 +76,21 @@ class VerifySession:
         self.violations.clear()
         self.tracker.bind(self.machine.attachments)
 
+    def finish(self, ending: str, killed: bool = False) -> None:
+        """The run is over (``ending``: how, in words; ``killed``: by a signal). A hit still open,
+        or the last one abandoned as a signal ended the run, never resumed, which the original
+        instruction alone would have (a trampoline that traps, faults or exits): a ``resume``
+        violation, never "no verdict, so clean"."""
+        if Verifier.RESUME not in self.enabled:
+            return
+        opened = self.tracker.opened()
+        tx = self.tracker.active if opened is not None else self.tracker.lost if killed else None
+        if tx is None:
+            return
+        self.violations.append(Violation(Check.RESUME, tx.probe, tx.site,
+                                         f"never resumed: the run ended inside the hit ({ending})",
+                                         {"ending": ending}, tx.hit))
+
     @property
     def transactions(self) -> int:
         return self.tracker.count
@@ -96,11 +112,25 @@ class VerifySession:
         raw = start_raw if tx is None or tx.chain is None else reference_input(tx)
         return None if raw is None else self.references.prepare(at.address, at.original, raw)
 
+    def _allowed(self, tx: Transaction, addr: int, size: int) -> bool:
+        """A write there is the hit's right: the kernel's own pages, or the design's scratch deeper
+        than the write log's SCRATCH below the red zone, on the interrupted thread's own stack."""
+        if self.tracker.kernel_page(addr):
+            return True
+        stack = self.machine.mem.find(tx.start_rsp)
+        return stack is not None and stack.start <= addr and addr + size <= tx.redzone_base
+
     def _finished(self, tx: Transaction) -> None:
         effect = None if tx.prepared is None else tx.prepared.effect
-        if tx.chain is None and effect is not None and effect.settles(tx):
+        if Verifier.RESUME in self.enabled:
+            self.violations += check_fired(tx)
+        if tx.chain is None and effect is not None and not tx.outside and effect.settles(tx):
             return  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
+        if Verifier.MEMORY in self.enabled:
+            self.violations += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self.machine.describe_insn)
+        if Verifier.REGS in self.enabled:
+            self.violations += check_consumer_view(tx)
         if matches_exactly(tx, exp):
             return
         if Verifier.REGS in self.enabled:

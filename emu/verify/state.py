@@ -1,13 +1,14 @@
 """A RawState snapshot (emu.cpu) as the checks see it: registers in read_user_state order, and the
-extended state (fs base, gs base, xmm0-15 raw, mxcsr)."""
+extended state (fs base, gs base, xmm0-15 raw, mxcsr, the x87 state raw)."""
 
 from __future__ import annotations
 
 import struct
 
-from emu.cpu import STATE_BYTES, STATE_FLAGS_OFFSET, STATE_REGS, STATE_XMM_OFFSET
+from emu.cpu import STATE_BYTES, STATE_FLAGS_OFFSET, STATE_REGS, STATE_X87_OFFSET, STATE_XMM_OFFSET
 
-ExtendedState = tuple[int, int, bytes, int]  # fs base, gs base, xmm0-15 raw, mxcsr
+ExtendedState = tuple[int, int, bytes, int, bytes]  # fs base, gs base, xmm0-15 raw, mxcsr, x87 raw (X87_NAMES)
+X87_NAMES = ("fpcw", "fpsw", "fptag", *(f"st{i}" for i in range(8)))
 
 RAW_RIP = 0  # offsets in a snapshot
 RAW_RSP = 8
@@ -17,7 +18,9 @@ _SLOT_NAMES = ("rip", "rsp", "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", *(
                "rflags", "fs_base", "gs_base", "mxcsr")
 SLOTS: dict[str, tuple[int, int]] = {name: (8 * i, 8 * i + 8) for i, name in enumerate(_SLOT_NAMES)}
 SLOTS |= {f"xmm{i}": (STATE_XMM_OFFSET + 16 * i, STATE_XMM_OFFSET + 16 * i + 16) for i in range(16)}
-assert len(SLOTS) == len(STATE_REGS) and SLOTS["xmm15"][1] == STATE_BYTES
+SLOTS |= {name: (STATE_X87_OFFSET + 8 * i, STATE_X87_OFFSET + 8 * i + 8) for i, name in enumerate(X87_NAMES[:3])}
+SLOTS |= {f"st{i}": (STATE_X87_OFFSET + 24 + 16 * i, STATE_X87_OFFSET + 40 + 16 * i) for i in range(8)}
+assert len(SLOTS) == len(STATE_REGS) and SLOTS["st7"][1] == STATE_BYTES
 _GPRS = struct.Struct("<18Q")  # rip, rsp, rax rbx rcx rdx rsi rdi rbp, r8-r15, rflags
 _EXT = struct.Struct("<3Q")  # fs base, gs base, mxcsr
 
@@ -30,13 +33,20 @@ def decode_state(raw: bytes) -> list[int]:
 
 def decode_extended(raw: bytes) -> ExtendedState:
     fs, gs, mxcsr = _EXT.unpack_from(raw, STATE_FLAGS_OFFSET + 8)
-    return fs, gs, raw[STATE_XMM_OFFSET:], mxcsr
+    return fs, gs, raw[STATE_XMM_OFFSET:STATE_X87_OFFSET], mxcsr, raw[STATE_X87_OFFSET:]
+
+
+def x87_registers(x87: bytes) -> dict[str, int]:
+    """The x87 part of a snapshot by register name (the st registers' 80 bits each)."""
+    out = {name: int.from_bytes(x87[8 * i : 8 * i + 2], "little") for i, name in enumerate(X87_NAMES[:3])}
+    out |= {f"st{i}": int.from_bytes(x87[24 + 16 * i : 34 + 16 * i], "little") for i in range(8)}
+    return out
 
 
 def encode_state(state: list[int], extended: ExtendedState) -> bytes:
     """Inverse of decode_state and decode_extended."""
-    fs, gs, xmm, mxcsr = extended
+    fs, gs, xmm, mxcsr, x87 = extended
     gprs = _GPRS.pack(state[16], state[7], *state[0:7], *state[8:16], state[17])
-    raw = gprs + _EXT.pack(fs, gs, mxcsr) + xmm
+    raw = gprs + _EXT.pack(fs, gs, mxcsr) + xmm + x87
     assert len(raw) == STATE_BYTES
     return raw

@@ -2,10 +2,13 @@
 
 Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
 after the code was translated): an exact-address code hook per probe site (free elsewhere); one
-memory-write hook whose range is moved onto the red zone for the length of a transaction and
-onto nothing otherwise (adding and removing a hook per hit costs ~39 us; HookRange), added over
-the whole address space so that it can follow any thread's stack (pthread stacks are mmapped,
-not ``[stack]``); a memory backend that sees the fake kernel's writes before they land; an
+memory-write hook whose range is opened over the whole address space for the length of a
+transaction and moved onto nothing otherwise (adding and removing a hook per hit costs ~39 us;
+HookRange): the write log (emu/verify/write_log.py) keeps the stores into the red zone, drops
+those into the scratch below it, and keeps every other one with the bytes it overwrote, for
+the memory check; a memory backend that sees the fake kernel's writes before they land (into
+the red zone: folded in; anywhere else but the scratch and the kernel's own pages: recorded
+for the memory check); an
 observer of the handler chain that records what the consumers changed; and emu/verify/resume.py,
 which says where and when the guest resumes.
 
@@ -38,7 +41,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, cast
 
-from emu.abi import RED_ZONE
+from emu.abi import RED_ZONE, Prot
 from emu.cpu import (
     HookHandle,
     HookRange,
@@ -68,9 +71,9 @@ from emu.verify.native_edges import (
     SiteCounters,
 )
 from emu.verify.reference_cache import MAX_PLANS, Prepared
-from emu.verify.resume import ResumeWatch
+from emu.verify.resume import KERNEL_SIDE, ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
-from emu.verify.write_log import WriteLog
+from emu.verify.write_log import SCRATCH, WriteLog, classify
 from emu.verify.write_log import entries as log_entries
 
 if TYPE_CHECKING:
@@ -123,6 +126,8 @@ class Transaction:
     redzone_changed = False  # a write reached it that may have changed it (not one storing what it held)
     redzone_after = b""
     exits_after: Mapping[str, int] = MappingProxyType({})
+    outside = False  # a store landed outside the red zone and the scratch below it: the memory check looks
+    kernel_stores: tuple[tuple[int, bytes, bytes], ...] = ()  # (address, old, new) of the kernel's writes there
 
     def __init__(self, at: ProbeSite, hit: int, start_raw: bytes, exits_before: Mapping[str, int]) -> None:
         self.at = at
@@ -176,7 +181,7 @@ def guest_writes(logged: tuple[bytes, ...], base: int, before: bytes | None, nop
     changed by a later store or by the kernel)."""
     out = []
     for chunk in logged:
-        for pc, addr, size, value in log_entries(chunk):
+        for pc, addr, size, value, _old in log_entries(chunk):
             offset = addr - base
             if offset + size <= 0 or offset >= RED_ZONE:
                 continue
@@ -191,9 +196,10 @@ Finished = Callable[[Transaction], None]
 Prepare = Callable[["Transaction | None", "ProbeSite", bytes], "Prepared | None"]  # (tx or None, site, start snapshot)
 
 
-def _window(base: int) -> tuple[int, int]:
-    """The write hook's range for a red zone at ``base``: a store starting up to MAX_STORE - 1 bytes below reaches it."""
-    return base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1
+def _window(_base: int) -> tuple[int, int]:
+    """The write hook's range while a transaction is open: everything (the write log sorts the
+    stores into red zone, scratch and outside; emu/verify/write_log.py)."""
+    return 0, ADDRESS_SPACE_END
 
 
 def _reaches_redzone(addr: int, size: int, base: int) -> bool:
@@ -232,6 +238,7 @@ class TransactionTracker:
         self._exits = machine.uprobes.stats.exits
         self.on_finished = on_finished
         self._active: Transaction | None = None
+        self.lost: Transaction | None = None  # the last one abandoned as the kernel killed or stopped its thread
         self._count = 0
         self._by_site: dict[int, ProbeSite] = {}
         self._site_hooks: list[HookHandle] = []
@@ -259,18 +266,18 @@ class TransactionTracker:
         self.resume = ResumeWatch(machine, self)
 
     def _red_zone_window(self) -> HookRange | None:
-        """The write hook, closed (opened on the red zone during each transaction). Where its range
-        cannot be moved (HookRange's layout check), a hook over ``[stack]`` filtered here instead:
-        then only the main thread's red zone is watched."""
+        """The write hook, closed (opened over everything during each transaction). Where its range
+        cannot be moved (HookRange's layout check), a Python hook over the whole address space,
+        always on, filtered here instead: slower on every store, but it sees all that the moved
+        one would (never fewer stores, so never a verdict of "nothing written" it could not see)."""
         hook, self._native_log = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self._on_write)
         window = hook_range(hook, 0, ADDRESS_SPACE_END)
         if window is not None:
             window.close()
             return window
         self.cpu.remove_hook(hook)
-        stack = next((v for v in self.mem if v.name == "[stack]"), None)
-        if stack is not None:
-            add_raw_mem_write_hook(self.cpu, self._on_write, stack.start, stack.end - 1)
+        self._native_log = False
+        add_raw_mem_write_hook(self.cpu, self._on_write, 0, ADDRESS_SPACE_END)
         return None
 
     def _native_edges(self) -> NativeEdges | None:
@@ -375,7 +382,8 @@ class TransactionTracker:
         if self._unmaterialized():
             return self._pending_site()
         tx = self.active
-        if tx is None or tx is not self._native_tx or tx.chain is not None or self._up.task.stepping:
+        if (tx is None or tx is not self._native_tx or tx.chain is not None or self._up.task.stepping
+                or tx.outside or self.log.outside or tx.path is None):
             return None
         return tx.at
 
@@ -386,6 +394,8 @@ class TransactionTracker:
         if not self._unmaterialized() or self._up.task.stepping:
             return None
         assert self._edge_words is not None
+        if self._path_seq != self._edge_words[SEQ]:
+            return None  # the handler chain has not run for it (yet): not a hit to settle as clean
         at = self._by_site.get(self._edge_words[SITE])
         return at if at is not None and self._up.probes.get(at.address) is at.uprobe else None
 
@@ -445,7 +455,7 @@ class TransactionTracker:
             base = tx.redzone_base
             self.log.start(base, snapshot_wanted=True)
             if self._writes is not None:  # _window(base), inline: a call costs on every hit
-                self._writes.set(base - MAX_STORE + 1 if base >= MAX_STORE else 0, base + RED_ZONE - 1)
+                self._writes.set(0, ADDRESS_SPACE_END)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
 
@@ -504,7 +514,8 @@ class TransactionTracker:
         before = tx.redzone_before
         if redzone is None and before is not None:
             redzone = self._redzone(tx.redzone_base) if tx.redzone_changed else before
-        if (tx.nop and resume == tx.at.next and rsp == tx.start_rsp and tx.chain is None
+        if (tx.nop and resume == tx.at.next and rsp == tx.start_rsp and tx.chain is None and not tx.outside
+                and tx.path is not None
                 and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and (before is None or redzone == before)):
             # A NOP-class site, no consumer could change anything, the guest resumed right after
             # it with every register (rflags exactly), the extended state and the red zone as they
@@ -537,8 +548,17 @@ class TransactionTracker:
     def _redzone(self, base: int) -> bytes:
         return self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
 
-    def _on_kernel_write(self, addr: int, size: int) -> None:
-        """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it."""
+    def _on_kernel_write(self, addr: int, data: bytes) -> None:
+        """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it;
+        what it overwrites, if it lands outside the red zone and the scratch (the memory check)."""
+        size = len(data)
+        words = self._edge_words
+        if words is None or words[STATE]:  # a transaction is open: where does it land?
+            tx = self._active
+            rsp = words[START_RSP] if words is not None and words[SEQ] != self._seq else (
+                tx.start_rsp if tx is not None else None)
+            if rsp is not None and not (rsp - RED_ZONE - SCRATCH <= addr and addr + size <= rsp):  # inline: every hit
+                self._kernel_outside(addr, data, rsp)
         if self._unmaterialized():  # no Transaction yet: a write into its red zone is noted (_materialize)
             assert self._edge_words is not None and self.edges is not None
             if not _reaches_redzone(addr, size, self._edge_words[START_RSP] - RED_ZONE):
@@ -552,6 +572,31 @@ class TransactionTracker:
             if tx.redzone_before is None:
                 tx.redzone_before = self._redzone_at_start(tx)
             tx.redzone_changed = True
+
+    def _kernel_outside(self, addr: int, data: bytes, rsp: int) -> None:
+        """A kernel write during the transaction whose interrupted rsp is ``rsp`` that lands
+        outside the red zone and the scratch, and is not the kernel's own (its pages, a
+        uretprobe's return-address hijack: spec 5.1): recorded with the bytes it overwrites."""
+        if addr == rsp and len(data) == 8 and self.kernel_page(int.from_bytes(data, "little")):
+            return  # the return address replaced by the uretprobe trampoline's (first: on every uretprobe hit)
+        if classify(addr, len(data), rsp - RED_ZONE) != 2:
+            return
+        vma = self.mem.find(addr)
+        if vma is None or vma.name in KERNEL_SIDE or not vma.prot & Prot.WRITE:
+            return  # the kernel's own page (see kernel_page), or one it is mapping and filling (a trampoline's)
+        tx = self.active
+        if tx is None:
+            return
+        old = self.raw.mem(addr, len(data)) or bytes(len(data))
+        tx.outside = True
+        tx.kernel_stores += ((addr, old, data),)
+
+    def kernel_page(self, addr: int) -> bool:
+        """``addr`` lies in a mapping the kernel made for uprobes (its XOL page, a trampoline) or
+        one user code cannot write (text the kernel patches a probe site in, as uprobes do by
+        forced writes: no user store can land there, so none is the design's mistake)."""
+        vma = self.mem.find(addr)
+        return vma is not None and (vma.name in KERNEL_SIDE or not vma.prot & Prot.WRITE)
 
     def abandon(self) -> None:
         """No verdict on this hit: it ended (or the kernel is delivering a signal: it will not resume)."""
@@ -572,6 +617,7 @@ class TransactionTracker:
         """Move the stores the write log holds into ``tx`` (before the log serves another hit, or
         the checks read them)."""
         if self.log.count:
+            tx.outside |= self.log.outside != 0
             self.fold_log(tx)
             entries, overflowed = self.log.take()
             tx.logged += (entries,)
@@ -584,10 +630,13 @@ class TransactionTracker:
             tx = self.active
             if tx is None:
                 return True
-            offset = addr - tx.redzone_base
-            if offset + size <= 0 or offset >= RED_ZONE:
+            where = classify(addr, size, tx.redzone_base)
+            if where == 1:
                 return True
             log = self.log
+            if where == 2:  # not landed yet: the bytes it overwrites
+                log.record(self.cpu.read(Reg.RIP), addr, size, value, self.raw.mem(addr, size) or bytes(size))
+                return True
             if log.snapshot_pending:  # the first store into it, not landed yet: the red zone as it was
                 log.set_snapshot(self._redzone(tx.redzone_base))
             log.record(self.cpu.read(Reg.RIP), addr, size, value)

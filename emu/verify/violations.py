@@ -11,6 +11,7 @@ class Check(enum.Enum):
     REDZONE = "redzone"
     REGS = "regs"
     RESUME = "resume"
+    MEMORY = "memory"  # a write during a hit outside the red zone, the scratch below it and the kernel's pages
     LOCKSTEP = "lockstep"
     SHSTK = "shstk"  # a ret the shadow stack disagrees with (#CP), or the kernel refusing it
 

@@ -20,7 +20,16 @@ Buffer layout (64-bit words, then bytes):
   4, 5: uc_mem_read, uc_reg_read (function pointers the machine code calls)
   6 taken: the snapshot is taken (or not wanted)
   7 snapshot status: what uc_mem_read returned (0: the window was mapped)
-  8.. snapshot (WINDOW bytes), then the entries (pc, address, size, value), 32 bytes each
+  8 outside: stores seen since start() that landed neither in the window nor in the scratch below it
+  9 reserved
+  10.. snapshot (WINDOW bytes), then the entries (pc, address, size, value, old), 40 bytes each
+
+While a transaction is open the hook's range is the whole address space (emu/verify/transaction.py):
+a store into the red zone is logged as before; one that lands in the SCRATCH bytes right below it
+(the design's own stack use) is ignored at once; any other store (the interrupted frame above rsp,
+a global, another thread's stack) is logged too, with the bytes it overwrites (``old``, read
+before the store lands), and counted in ``outside``: the machine-code fast paths settle nothing
+while that count is not zero, and the memory check (emu/verify/checks.py) reads the entries.
 """
 
 from __future__ import annotations
@@ -34,18 +43,27 @@ from emu.abi import RED_ZONE
 from emu.cpu import Cpu, HookHandle, RawWriteHook, add_native_mem_write_hook, add_raw_mem_write_hook, native_function
 from emu.verify.machine_code import mapped
 
-COUNT, CAPACITY, BASE, LENGTH, MEM_READ, REG_READ, TAKEN, STATUS = range(8)
-SNAPSHOT_OFFSET = 8 * 8
+COUNT, CAPACITY, BASE, LENGTH, MEM_READ, REG_READ, TAKEN, STATUS, OUTSIDE = range(9)
+SNAPSHOT_OFFSET = 10 * 8
 WINDOW = RED_ZONE
 ENTRIES_OFFSET = SNAPSHOT_OFFSET + WINDOW
-ENTRY = struct.Struct("<QQQq")  # pc, address, size, value (as Unicorn passes it: signed)
+ENTRY = struct.Struct("<QQQqQ")  # pc, address, size, value (as Unicorn passes it: signed), old (outside stores)
 CAPACITY_ENTRIES = 256
+SCRATCH = 4096  # bytes below the red zone a design may use without a log entry (deeper ones are logged, and
+# the memory check still lets through those on the interrupted thread's own stack mapping)
 
 # The hook, AT&T syntax: (uc=rdi, type=esi, address=rdx, size=ecx, value=r8, log=r9). Five pushes
 # leave rsp 16-byte aligned for the calls.
 HOOK_SOURCE = f"""
 push %rbx; push %r12; push %r13; push %r14; push %r15
 mov %r9, %rbx; mov %rdi, %r12; mov %rdx, %r13; mov %ecx, %r14d; mov %r8, %r15
+mov {8 * BASE}(%rbx), %rax
+lea (%r13,%r14), %rdx
+cmp %rax, %rdx
+jbe below
+lea {WINDOW}(%rax), %rdx
+cmp %rdx, %r13
+jae outside
 cmpq $0, {8 * TAKEN}(%rbx)
 jne snapshot_taken
 movq $1, {8 * TAKEN}(%rbx)
@@ -56,13 +74,34 @@ snapshot_taken:
 mov {8 * COUNT}(%rbx), %rax
 cmp {8 * CAPACITY}(%rbx), %rax
 jae full
-shl $5, %rax
+imul ${ENTRY.size}, %rax, %rax
 lea {ENTRIES_OFFSET}(%rbx,%rax), %rdx
+movq $0, 32(%rdx)
+jmp log_entry
+below:
+sub ${SCRATCH}, %rax
+cmp %rax, %r13
+jae done
+outside:
+incq {8 * OUTSIDE}(%rbx)
+mov {8 * COUNT}(%rbx), %rax
+cmp {8 * CAPACITY}(%rbx), %rax
+jae full
+imul ${ENTRY.size}, %rax, %rax
+lea {ENTRIES_OFFSET + 32}(%rbx,%rax), %rdx
+movq $0, (%rdx)
+mov %r12, %rdi; mov %r13, %rsi; mov %r14, %rcx
+call *{8 * MEM_READ}(%rbx)
+mov {8 * COUNT}(%rbx), %rax
+imul ${ENTRY.size}, %rax, %rax
+lea {ENTRIES_OFFSET}(%rbx,%rax), %rdx
+log_entry:
 mov %r13, 8(%rdx); mov %r14, 16(%rdx); mov %r15, 24(%rdx)
 mov %r12, %rdi; mov ${x86.UC_X86_REG_RIP}, %esi
 call *{8 * REG_READ}(%rbx)
 full:
 incq {8 * COUNT}(%rbx)
+done:
 mov $1, %eax
 pop %r15; pop %r14; pop %r13; pop %r12; pop %rbx
 ret
@@ -101,14 +140,21 @@ class WriteLog:
         words[BASE] = base
         words[TAKEN] = 0 if snapshot_wanted else 1
         words[STATUS] = 0
+        words[OUTSIDE] = 0
+
+    @property
+    def outside(self) -> int:
+        """Stores since start() or the last take() outside the red zone and the scratch below it."""
+        return self._words[OUTSIDE]
 
     @property
     def count(self) -> int:
         return self._words[COUNT]
 
     def snapshot(self) -> bytes | None:
-        """The window as it was before the first store; None if it could not be read (unmapped)."""
-        if self._words[STATUS] & 0xFFFFFFFF:
+        """The window as it was before the first store into it; None if it could not be read
+        (unmapped), or no store into it has come yet (a store elsewhere takes no snapshot)."""
+        if self._words[STATUS] & 0xFFFFFFFF or not self._words[TAKEN]:
             return None
         return self._bytes[SNAPSHOT_OFFSET:ENTRIES_OFFSET].tobytes()
 
@@ -119,7 +165,7 @@ class WriteLog:
         count, capacity = words[COUNT], words[CAPACITY]
         kept = min(count, capacity)
         entries = self._bytes[ENTRIES_OFFSET : ENTRIES_OFFSET + ENTRY.size * kept].tobytes()
-        words[COUNT] = 0
+        words[COUNT] = words[OUTSIDE] = 0
         return entries, count > capacity
 
     @property
@@ -131,15 +177,27 @@ class WriteLog:
         self._bytes[SNAPSHOT_OFFSET:ENTRIES_OFFSET] = window
         self._words[TAKEN] = 1
 
-    def record(self, pc: int, addr: int, size: int, value: int) -> None:
-        """What the machine code does after the snapshot, for a Python hook."""
+    def record(self, pc: int, addr: int, size: int, value: int, old: bytes | None = None) -> None:
+        """What the machine code does after the snapshot, for a Python hook; ``old``: the bytes an
+        outside store overwrites (None: a store into the red zone)."""
         words = self._words
         count = words[COUNT]
+        if old is not None:
+            words[OUTSIDE] += 1
         if count < words[CAPACITY]:
-            ENTRY.pack_into(self._bytes, ENTRIES_OFFSET + ENTRY.size * count, pc, addr, size, value)
+            old_word = int.from_bytes(old, "little") if old is not None else 0
+            ENTRY.pack_into(self._bytes, ENTRIES_OFFSET + ENTRY.size * count, pc, addr, size, value, old_word)
         words[COUNT] = count + 1
 
 
-def entries(raw: bytes) -> list[tuple[int, int, int, int]]:
-    """(pc, address, size, value) of each logged store, in order."""
+def classify(addr: int, size: int, base: int) -> int:
+    """Where a store lands, as the machine code sorts it: 0 the red zone at ``base``, 1 the
+    scratch below it, 2 outside both."""
+    if addr + size <= base:
+        return 1 if addr >= base - SCRATCH else 2
+    return 0 if addr < base + WINDOW else 2
+
+
+def entries(raw: bytes) -> list[tuple[int, int, int, int, int]]:
+    """(pc, address, size, value, old) of each logged store, in order."""
     return [ENTRY.unpack_from(raw, i) for i in range(0, len(raw), ENTRY.size)]

@@ -1,0 +1,499 @@
+"""Mutation testing of the verifiers: small flaws put into an optimizing design through the design
+API, each run on a program that keeps everything live across its probe sites (elf_samples/
+live_state: every GPR, the flags, xmm0-15, x87, the red zone, the frame above rsp, a global).
+
+A mutant is *killed* when a verifier reports something the unmutated design's run does not (for
+a clean design: anything at all; linux-6.18 clobbers the red zone by design, so its baseline
+already has red-zone violations, and a mutant of it is killed only by a violation the baseline
+lacks, compared by what was found, not where in the trampoline the writer sits). It *survives*
+when nothing new is reported but the run differs observably from the unmutated design's (output,
+exit status): the verifiers missed what the program saw. A mutant neither killed nor observed is
+*unseen* (its flaw changed nothing this program can see; listed, not scored). Equivalent
+mutants (a deeper lea with the matching sp_skip, a leading nop, one more saved register) must
+be clean: a violation or a changed output there is a *false alarm*. The score of a design is
+killed / (killed + survived), and 100% needs no false alarm either.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from emu.abi import RED_ZONE
+from emu.designs import Design, DesignError
+from emu.errors import UsageError
+from emu.guestio import GuestIO
+from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.machine import Machine, RunOptions
+from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
+from emu.verify.violations import Violation
+
+LIVE_STATE = str(Path(__file__).resolve().parent.parent.parent / "elf_samples" / "live_state")
+ROUNDS = "3"  # hits per site: the first is INT3 (it optimizes the site), the next two take the trampoline
+STRAY = "0x5a"  # what the stray stores write (no live value of live_state holds it)
+Edit = Callable[[Design, "Target"], Iterator[tuple[str, Design]]]
+
+
+class Outcome(enum.Enum):
+    KILLED = "killed"
+    SURVIVED = "survived"
+    UNSEEN = "unseen"
+    CLEAN = "clean"  # an equivalent mutant, as it must be
+    FALSE_ALARM = "false alarm"  # an equivalent mutant something flagged
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The program mutants run on: its path, arguments and the address of its live global."""
+
+    path: str = LIVE_STATE
+    args: tuple[str, ...] = (ROUNDS,)
+    global_address: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Mutant:
+    operator: str
+    change: str  # what was changed, in words
+    design: Design
+    equivalent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    signatures: frozenset[tuple[Any, ...]]
+    violations: tuple[Violation, ...]
+    stdout: bytes
+    exit_status: int
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    mutant: Mutant
+    outcome: Outcome
+    new: tuple[Violation, ...] = ()  # what the verifiers reported that the baseline did not
+    observed: str = ""  # how the run differed from the baseline's, if it did
+
+    def to_json(self) -> dict[str, Any]:
+        return {"operator": self.mutant.operator, "change": self.mutant.change, "outcome": self.outcome.value,
+                "equivalent": self.mutant.equivalent, "code": code_of(self.mutant.design),
+                "observed": self.observed, "new_violations": [v.to_json() for v in self.new[:5]]}
+
+
+@dataclass(slots=True)
+class DesignScore:
+    design: str
+    results: list[Result] = field(default_factory=list)
+
+    def count(self, outcome: Outcome, operator: str | None = None) -> int:
+        return sum(1 for r in self.results if r.outcome is outcome and operator in (None, r.mutant.operator))
+
+    def score(self, operator: str | None = None) -> float | None:
+        killed, survived = self.count(Outcome.KILLED, operator), self.count(Outcome.SURVIVED, operator)
+        return killed / (killed + survived) if killed + survived else None
+
+    @property
+    def perfect(self) -> bool:
+        return self.count(Outcome.SURVIVED) == 0 and self.count(Outcome.FALSE_ALARM) == 0
+
+    def operators(self) -> list[str]:
+        return list(dict.fromkeys(r.mutant.operator for r in self.results))
+
+
+# ------------------------------------------------------------------------------ code as lines
+def instructions(code: str | bytes) -> list[str] | None:
+    """The trampoline's instructions, one each (None: given as bytes, not text to edit)."""
+    if isinstance(code, bytes):
+        return None
+    lines = [part.split("#")[0].strip() for line in code.splitlines() for part in line.split(";")]
+    return [line for line in lines if line]
+
+
+def code_of(design: Design) -> str:
+    parts = []
+    if design.patch is not None and design.patch.prefix:
+        parts.append(f"site prefix: {design.patch.prefix!r}")
+    if design.trampoline is not None:
+        code = design.trampoline.code
+        parts.append("trampoline: " + ("; ".join(instructions(code) or []) if isinstance(code, str) else code.hex()))
+    if design.handler is not None:
+        h = design.handler
+        parts.append(f"handler: saved={h.saved} saved_offset={h.saved_offset} sp_skip={h.sp_skip} exit={h.exit}")
+    return " | ".join(parts)
+
+
+def _with_code(design: Design, insns: list[str]) -> Design:
+    assert design.trampoline is not None
+    return replace(design, trampoline=replace(design.trampoline, code="; ".join(insns)))
+
+
+def _with_handler(design: Design, **changes: Any) -> Design:
+    assert design.handler is not None
+    return replace(design, handler=replace(design.handler, **changes))
+
+
+def _insns(design: Design) -> list[str]:
+    assert design.trampoline is not None
+    return instructions(design.trampoline.code) or []
+
+
+def _entry_depth(design: Design) -> int:
+    """How far below the site's rsp the trampoline starts: the site's lea, then a call's push."""
+    assert design.handler is not None and design.patch is not None
+    lea = design.handler.sp_skip if design.patch.prefix else 0
+    return lea + (8 if design.patch.branch == "call" else 0)
+
+
+def _before_syscall_setup(insns: list[str]) -> int:
+    """The index of the instruction loading the syscall number (code inserted there runs after
+    every save and before the kernel)."""
+    for i, insn in enumerate(insns):
+        if re.match(r"movq?\s+\$(336|0x150),\s*%[re]ax", insn):
+            return i
+    return next(i for i, insn in enumerate(insns) if insn == "syscall")
+
+
+def _is_syscall_or_nr(insn: str) -> bool:
+    return insn == "syscall" or re.match(r"movq?\s+\$\d+,\s*%[re]ax", insn) is not None
+
+
+# ------------------------------------------------------------------------------ the operators
+def drop_insn(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    insns = _insns(design)
+    for i, insn in enumerate(insns):
+        if insn != "int3" and not _is_syscall_or_nr(insn):  # int3 after the ret is never reached
+            yield f"drop #{i} `{insn}`", _with_code(design, insns[:i] + insns[i + 1 :])
+
+
+def swap_insns(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    insns = _insns(design)
+    for i in range(len(insns) - 1):
+        a, b = insns[i], insns[i + 1]
+        if a != b and "int3" not in (a, b) and not (_is_syscall_or_nr(a) or _is_syscall_or_nr(b)):
+            yield f"swap #{i} `{a}` and #{i + 1} `{b}`", _with_code(design, insns[:i] + [b, a] + insns[i + 2 :])
+
+
+_DISPLACEMENT = re.compile(r"(-?\d+)\(%rsp\)")
+_IMMEDIATE = re.compile(r"^(ret)\s+\$(\d+)$")
+
+
+def change_immediate(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """A displacement or an immediate off by 8 (the syscall number is left alone: it must be 336)."""
+    insns = _insns(design)
+    for i, insn in enumerate(insns):
+        m = _DISPLACEMENT.search(insn) or _IMMEDIATE.match(insn)
+        if m is None:
+            continue
+        group = 1 if m.re is _DISPLACEMENT else 2
+        value = int(m.group(group))
+        changed = insn[: m.start(group)] + str(value + 8) + insn[m.end(group) :]
+        yield f"#{i} `{insn}` -> `{changed}`", _with_code(design, insns[:i] + [changed] + insns[i + 1 :])
+    if design.patch is not None and isinstance(design.patch.prefix, str) and _DISPLACEMENT.search(design.patch.prefix):
+        prefix = _DISPLACEMENT.sub(lambda m: str(int(m.group(1)) + 8) + "(%rsp)", design.patch.prefix)
+        yield f"site prefix -> `{prefix}`", replace(design, patch=replace(design.patch, prefix=prefix))
+
+
+_LEA_RSP = re.compile(r"^lea\s+(-?\d+)\(%rsp\),\s*%rsp$")
+
+
+def lea_to_arith(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """``lea -N(%rsp),%rsp`` -> ``sub $N,%rsp`` / ``add $-N,%rsp`` (same rsp, the flags clobbered)."""
+    insns = _insns(design)
+    for i, insn in enumerate(insns):
+        m = _LEA_RSP.match(insn)
+        if m is not None:
+            n = int(m.group(1))
+            for form in (f"sub ${-n}, %rsp", f"add ${n}, %rsp"):
+                yield f"#{i} `{insn}` -> `{form}`", _with_code(design, insns[:i] + [form] + insns[i + 1 :])
+    if design.patch is not None and isinstance(design.patch.prefix, str):
+        m = _LEA_RSP.match(design.patch.prefix.strip())
+        if m is not None:
+            form = f"sub ${-int(m.group(1))}, %rsp"
+            yield f"site prefix -> `{form}`", replace(design, patch=replace(design.patch, prefix=form))
+
+
+def stray_store(design: Design, target: Target) -> Iterator[tuple[str, Design]]:
+    """A store the original instruction does not make: into the red zone, the frame above rsp, a global."""
+    insns, depth = _insns(design), _entry_depth(design)
+    yield "red zone (site rsp-64)", _with_code(design, [f"movq ${STRAY}, {depth - 64}(%rsp)", *insns])
+    yield "frame above rsp (site rsp+8)", _with_code(design, [f"movq ${STRAY}, {depth + 8}(%rsp)", *insns])
+    if target.global_address:
+        at = _before_syscall_setup(insns)
+        store = ["push %rax", f"mov ${target.global_address:#x}, %eax", f"movq ${STRAY}, (%rax)", "pop %rax"]
+        yield "a global (live_global)", _with_code(design, insns[:at] + store + insns[at:])
+
+
+def set_flag(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    insns = _insns(design)
+    at = _before_syscall_setup(insns)
+    for name, code in (("std", ["std"]), ("stc", ["stc"]), ("clc", ["clc"]),
+                       ("AC", ["pushf", "xorl $0x40000, (%rsp)", "popf"]),
+                       ("ID", ["pushf", "xorl $0x200000, (%rsp)", "popf"])):
+        yield f"{name} before the syscall", _with_code(design, insns[:at] + code + insns[at:])
+
+
+def clobber_gpr(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    insns = _insns(design)
+    at = _before_syscall_setup(insns)
+    for reg in ("rbx", "rdx", "rsi", "r8", "r12", "r15"):
+        yield f"mov $0x5a, %{reg} after the saves", _with_code(design, insns[:at] + [f"mov $0x5a, %{reg}"] + insns[at:])
+
+
+def clobber_vector(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    insns = _insns(design)
+    at = _before_syscall_setup(insns)
+    for code in ("pxor %xmm0, %xmm0", "xorps %xmm15, %xmm15", "fldz", "fninit"):
+        yield f"`{code}` after the saves", _with_code(design, insns[:at] + [code] + insns[at:])
+
+
+def clobber_control(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """The SSE or x87 control word changed after the saves (through a stack word: below the red
+    zone where the design already is, in it where it is not)."""
+    insns = _insns(design)
+    at = _before_syscall_setup(insns)
+    for what, code in (("mxcsr -> 0x1fa0", ["pushq $0x1fa0", "ldmxcsr (%rsp)", "lea 8(%rsp), %rsp"]),
+                       ("fcw -> 0x27f", ["pushq $0x27f", "fldcw (%rsp)", "lea 8(%rsp), %rsp"])):
+        yield what, _with_code(design, insns[:at] + code + insns[at:])
+
+
+def unbalanced_stack(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """rsp moved after the saves and never moved back."""
+    insns = _insns(design)
+    at = _before_syscall_setup(insns)
+    for form in ("lea -8(%rsp), %rsp", "lea 8(%rsp), %rsp"):
+        yield f"`{form}` after the saves", _with_code(design, insns[:at] + [form] + insns[at:])
+
+
+def drop_site_prefix(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """The site's own code before the branch (nop10: the lea over the red zone) dropped, the
+    handler left as it was."""
+    if design.patch is not None and design.patch.prefix:
+        yield f"site prefix {design.patch.prefix!r} dropped", replace(design, patch=replace(design.patch, prefix=b""))
+
+
+def saved_order(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    assert design.handler is not None
+    saved = design.handler.saved
+    for i in range(len(saved) - 1):
+        order = saved[:i] + (saved[i + 1], saved[i]) + saved[i + 2 :]
+        yield f"saved {saved} -> {order}", _with_handler(design, saved=order)
+
+
+def off_by_eight(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    assert design.handler is not None
+    h = design.handler
+    for what in ("sp_skip", "saved_offset"):
+        for delta in (8, -8):
+            value = getattr(h, what) + delta
+            if value >= 0:
+                yield f"{what} {getattr(h, what)} -> {value}", _with_handler(design, **{what: value})
+
+
+def wrong_exit(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    assert design.handler is not None
+    if design.handler.exit == "iret":
+        yield "exit iret -> sysret", _with_handler(design, exit="sysret")
+
+
+def missing_pop(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """A pop of a call trampoline's epilogue skipped with ``lea 8(%rsp),%rsp`` (rsp balanced, the register not restored)."""
+    insns = _insns(design)
+    for i, insn in enumerate(insns):
+        if insn.startswith("pop "):
+            yield f"#{i} `{insn}` -> `lea 8(%rsp), %rsp`", _with_code(design, insns[:i] + ["lea 8(%rsp), %rsp"] + insns[i + 1 :])
+
+
+# Equivalent mutants: each must come out clean.
+def deeper_lea(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    assert design.handler is not None
+    insns = _insns(design)
+    for i, insn in enumerate(insns):
+        m = _LEA_RSP.match(insn)
+        if m is not None and -int(m.group(1)) == design.handler.sp_skip:
+            form = f"lea {int(m.group(1)) - 64}(%rsp), %rsp"
+            yield (f"#{i} `{insn}` -> `{form}`, sp_skip +64",
+                   _with_handler(_with_code(design, insns[:i] + [form] + insns[i + 1 :]), sp_skip=design.handler.sp_skip + 64))
+
+
+def leading_nop(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    yield "nop first", _with_code(design, ["nop", *_insns(design)])
+
+
+def one_more_saved(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """push %rdx before the other saves and name it last in Handler.saved (the words are read from rsp upward)."""
+    assert design.handler is not None
+    insns = _insns(design)
+    first_push = next((i for i, insn in enumerate(insns) if insn.startswith("push ")), None)
+    if first_push is None or "dx" in design.handler.saved or design.handler.exit == "trampoline":
+        return  # a 'trampoline' exit pops the saved words itself: its epilogue would need the pop too
+    stepped = [m for insn in insns[:first_push] if (m := _LEA_RSP.match(insn)) is not None]
+    if not any(-int(m.group(1)) >= RED_ZONE for m in stepped):
+        return  # its pushes land in the red zone: one more is one more clobbered word, not an equivalent
+    yield "push %rdx, saved + ('dx',)", _with_handler(
+        _with_code(design, insns[:first_push] + ["push %rdx"] + insns[first_push:]), saved=(*design.handler.saved, "dx"))
+
+
+OPERATORS: dict[str, tuple[Edit, bool]] = {  # name -> (the edit, equivalent)
+    "drop-insn": (drop_insn, False),
+    "swap-insns": (swap_insns, False),
+    "change-immediate": (change_immediate, False),
+    "lea-to-arith": (lea_to_arith, False),
+    "stray-store": (stray_store, False),
+    "set-flag": (set_flag, False),
+    "clobber-gpr": (clobber_gpr, False),
+    "clobber-vector": (clobber_vector, False),
+    "clobber-control": (clobber_control, False),
+    "unbalanced-stack": (unbalanced_stack, False),
+    "drop-site-prefix": (drop_site_prefix, False),
+    "saved-order": (saved_order, False),
+    "off-by-eight": (off_by_eight, False),
+    "sysret-for-iret": (wrong_exit, False),
+    "missing-pop": (missing_pop, False),
+    "deeper-lea": (deeper_lea, True),
+    "leading-nop": (leading_nop, True),
+    "one-more-saved": (one_more_saved, True),
+}
+
+
+def mutants(design: Design, target: Target, operators: list[str] | None = None) -> Iterator[Mutant]:
+    """Every viable mutant of ``design`` (one the design API accepts), named after its base."""
+    if not design.optimizes or design.trampoline is None or instructions(design.trampoline.code) is None:
+        raise UsageError(f"design {design.name!r}: mutants are made of an optimizing design with its trampoline "
+                         "as assembly text")
+    n = 0
+    for name in operators or list(OPERATORS):
+        edit, equivalent = OPERATORS[name]
+        for change, mutated in edit(design, target):
+            n += 1
+            candidate = _fitted(replace(mutated, name=f"{design.name}.m{n}", source=f"mutant of {design.name}"))
+            try:
+                candidate.validate()
+            except DesignError:
+                continue  # not viable: the design API refuses it before anything runs
+            yield Mutant(name, change, candidate, equivalent)
+
+
+def _fitted(design: Design) -> Design:
+    """A 'slots' trampoline whose mutated code outgrew its slot gets bigger slots (where a slot
+    lies changes nothing a program can see; the code in it is what is being tested)."""
+    t = design.trampoline
+    if t is None or t.layout != "slots":
+        return design
+    try:
+        size = len(t.code_bytes)
+    except UsageError:
+        return design  # keystone refuses it: validate() says so
+    slot = t.slot_size
+    while slot < size and slot < 256:
+        slot *= 2
+    return design if slot == t.slot_size else replace(design, trampoline=replace(t, slot_size=slot))
+
+
+# ------------------------------------------------------------------------------ running them
+def _signature(v: Violation) -> tuple[Any, ...]:
+    """What a violation found, without where in the trampoline its writer sits."""
+    kept = tuple(sorted((k, str(val)) for k, val in v.detail.items() if k not in ("writer", "path", "exits")))
+    return v.kind.value, v.probe, v.hit, kept
+
+
+def sites_of(design: Design) -> tuple[str, ...]:
+    return ("uprobe:nop10_site",) if design.site_length == 10 else ("uprobe:nop5_site",)
+
+
+def _looks(_hit: Hit) -> None:
+    """A handler that only looks: the kernel takes its full path (pt_regs from the saved words and back)."""
+
+
+def run_once(design: Design, target: Target, verifiers: tuple[Verifier, ...] = DEFAULT_VERIFIERS,
+             handler: bool = False) -> Run:
+    """One run of ``target`` under ``design`` with its sites probed (``handler``: by a consumer with
+    a handler, else a counting one: the kernel's fast path)."""
+    m = Machine(target.path, [target.path, *target.args], {}, RunOptions(design=design), io := GuestIO.captured())
+    for spec in sites_of(design):
+        m.attach(spec, Consumer(handler=_looks) if handler else None)
+    session = VerifySession(m, verifiers)
+    result = m.run()
+    session.finish(result.message or result.ending.value, killed=result.signal is not None)
+    tag = "handler" if handler else "counting"
+    return Run(frozenset((tag, *_signature(v)) for v in session.violations), tuple(session.violations),
+               bytes(io.out), result.exit_status)
+
+
+def run_both(design: Design, target: Target, verifiers: tuple[Verifier, ...] = DEFAULT_VERIFIERS) -> tuple[Run, Run]:
+    """With a counting consumer, then with one with a handler: each path of the kernel gets its turn."""
+    return run_once(design, target, verifiers), run_once(design, target, verifiers, handler=True)
+
+
+def judge(mutant: Mutant, runs: tuple[Run, Run], baselines: tuple[Run, Run]) -> Result:
+    new: tuple[Violation, ...] = ()
+    observed = ""
+    for run, baseline, tag in zip(runs, baselines, ("counting", "handler"), strict=True):
+        new += tuple(v for v in run.violations if (tag, *_signature(v)) not in baseline.signatures)
+        if not observed and (run.stdout != baseline.stdout or run.exit_status != baseline.exit_status):
+            observed = (f"{tag} consumer: output {run.stdout!r} exit {run.exit_status} "
+                        f"(unmutated: {baseline.stdout!r} exit {baseline.exit_status})")
+    if mutant.equivalent:
+        return Result(mutant, Outcome.FALSE_ALARM if new or observed else Outcome.CLEAN, new, observed)
+    if new:
+        return Result(mutant, Outcome.KILLED, new, observed)
+    return Result(mutant, Outcome.SURVIVED if observed else Outcome.UNSEEN, new, observed)
+
+
+def global_address(path: str) -> int:
+    m = Machine(path, [path], {}, RunOptions(), GuestIO.captured())
+    found = m.resolver.symbols.get("live_global")
+    return found[0] if found else 0
+
+
+def score_design(design: Design, target: Target | None = None, operators: list[str] | None = None,
+                 on_result: Callable[[Result], None] | None = None,
+                 verifiers: tuple[Verifier, ...] = DEFAULT_VERIFIERS) -> DesignScore:
+    """Every mutant of ``design`` run on ``target`` (default live_state) with ``verifiers``, judged."""
+    target = target or Target(global_address=global_address(LIVE_STATE))
+    baselines = run_both(design, target, verifiers)
+    out = DesignScore(design.name)
+    for mutant in mutants(design, target, operators):
+        result = judge(mutant, run_both(mutant.design, target, verifiers), baselines)
+        out.results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return out
+
+
+def score_table(scores: list[DesignScore]) -> str:
+    from emu.render import table
+
+    rows: list[tuple[str, ...]] = [("design", "operator", "mutants", "killed", "survived", "unseen", "equivalent ok",
+                                    "false alarms", "score")]
+    for s in scores:
+        for op in [*s.operators(), None]:
+            mine = [r for r in s.results if op in (None, r.mutant.operator)]
+            score = s.score(op)
+            rows.append((s.design, op or "(all)", str(len(mine)), str(s.count(Outcome.KILLED, op)),
+                         str(s.count(Outcome.SURVIVED, op)), str(s.count(Outcome.UNSEEN, op)),
+                         str(s.count(Outcome.CLEAN, op)), str(s.count(Outcome.FALSE_ALARM, op)),
+                         "-" if score is None else f"{100 * score:.0f}%"))
+    return table(rows)
+
+
+def survivors_text(scores: list[DesignScore]) -> list[str]:
+    """Every mutant that is not as it should be (survived, unseen, false alarm), with its code."""
+    lines = []
+    for s in scores:
+        for r in s.results:
+            if r.outcome in (Outcome.SURVIVED, Outcome.UNSEEN, Outcome.FALSE_ALARM):
+                lines.append(f"{s.design}: {r.outcome.value}: {r.mutant.operator}: {r.mutant.change}")
+                lines.append(f"    {code_of(r.mutant.design)}")
+                if r.observed:
+                    lines.append(f"    observed: {r.observed}")
+                lines += [f"    {v.line()}" for v in r.new[:3]]
+    return lines
+
+
+def optimizing(designs: dict[str, Design]) -> list[Design]:
+    return [d for d in designs.values() if d.optimizes]
+
