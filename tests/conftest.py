@@ -7,10 +7,11 @@ by signal (returncode -signo) is reported as 128+signo, the way the emulator rep
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,26 @@ def _no_user_designs_between_tests() -> Any:
     """Designs a test loads from a file stay in that test (`check --kernel all` includes them)."""
     yield
     forget_user_designs()
+
+
+@contextlib.contextmanager
+def machine_code_refused(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """As on a host that refuses executable mappings: every verifier hook is Python."""
+    from emu.verify import machine_code
+
+    def refuse(*_args: object, **_kwargs: object) -> object:
+        raise PermissionError("no executable mappings here")
+
+    machine_code.mapped.cache_clear()
+    with monkeypatch.context() as patch:
+        patch.setattr(machine_code.mmap, "mmap", refuse)
+        try:
+            yield
+        finally:
+            machine_code.mapped.cache_clear()
+
+
+@pytest.fixture
+def no_machine_code(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with machine_code_refused(monkeypatch):
+        yield

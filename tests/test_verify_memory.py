@@ -4,7 +4,6 @@ and the fallbacks when a fast path is unavailable: each must give the verdicts o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from emu.designs import DESIGNS, Design, Trampoline
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 from emu.pytest_plugin import assert_no_violations
-from emu.verify import machine_code, transaction
+from emu.verify import transaction
 from emu.verify.checks import FLAG_BITS, flag_changes
 from emu.verify.mutate import global_address
 from emu.verify.session import VerifySession
@@ -127,17 +126,6 @@ def design_file(tmp_path: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------------- fallbacks
-@pytest.fixture
-def no_machine_code(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """As on a host that refuses executable mappings: every hook is Python."""
-    machine_code.mapped.cache_clear()
-    monkeypatch.setattr(machine_code.mmap, "mmap", _refuse)
-    yield
-    machine_code.mapped.cache_clear()
-
-
-def _refuse(*_args: object, **_kwargs: object) -> object:
-    raise PermissionError("no executable mappings here")
 
 
 @pytest.fixture

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import machine_code_refused
 
 from emu.abi import Prot
 from emu.cpu import Cpu, Reg
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
-from emu.verify import machine_code
 from emu.verify.session import VerifySession
 from emu.verify.write_log import WriteLog, classify, entries
 
@@ -21,17 +20,6 @@ CODE, DATA = 0x10000, 0x80000
 STORES = bytes.fromhex("48890425" "08010800" "48890425" "00020800" "c6042501010800" "7f" "f4")
 
 
-@pytest.fixture
-def python_hook_only(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """As on a host that refuses executable mappings."""
-    machine_code.mapped.cache_clear()
-    monkeypatch.setattr(machine_code.mmap, "mmap", _refuse)
-    yield
-    machine_code.mapped.cache_clear()
-
-
-def _refuse(*_args: object, **_kwargs: object) -> object:
-    raise PermissionError("no executable mappings here")
 
 
 def _stores_on_a_cpu(log: WriteLog) -> tuple[list[tuple[int, int, int, int, int]], bytes, bool]:
@@ -76,7 +64,7 @@ def test_the_machine_code_hook_logs_each_store_and_the_window_before_the_first()
     assert snapshot == bytes(range(128))  # taken before the first store landed
 
 
-@pytest.mark.usefixtures("python_hook_only")
+@pytest.mark.usefixtures("no_machine_code")
 def test_the_python_stand_in_logs_the_same() -> None:
     logged, snapshot, native = _stores_on_a_cpu(WriteLog())
     assert not native
@@ -107,12 +95,8 @@ def _verdicts(design: str) -> list[tuple[int, int, str, str, str]]:
 
 def test_verdicts_with_the_machine_code_hook_match_the_python_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     native = _verdicts("linux-6.18")
-    machine_code.mapped.cache_clear()
-    monkeypatch.setattr(machine_code.mmap, "mmap", _refuse)
-    try:
+    with machine_code_refused(monkeypatch):
         python = _verdicts("linux-6.18")
-    finally:
-        machine_code.mapped.cache_clear()
     assert native and native == python
 
 
