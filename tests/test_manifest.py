@@ -19,7 +19,7 @@ EXPECTED_SAMPLES = {
     "hello_static", "hello_static_pie", "hello_dynamic", "argv_env",
     "file_reader", "cpu_bound", "getpid_loop", "exit_code", "crash",
     "redzone_probe", "probe_targets", "usdt_sample", "hello_asm", "trig", "uret_edge", "usdt_args", "selfprobe", "signals",
-    "uprobe_syscall", "rsb_shapes", "threads", "uprobe_race", "forks", "rmw_sites",
+    "uprobe_syscall", "rsb_shapes", "threads", "uprobe_race", "forks", "rmw_sites", "survey_cases",
 }
 
 EM_X86_64 = 62

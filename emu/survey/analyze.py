@@ -1,0 +1,128 @@
+"""One file's survey: what `scan` finds, each site's red-zone verdict, and each design's hazard.
+
+Runs on a worker (a Dask task): reads the file itself, checks it is the content the client hashed,
+and returns plain data (picklable, JSON-able), never an exception for a bad file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from emu.designs import Design
+from emu.errors import EmuError
+from emu.survey.redzone import LIVE, Function, RedZone, analyse, unknown
+from emu.survey.writes import red_zone_writes
+
+ANALYSIS_VERSION = 1  # bump when a verdict could change: stored results of older versions are redone
+CONTEXT_INSNS = 6  # instructions shown either side of a hazardous site in the report
+
+
+@dataclass(frozen=True, slots=True)
+class SiteSurvey:
+    address: int
+    kind: str
+    symbol: str | None  # function+offset, or None outside any function symbol
+    name: str  # labels or the USDT probe name
+    insn: str
+    red_zone: str
+    reason: str | None
+    live: tuple[tuple[int, int], ...]
+    verdicts: dict[str, str]  # design -> scan's verdict (optimize / int3 / refused ...)
+    hazard: dict[str, bool | None]
+    context: str = ""  # disassembly around the site, for live sites
+
+    def optimized(self, design: str) -> bool:
+        return self.verdicts.get(design, "").startswith("optimize")
+
+
+@dataclass(frozen=True, slots=True)
+class FileSurvey:
+    path: str
+    sha256: str
+    size: int
+    status: str  # ok | not-elf | other-arch | bad-elf | unreadable | changed
+    error: str | None = None
+    sites: tuple[SiteSurvey, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [{"file": self.path, "address": s.address, "symbol": s.symbol, "name": s.name, "kind": s.kind,
+                 "insn": s.insn, "red_zone": s.red_zone, "reason": s.reason, "live_bytes": [list(x) for x in s.live],
+                 "designs": dict(s.verdicts), "hazard": dict(s.hazard)} for s in self.sites]
+
+
+def hazard(design: Design, verdict: str, rz: RedZone) -> bool | None:
+    """True: the design optimizes the site and writes a live byte; None: cannot tell."""
+    if not verdict.startswith("optimize"):
+        return False  # INT3 (or refused): the kernel writes nothing on the user stack on entry
+    written = red_zone_writes(design)
+    if written == ():
+        return False
+    if written is None or rz.state not in (LIVE, "dead"):
+        return None
+    return rz.hit_by(written)
+
+
+def survey_file(path: str, sha256: str | None, designs: Sequence[Design]) -> FileSurvey:
+    """The survey of ``path``; ``sha256``: the content the caller expects (None: whatever is there)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        return FileSurvey(path, sha256 or "", 0, "unreadable", exc.strerror)
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and digest != sha256:
+        return FileSurvey(path, sha256, len(data), "changed", "the file changed during the survey")
+    if data[:4] != b"\x7fELF":
+        return FileSurvey(path, digest, len(data), "not-elf")
+    from emu.scan import scan_file  # pyelftools and capstone: on the worker only
+
+    try:
+        result = scan_file(path, designs)
+    except EmuError as err:
+        status = "other-arch" if "not an x86-64 ELF" in str(err) else "bad-elf"
+        return FileSurvey(path, digest, len(data), status, str(err))
+    functions: dict[int, Function] = {}
+    sites = tuple(_site(result, s, designs, functions) for s in result.sites)
+    return FileSurvey(path, digest, len(data), "ok", None, sites)
+
+
+def _site(result: Any, site: Any, designs: Sequence[Design], functions: dict[int, Function]) -> SiteSurvey:
+    fn = _function(result, site.address, functions)
+    rz = unknown("no function symbol contains the site") if fn is None else analyse(fn, site.address)
+    verdicts = dict(site.designs)
+    symbol = None if site.function is None else site.where
+    context = _context(fn, site.address) if fn is not None and rz.state == LIVE else ""
+    return SiteSurvey(site.address, site.kind, symbol, site.name, site.text, rz.state, rz.reason, rz.live, verdicts,
+                      {d.name: hazard(d, verdicts[d.name], rz) for d in designs}, context)
+
+
+def _function(result: Any, address: int, cache: dict[int, Function]) -> Function | None:
+    """The FUNC symbol around ``address``, decoded once per file."""
+    import bisect
+
+    starts = sorted(result.bounds)
+    i = bisect.bisect_right(starts, address) - 1
+    if i < 0:
+        return None
+    start = starts[i]
+    _name, size = result.bounds[start]
+    if address >= start + size:
+        return None
+    if start not in cache:
+        cache[start] = Function.build(result.image.bytes_at(start, size), start)
+    return cache[start]
+
+
+def _context(fn: Function, address: int) -> str:
+    """The instructions around ``address``, the site marked."""
+    order = sorted(fn.insns)
+    i = order.index(address) if address in fn.insns else 0
+    lines = []
+    for a in order[max(0, i - CONTEXT_INSNS): i + CONTEXT_INSNS + 1]:
+        insn = fn.insns[a]
+        mark = "=>" if a == address else "  "
+        lines.append(f"{mark} {a:#x}: {insn.raw.hex(' '):<30} {insn.text}")
+    return "\n".join(lines)
