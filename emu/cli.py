@@ -14,7 +14,8 @@ from emu.commands.common import PROG, stderr_line
 from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
 
 # Module names under emu/commands/, each defining the command of the same NAME (imported when used).
-COMMAND_MODULES: tuple[str, ...] = ("run", "check", "bench", "scan", "patch", "diff", "race", "fuzz", "replay")
+COMMAND_MODULES: tuple[str, ...] = ("run", "check", "bench", "scan", "patch", "diff", "race", "fuzz", "replay",
+                                     "survey")
 _VERBOSE = re.compile(r"^(-v+|--verbose)$")
 
 
