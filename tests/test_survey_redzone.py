@@ -132,3 +132,52 @@ def test_a_design_is_compared_by_value() -> None:
     """red_zone_writes caches per design: an equal copy gives the same answer, a changed one its own."""
     base = DESIGNS["linux-6.18"]
     assert red_zone_writes(dataclasses.replace(base)) == red_zone_writes(base)
+
+
+@pytest.mark.parametrize(("text", "state"), [
+    (f"mov %rdi,-8(%rsp); {NOP5}; jmp 0x5000", "dead"),  # a tail call: rsp is back at its entry value
+    (f"push %rbx; mov %rdi,-8(%rsp); {NOP5}; jmp 0x5000", "unknown"),  # the function goes on elsewhere
+])
+def test_jumps_out_of_the_bounds(text: str, state: str) -> None:
+    fn, site = _fn(text)
+    rz = analyse(fn, site)
+    assert rz.state == state, rz.reason
+    assert state == "dead" or "bounds" in (rz.reason or "")
+
+
+@pytest.mark.parametrize(("after", "state", "live"), [
+    ("mov -8(%rsp),%rax; ret", "live", ((-8, -1),)),
+    ("movq $0,-8(%rsp); mov -8(%rsp),%rax; ret", "dead", ()),
+])
+def test_a_known_executed_site_entered_from_elsewhere(after: str, state: str, live: tuple[tuple[int, int], ...]) -> None:
+    """A USDT site in a split-off part (no direct path from its unwind entry): liveness from the site alone;
+    the same unreachable site not known to run is padding, and unknown."""
+    fn, site = _fn(f"ret; {NOP5}; {after}")
+    rz = analyse(fn, site, executed=True)
+    assert (rz.state, rz.live) == (state, live) and "outside" in (rz.reason or "")
+    assert analyse(fn, site).state == "unknown"
+
+
+def test_unwind_bounds_match_the_symbols() -> None:
+    """A stripped binary's functions come from .eh_frame_hdr + FDEs: they agree with the symbol table."""
+    from elftools.elf.elffile import ELFFile
+
+    from emu.survey.bounds import UnwindBounds
+
+    with open(sample("hello_dynamic"), "rb") as fh:
+        elf = ELFFile(fh)
+        unwind = UnwindBounds.read(elf)
+        assert unwind is not None
+        symbols = {s.name: (s["st_value"], s["st_size"]) for s in elf.get_section_by_name(".symtab").iter_symbols()}
+    start, size = symbols["main"]
+    assert unwind.around(start + size - 1) == (start, size)
+    assert unwind.around(unwind.starts[0] - 1) is None  # before every FDE
+
+
+def test_no_unwind_table_no_bounds() -> None:
+    from elftools.elf.elffile import ELFFile
+
+    from emu.survey.bounds import UnwindBounds
+
+    with open(sample("survey_cases"), "rb") as fh:  # assembly without CFI directives
+        assert UnwindBounds.read(ELFFile(fh)) is None

@@ -6,17 +6,20 @@ and returns plain data (picklable, JSON-able), never an exception for a bad file
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from emu.designs import Design
 from emu.errors import EmuError
+from emu.survey.bounds import UnwindBounds
 from emu.survey.redzone import LIVE, Function, RedZone, analyse, unknown
 from emu.survey.writes import red_zone_writes
 
-ANALYSIS_VERSION = 1  # bump when a verdict could change: stored results of older versions are redone
+ANALYSIS_VERSION = 2  # bump when a verdict could change: stored results of older versions are redone
 CONTEXT_INSNS = 6  # instructions shown either side of a hazardous site in the report
 
 
@@ -85,13 +88,27 @@ def survey_file(path: str, sha256: str | None, designs: Sequence[Design]) -> Fil
         status = "other-arch" if "not an x86-64 ELF" in str(err) else "bad-elf"
         return FileSurvey(path, digest, len(data), status, str(err))
     functions: dict[int, Function] = {}
-    sites = tuple(_site(result, s, designs, functions) for s in result.sites)
+    unwind = _unwind(data) if any(s.function is None for s in result.sites) else None
+    sites = tuple(_site(result, s, designs, functions, unwind) for s in result.sites)
     return FileSurvey(path, digest, len(data), "ok", None, sites)
 
 
-def _site(result: Any, site: Any, designs: Sequence[Design], functions: dict[int, Function]) -> SiteSurvey:
-    fn = _function(result, site.address, functions)
-    rz = unknown("no function symbol contains the site") if fn is None else analyse(fn, site.address)
+def _unwind(data: bytes) -> UnwindBounds | None:
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        return UnwindBounds.read(ELFFile(io.BytesIO(data)))
+    except Exception:  # pyelftools on a damaged file: no bounds, the sites stay unknown
+        return None
+
+
+def _site(result: Any, site: Any, designs: Sequence[Design], functions: dict[int, Function],
+          unwind: UnwindBounds | None) -> SiteSurvey:
+    fn = _function(result, site.address, functions, unwind)
+    if fn is None:
+        rz = unknown("no function symbol or unwind entry contains the site")
+    else:
+        rz = analyse(fn, site.address, executed=site.usdt is not None)
     verdicts = dict(site.designs)
     symbol = None if site.function is None else site.where
     context = _context(fn, site.address) if fn is not None and rz.state == LIVE else ""
@@ -99,21 +116,23 @@ def _site(result: Any, site: Any, designs: Sequence[Design], functions: dict[int
                       {d.name: hazard(d, verdicts[d.name], rz) for d in designs}, context)
 
 
-def _function(result: Any, address: int, cache: dict[int, Function]) -> Function | None:
-    """The FUNC symbol around ``address``, decoded once per file."""
-    import bisect
-
-    starts = sorted(result.bounds)
-    i = bisect.bisect_right(starts, address) - 1
-    if i < 0:
+def _function(result: Any, address: int, cache: dict[int, Function], unwind: UnwindBounds | None) -> Function | None:
+    """The FUNC symbol around ``address`` (else its unwind table entry), decoded once per file."""
+    bounds = _symbol_bounds(result.bounds, address) or (unwind.around(address) if unwind is not None else None)
+    if bounds is None:
         return None
-    start = starts[i]
-    _name, size = result.bounds[start]
-    if address >= start + size:
-        return None
+    start, size = bounds
     if start not in cache:
         cache[start] = Function.build(result.image.bytes_at(start, size), start)
     return cache[start]
+
+
+def _symbol_bounds(symbols: dict[int, tuple[str, int]], address: int) -> tuple[int, int] | None:
+    starts = sorted(symbols)
+    i = bisect.bisect_right(starts, address) - 1
+    if i < 0 or address >= starts[i] + symbols[starts[i]][1]:
+        return None
+    return starts[i], symbols[starts[i]][1]
 
 
 def _context(fn: Function, address: int) -> str:

@@ -49,6 +49,7 @@ class Function:
     insns: dict[int, Insn]
     succs: dict[int, tuple[int, ...]]
     indirect: frozenset[int]  # addresses of indirect jumps
+    outward: frozenset[int]  # direct jumps to outside the bounds (tail calls, or into a split-off part)
     preds: dict[int, tuple[int, ...]]
     problem: str | None = None  # a jump into the middle of an instruction
     _flow: tuple[dict[int, Regs], dict[int, Effect]] | None = None
@@ -80,6 +81,7 @@ class Function:
         end = start + len(code)
         succs: dict[int, tuple[int, ...]] = {}
         indirect: set[int] = set()
+        outward: set[int] = set()
         problem = None
         for a, insn in insns.items():
             out, bad = _successors(insn, start, end, insns)
@@ -87,12 +89,15 @@ class Function:
             problem = problem or bad
             if insn.mnemonic == "jmp" and insn.direct_target is None:
                 indirect.add(a)
+            target = insn.direct_target
+            if insn.mnemonic.startswith("j") and target is not None and not start <= target < end:
+                outward.add(a)
         back: dict[int, list[int]] = {}
         for a, outs in succs.items():
             for b in outs:
                 back.setdefault(b, []).append(a)
         preds = {b: tuple(v) for b, v in back.items()}
-        return cls(start, end, insns, succs, frozenset(indirect), preds, problem)
+        return cls(start, end, insns, succs, frozenset(indirect), frozenset(outward), preds, problem)
 
     def reach(self, origin: int, edges: dict[int, tuple[int, ...]]) -> set[int]:
         seen, todo = {origin}, [origin]
@@ -156,31 +161,65 @@ def _kills(eff: Effect, lo: int) -> int:
     return _mask(eff.stores, lo) | clobber
 
 
-def analyse(fn: Function, site: int) -> RedZone:
-    """The red-zone verdict for a site at ``site`` inside ``fn``."""
+ENTERED_NOTE = ("entered from outside its function's direct flow (a split-off part): every byte read after the "
+                "site is taken as stored before it")
+
+
+def analyse(fn: Function, site: int, executed: bool = False) -> RedZone:
+    """The red-zone verdict for a site at ``site`` inside ``fn``. ``executed``: the site is known to
+    run (a USDT note), so one not reached from the entry is entered by a jump from elsewhere (GCC's
+    .cold parts), not dead padding."""
     if fn.problem:
         return unknown(fn.problem)
     if site not in fn.insns:
         return unknown("the site is not on an instruction boundary of its function's sweep")
     if not fn.reached(site):
+        if executed:
+            return _entered_at(fn, site)
         return unknown("the site is not reached from the function entry by direct branches")
     rsp = fn.regs_in[site].get(RSP)
     if rsp is None:
         return unknown("rsp not known relative to the function entry at the site")
     after = fn.reach(site, fn.succs)
     before = fn.reach(site, fn.preds) & set(fn.regs_in)
+    blocked = _blocked(fn, fn.effects, after, before) or _jumps_out(fn, after, tail_ok=True)
+    if blocked:
+        return unknown(blocked)
+    lo = rsp - RED_ZONE
+    live = _stored(fn, site, lo, before) & _read(fn.succs, fn.effects, lo, after, site)
+    return RedZone(LIVE, spans(live, lo - rsp)) if live else RedZone(DEAD)
+
+
+def _entered_at(fn: Function, site: int) -> RedZone:
+    """Liveness alone, from rsp = 0 at the site (what came before is outside the function's code)."""
+    _regs, effects = _propagate(site, fn.insns, fn.succs)
+    after = set(effects)
+    blocked = _blocked(fn, effects, after, set()) or _jumps_out(fn, after, tail_ok=False)
+    if blocked:
+        return unknown(blocked)
+    live = _read(fn.succs, effects, -RED_ZONE, after, site)
+    return RedZone(LIVE if live else DEAD, spans(live, -RED_ZONE), ENTERED_NOTE)
+
+
+def _jumps_out(fn: Function, after: set[int], tail_ok: bool) -> str | None:
+    """A jump out of the bounds is a tail call when rsp is back at its entry value; otherwise the
+    function goes on elsewhere (a .cold part jumping back to its hot part), where reads are unseen."""
+    for a in sorted(after & fn.outward):
+        if not (tail_ok and fn.regs_in.get(a, {}).get(RSP) == 0):
+            return f"jump out of the function's bounds at {a:#x} with the stack in use (a split function)"
+    return None
+
+
+def _blocked(fn: Function, effects: dict[int, Effect], after: set[int], before: set[int]) -> str | None:
+    """Why the code around the site cannot be read: an indirect jump after it, an opaque access."""
     for a in sorted(after):
         if a in fn.indirect:
-            return unknown(f"indirect jump at {a:#x} after the site")
+            return f"indirect jump at {a:#x} after the site"
     for a in sorted(after | before):
-        eff = fn.effects.get(a)
+        eff = effects.get(a)
         if eff is not None and eff.opaque:
-            return unknown(eff.opaque)
-    lo = rsp - RED_ZONE
-    live = _stored(fn, site, lo, before) & _read(fn, site, lo, after)
-    if not live:
-        return RedZone(DEAD)
-    return RedZone(LIVE, spans(live, lo - rsp))
+            return eff.opaque
+    return None
 
 
 def _stored(fn: Function, site: int, lo: int, region: set[int]) -> int:
@@ -205,7 +244,7 @@ def _stored(fn: Function, site: int, lo: int, region: set[int]) -> int:
     return stored
 
 
-def _read(fn: Function, site: int, lo: int, region: set[int]) -> int:
+def _read(succs: dict[int, tuple[int, ...]], effects: dict[int, Effect], lo: int, region: set[int], site: int) -> int:
     """May-live bytes just after the site: backward over the instructions it reaches."""
     live_in: dict[int, int] = {}
     changed = True
@@ -213,9 +252,9 @@ def _read(fn: Function, site: int, lo: int, region: set[int]) -> int:
     while changed:
         changed = False
         for a in order:
-            eff = fn.effects[a]
+            eff = effects[a]
             live_out = 0
-            for b in fn.succs[a]:
+            for b in succs[a]:
                 live_out |= live_in.get(b, 0)
             new = (live_out & ~_kills(eff, lo)) | _mask(eff.loads, lo)
             if live_in.get(a) != new:
