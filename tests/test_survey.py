@@ -182,3 +182,46 @@ def test_survey_through_a_dask_scheduler_equals_the_local_run(dask_cluster: str,
     remote_store = Store(str(remote), designs_key(ALL))
     assert remote_store.dump() == local_store.dump() and len(remote_store.dump()) > 50
     assert sorted(remote_store.analyses().values()) == [1, 1, 1, 1]
+
+
+@pytest.mark.slow
+def test_sigint_keeps_the_files_done_and_the_rerun_goes_on(tmp_path: Path) -> None:
+    """A real Ctrl-C (SIGINT) during a local-cluster survey: exit 130, the finished files stay stored."""
+    import signal
+    import sqlite3
+
+    root = tmp_path / "bins"
+    root.mkdir()
+    names = ("hello_static", "argv_env", "file_reader", "cpu_bound", "exit_code", "getpid_loop")
+    for name in names:
+        shutil.copy(sample(name), root / name)
+    db = tmp_path / "int.sqlite"
+    cmd = [sys.executable, "-m", "emu", "survey", "--jobs", "1", "--db", str(db), str(root)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while _stored_files(db) < 1:
+            assert proc.poll() is None and time.monotonic() < deadline, "no file finished"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "kept in the database" in err
+    kept = _stored_files(db)
+    assert 1 <= kept < len(names)
+    store = Store(str(db), designs_key(ALL))
+    assert survey([str(root)], ALL, store, inline).analysed == len(names) - kept
+    assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def _stored_files(db: Path) -> int:
+    import sqlite3
+
+    if not db.exists():
+        return 0
+    try:
+        return int(sqlite3.connect(db, timeout=5).execute("SELECT count(*) FROM files").fetchone()[0])
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return 0
