@@ -87,9 +87,8 @@ def survey_file(path: str, sha256: str | None, designs: Sequence[Design]) -> Fil
     except EmuError as err:
         status = "other-arch" if "not an x86-64 ELF" in str(err) else "bad-elf"
         return FileSurvey(path, digest, len(data), status, str(err))
-    functions: dict[int, Function] = {}
-    unwind = _unwind(data) if any(s.function is None for s in result.sites) else None
-    sites = tuple(_site(result, s, designs, functions, unwind) for s in result.sites)
+    bounds = _Bounds(result, _unwind(data) if any(s.function is None for s in result.sites) else None)
+    sites = tuple(_site(bounds, s, designs) for s in result.sites)
     return FileSurvey(path, digest, len(data), "ok", None, sites)
 
 
@@ -102,9 +101,8 @@ def _unwind(data: bytes) -> UnwindBounds | None:
         return None
 
 
-def _site(result: Any, site: Any, designs: Sequence[Design], functions: dict[int, Function],
-          unwind: UnwindBounds | None) -> SiteSurvey:
-    fn = _function(result, site.address, functions, unwind)
+def _site(bounds: _Bounds, site: Any, designs: Sequence[Design]) -> SiteSurvey:
+    fn = bounds.function(site.address)
     if fn is None:
         rz = unknown("no function symbol or unwind entry contains the site")
     else:
@@ -116,23 +114,30 @@ def _site(result: Any, site: Any, designs: Sequence[Design], functions: dict[int
                       {d.name: hazard(d, verdicts[d.name], rz) for d in designs}, context)
 
 
-def _function(result: Any, address: int, cache: dict[int, Function], unwind: UnwindBounds | None) -> Function | None:
-    """The FUNC symbol around ``address`` (else its unwind table entry), decoded once per file."""
-    bounds = _symbol_bounds(result.bounds, address) or (unwind.around(address) if unwind is not None else None)
-    if bounds is None:
-        return None
-    start, size = bounds
-    if start not in cache:
-        cache[start] = Function.build(result.image.bytes_at(start, size), start)
-    return cache[start]
+class _Bounds:
+    """The functions of one file: FUNC symbols (sorted once), else unwind entries; each decoded once."""
 
+    def __init__(self, result: Any, unwind: UnwindBounds | None) -> None:
+        self.image = result.image
+        self.symbols: dict[int, tuple[str, int]] = result.bounds
+        self.starts = sorted(self.symbols)
+        self.unwind = unwind
+        self.cache: dict[int, Function] = {}
 
-def _symbol_bounds(symbols: dict[int, tuple[str, int]], address: int) -> tuple[int, int] | None:
-    starts = sorted(symbols)
-    i = bisect.bisect_right(starts, address) - 1
-    if i < 0 or address >= starts[i] + symbols[starts[i]][1]:
-        return None
-    return starts[i], symbols[starts[i]][1]
+    def around(self, address: int) -> tuple[int, int] | None:
+        i = bisect.bisect_right(self.starts, address) - 1
+        if i >= 0 and address < self.starts[i] + self.symbols[self.starts[i]][1]:
+            return self.starts[i], self.symbols[self.starts[i]][1]
+        return self.unwind.around(address) if self.unwind is not None else None
+
+    def function(self, address: int) -> Function | None:
+        bounds = self.around(address)
+        if bounds is None:
+            return None
+        start, size = bounds
+        if start not in self.cache:
+            self.cache[start] = Function.build(self.image.bytes_at(start, size), start)
+        return self.cache[start]
 
 
 def _context(fn: Function, address: int) -> str:
