@@ -51,9 +51,14 @@ class FileSurvey:
     sites: tuple[SiteSurvey, ...] = field(default_factory=tuple)
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [{"file": self.path, "address": s.address, "symbol": s.symbol, "name": s.name, "kind": s.kind,
-                 "insn": s.insn, "red_zone": s.red_zone, "reason": s.reason, "live_bytes": [list(x) for x in s.live],
-                 "designs": dict(s.verdicts), "hazard": dict(s.hazard)} for s in self.sites]
+        return site_rows(self.path, self.sites)
+
+
+def site_rows(path: str, sites: Sequence[SiteSurvey]) -> list[dict[str, Any]]:
+    """The JSON rows of ``sites`` found in ``path`` (live_bytes: inclusive offsets from rsp at the site)."""
+    return [{"file": path, "address": s.address, "symbol": s.symbol, "name": s.name, "kind": s.kind, "insn": s.insn,
+             "red_zone": s.red_zone, "reason": s.reason, "live_bytes": [list(x) for x in s.live],
+             "designs": dict(s.verdicts), "hazard": dict(s.hazard)} for s in sites]
 
 
 def hazard(design: Design, verdict: str, rz: RedZone) -> bool | None:

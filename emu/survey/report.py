@@ -14,7 +14,7 @@ from typing import Any
 
 from emu.designs import Design
 from emu.render import table
-from emu.survey.analyze import SiteSurvey
+from emu.survey.analyze import SiteSurvey, site_rows
 from emu.survey.engine import Outcome
 from emu.survey.redzone import LIVE, UNKNOWN
 
@@ -56,14 +56,8 @@ def totals(outcome: Outcome, designs: Sequence[Design]) -> dict[str, Any]:
 def to_json(outcome: Outcome, designs: Sequence[Design]) -> dict[str, Any]:
     out = totals(outcome, designs)
     out["sites"] = [row for path, sha in _contents(outcome)
-                    for row in _rows(path, outcome.results[sha].sites)]
+                    for row in site_rows(path, outcome.results[sha].sites)]
     return out
-
-
-def _rows(path: str, sites: Sequence[SiteSurvey]) -> list[dict[str, Any]]:
-    return [{"file": path, "address": s.address, "symbol": s.symbol, "name": s.name, "kind": s.kind, "insn": s.insn,
-             "red_zone": s.red_zone, "reason": s.reason, "live_bytes": [list(x) for x in s.live],
-             "designs": dict(s.verdicts), "hazard": dict(s.hazard)} for s in sites]
 
 
 def summary_text(outcome: Outcome, designs: Sequence[Design]) -> str:
