@@ -225,3 +225,20 @@ def _stored_files(db: Path) -> int:
         return int(sqlite3.connect(db, timeout=5).execute("SELECT count(*) FROM files").fetchone()[0])
     except sqlite3.OperationalError:  # the schema is not there yet
         return 0
+
+
+def test_an_unreadable_file_is_counted_and_skipped(tree: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(root reads a chmod 000 file anyway: the refusal is simulated at open)"""
+    import builtins
+
+    real_open = builtins.open
+    locked = str(tree / "hello_asm")
+
+    def fake_open(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(path) == locked:
+            raise PermissionError(13, "Permission denied", locked)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    found = walk([str(tree)])
+    assert found.counts["unreadable"] == 1 and locked not in found.elf and len(found.elf) == 4
