@@ -102,7 +102,7 @@ def dask_executor(scheduler: str | None, jobs: int) -> Executor:
 
         try:
             cluster = None if scheduler else LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
-                                                          dashboard_address=":0", silence_logs=logging.ERROR)
+                                                          dashboard_address=":0", silence_logs=logging.CRITICAL)
             client = Client(scheduler or cluster, timeout="20s")
         except (OSError, TimeoutError, ValueError) as exc:
             raise UsageError(f"cannot reach the Dask scheduler {scheduler}: {exc}") from None
