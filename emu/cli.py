@@ -15,7 +15,7 @@ from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
 
 # Module names under emu/commands/, each defining the command of the same NAME (imported when used).
 COMMAND_MODULES: tuple[str, ...] = ("run", "check", "bench", "scan", "patch", "diff", "race", "fuzz", "replay",
-                                    "mutate")
+                                    "mutate", "survey")
 _VERBOSE = re.compile(r"^(-v+|--verbose)$")
 
 

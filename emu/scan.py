@@ -153,12 +153,14 @@ class ScanResult:
     sites: list[Site]
     functions: int = 0
     instructions: int = 0
+    image: _Image | None = None  # the executable sections, for analyses that read the code again (survey)
+    bounds: dict[int, tuple[str, int]] = field(default_factory=dict)  # FUNC symbols: start -> (name, size)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [s.to_json() for s in self.sites]
 
 
-def scan_file(path: str, designs: Sequence[str] = tuple(DESIGNS), inline: bool = True) -> ScanResult:
+def scan_file(path: str, designs: Sequence[str | Design] = tuple(DESIGNS), inline: bool = True) -> ScanResult:
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -199,7 +201,7 @@ def _scan(path: str, elf: ELFFile, designs: list[Design], inline: bool) -> ScanR
             if kind == "STT_FUNC" and sym["st_size"] and value not in functions:
                 functions[value] = (sym.name, sym["st_size"])
     starts = sorted(functions)
-    result = ScanResult(path, [], functions=len(functions))
+    result = ScanResult(path, [], functions=len(functions), image=image, bounds=functions)
 
     def container(address: int) -> tuple[str | None, int]:
         i = bisect.bisect_right(starts, address) - 1

@@ -1,0 +1,66 @@
+"""`uprobe-emu survey`: every probe site under some paths, its red zone, and which designs it is a hazard for."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from emu.commands.common import add_design_options, check_writable, chosen_designs, positive_int, write_json
+
+NAME = "survey"
+HELP = "static red-zone survey of every probe site in the ELF files under PATHs, per design"
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from emu.survey.store import DEFAULT_DB
+
+    add_design_options(p, "all", "designs to judge each site for (default all: built-in and --design-file ones)")
+    p.add_argument("--json", metavar="FILE", help="write the totals and every site as JSON")
+    p.add_argument("--report", metavar="FILE.md", help="write a Markdown report (totals, hazardous sites, packages)")
+    p.add_argument("--db", default=DEFAULT_DB, metavar="FILE",
+                   help=f"SQLite results database, reused by the next survey (default ./{DEFAULT_DB})")
+    p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
+                   help="run the analyses on this Dask scheduler's workers (default: a local cluster)")
+    p.add_argument("--jobs", type=positive_int, default=_cpus(), metavar="N",
+                   help="local worker processes (default: the CPUs this process may use)")
+    p.add_argument("--max-files", type=positive_int, metavar="N",
+                   help="analyse at most N new files, then stop (the next run goes on)")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+
+
+def run(args: argparse.Namespace) -> int:
+    from emu.designs import get_design
+    from emu.survey.engine import dask_executor, survey
+    from emu.survey.report import markdown, packages, summary_text, to_json
+    from emu.survey.store import Store, designs_key
+
+    designs = [get_design(n) for n in chosen_designs(args)]
+    for path in (args.json, args.report):
+        if path:
+            check_writable(path)
+    store = Store(args.db, designs_key(designs))
+    try:
+        outcome = survey(args.paths, designs, store, dask_executor(args.scheduler, args.jobs), args.max_files,
+                         progress=True)
+    finally:
+        store.close()
+    print(summary_text(outcome, designs))
+    if args.json:
+        write_json(args.json, to_json(outcome, designs))
+    if args.report:
+        _write(args.report, markdown(outcome, designs, packages(sorted(outcome.walk.elf))))
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    from emu.errors import EmuError
+
+    try:
+        with open(path, "w") as fh:
+            fh.write(text)
+    except OSError as exc:
+        raise EmuError(f"cannot write {path}: {exc.strerror}") from None

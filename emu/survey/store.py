@@ -1,0 +1,124 @@
+"""The survey's SQLite database: results keyed by file content, so a rerun redoes nothing.
+
+- ``files``: one row per content (sha256) and set of designs surveyed (``key``: the analysis
+  version and the designs' values), with the status and how many times it was analysed;
+- ``sites`` and ``verdicts``: what analyze.py found for that content;
+- ``paths``: where each content was seen (the report's per-package counts, the JSON's file names).
+
+Each file's rows are committed together as its result arrives: Ctrl-C or a killed survey keeps
+every file already done, and the next run starts from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from emu.designs import Design
+from emu.errors import EmuError
+from emu.survey.analyze import ANALYSIS_VERSION, FileSurvey, SiteSurvey
+
+DEFAULT_DB = "uprobe-emu-survey.sqlite"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    sha256 TEXT NOT NULL, key TEXT NOT NULL, size INTEGER NOT NULL, status TEXT NOT NULL, error TEXT,
+    analyses INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (sha256, key));
+CREATE TABLE IF NOT EXISTS paths (path TEXT PRIMARY KEY, sha256 TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sites (
+    sha256 TEXT NOT NULL, key TEXT NOT NULL, address INTEGER NOT NULL, kind TEXT NOT NULL, symbol TEXT,
+    name TEXT NOT NULL, insn TEXT NOT NULL, red_zone TEXT NOT NULL, reason TEXT, live TEXT NOT NULL,
+    context TEXT NOT NULL, PRIMARY KEY (sha256, key, address, kind));
+CREATE TABLE IF NOT EXISTS verdicts (
+    sha256 TEXT NOT NULL, key TEXT NOT NULL, address INTEGER NOT NULL, kind TEXT NOT NULL, design TEXT NOT NULL,
+    verdict TEXT NOT NULL, hazard INTEGER, PRIMARY KEY (sha256, key, address, kind, design));
+"""
+
+
+def designs_key(designs: Sequence[Design]) -> str:
+    """What a stored result depends on besides the content: the analysis version and the designs' values."""
+    text = f"v{ANALYSIS_VERSION};" + ";".join(repr(d) for d in designs)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    sha256: str
+    status: str
+    error: str | None
+    size: int
+    sites: tuple[SiteSurvey, ...]
+
+
+class Store:
+    def __init__(self, path: str, key: str) -> None:
+        self.key = key
+        try:
+            self.db = sqlite3.connect(path)
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise EmuError(f"cannot open the survey database {path}: {exc}") from None
+
+    def close(self) -> None:
+        self.db.close()
+
+    def done(self, sha256: str) -> bool:
+        row = self.db.execute("SELECT 1 FROM files WHERE sha256 = ? AND key = ?", (sha256, self.key)).fetchone()
+        return row is not None
+
+    def saw(self, path: str, sha256: str) -> None:
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO paths VALUES (?, ?)", (path, sha256))
+
+    def put(self, result: FileSurvey) -> None:
+        """One file's rows, in one transaction (a repeat analysis replaces them and counts itself)."""
+        key, sha = self.key, result.sha256
+        with self.db:
+            before = self.db.execute("SELECT analyses FROM files WHERE sha256 = ? AND key = ?", (sha, key)).fetchone()
+            self.db.execute("DELETE FROM sites WHERE sha256 = ? AND key = ?", (sha, key))
+            self.db.execute("DELETE FROM verdicts WHERE sha256 = ? AND key = ?", (sha, key))
+            self.db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)",
+                            (sha, key, result.size, result.status, result.error, 1 + (before[0] if before else 0)))
+            self.db.executemany("INSERT OR REPLACE INTO sites VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+                (sha, key, s.address, s.kind, s.symbol, s.name, s.insn, s.red_zone, s.reason, json.dumps(s.live),
+                 s.context) for s in result.sites])
+            self.db.executemany("INSERT OR REPLACE INTO verdicts VALUES (?, ?, ?, ?, ?, ?, ?)", [
+                (sha, key, s.address, s.kind, d, s.verdicts[d], None if h is None else int(h))
+                for s in result.sites for d, h in s.hazard.items()])
+
+    def get(self, sha256: str) -> Stored | None:
+        row = self.db.execute("SELECT status, error, size FROM files WHERE sha256 = ? AND key = ?",
+                              (sha256, self.key)).fetchone()
+        if row is None:
+            return None
+        return Stored(sha256, row[0], row[1], row[2], tuple(self._sites(sha256)))
+
+    def _sites(self, sha256: str) -> Iterator[SiteSurvey]:
+        verdicts: dict[tuple[int, str], list[tuple[str, str, int | None]]] = {}
+        for address, kind, design, verdict, hazard in self.db.execute(
+                "SELECT address, kind, design, verdict, hazard FROM verdicts WHERE sha256 = ? AND key = ? "
+                "ORDER BY rowid", (sha256, self.key)):
+            verdicts.setdefault((address, kind), []).append((design, verdict, hazard))
+        for address, kind, symbol, name, insn, red_zone, reason, live, context in self.db.execute(
+                "SELECT address, kind, symbol, name, insn, red_zone, reason, live, context FROM sites "
+                "WHERE sha256 = ? AND key = ? ORDER BY rowid", (sha256, self.key)):
+            rows = verdicts.get((address, kind), [])
+            yield SiteSurvey(address, kind, symbol, name, insn, red_zone, reason,
+                             tuple(tuple(x) for x in json.loads(live)),
+                             {d: v for d, v, _ in rows}, {d: None if h is None else bool(h) for d, _, h in rows},
+                             context)
+
+    def analyses(self) -> dict[str, int]:
+        """sha256 -> times analysed (under this key)."""
+        return dict(self.db.execute("SELECT sha256, analyses FROM files WHERE key = ?", (self.key,)).fetchall())
+
+    def dump(self) -> list[tuple[object, ...]]:
+        """Every stored result row (files without the analysis count, sites, verdicts), sorted: equal
+        surveys give equal dumps, whoever ran them."""
+        rows: list[tuple[object, ...]] = []
+        for table, cols in (("files", "sha256, key, size, status, error"), ("sites", "*"), ("verdicts", "*"),
+                            ("paths", "*")):
+            rows += [(table, *r) for r in self.db.execute(f"SELECT {cols} FROM {table}")]
+        return sorted(rows, key=repr)
