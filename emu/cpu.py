@@ -15,13 +15,16 @@ import struct
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import unicorn
 import unicorn.x86_const as x86
 from unicorn.unicorn_py3.unicorn import uclib
 
 from emu.abi import PAGE_SIZE, Prot
+
+if TYPE_CHECKING:
+    from emu.memory import SharedPages
 
 # User-mode rflags as Linux keeps them (notes/linux-6.18-observed.md section 10): bit 1 and IF always
 # set, IOPL 0 and no virtual-8086 bits; at CPL 3 the guest's popf/iret cannot change those, and a value
@@ -223,6 +226,7 @@ class Cpu:
 
     def __init__(self) -> None:
         self._uc = unicorn.Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_64)
+        self._shared_pages: dict[int, SharedPages] = {}
         _Engines.adopt(self, self._uc)
         self._uch = self._uc._uch
         self._callbacks: dict[int, object] = {}
@@ -423,6 +427,11 @@ class Cpu:
     # ------------------------------------------------------------------- memory
     def mem_map(self, addr: int, size: int, prot: Prot) -> None:
         self._uc.mem_map(addr, size, int(prot))
+
+    def mem_map_shared(self, addr: int, size: int, prot: Prot, pages: SharedPages, offset: int) -> None:
+        """Map host memory other engines map too (MAP_SHARED); guest stores still fire the write hooks."""
+        self._uc.mem_map_ptr(addr, size, int(prot), pages.address + offset)
+        self._shared_pages[id(pages)] = pages  # alive as long as this engine may touch it
 
     def mem_unmap(self, addr: int, size: int) -> None:
         self._uc.mem_unmap(addr, size)

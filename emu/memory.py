@@ -8,7 +8,9 @@ old bytes first, as the kernel's ``verify_insn`` step does (spec 3.5).
 from __future__ import annotations
 
 import bisect
+import ctypes
 import dataclasses
+import mmap
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +31,39 @@ class MemoryBackend(Protocol):
     def mem_read(self, addr: int, size: int) -> bytes: ...
     def mem_write(self, addr: int, data: bytes) -> None: ...
     def flush_code(self, begin: int, end: int) -> None: ...
+    def mem_map_shared(self, addr: int, size: int, prot: Prot, pages: SharedPages, offset: int) -> None: ...
+
+
+class SharedPages:
+    """Host memory behind MAP_SHARED mappings: every address space that maps it (fork children, other
+    processes mapping the same file) maps these very bytes, so a store by one is seen by all at once."""
+
+    def __init__(self, size: int) -> None:
+        self.size = page_up(size)
+        self.buf = mmap.mmap(-1, self.size)
+        self._view = ctypes.c_char.from_buffer(self.buf)  # an export: the buffer can never be closed under an engine
+        self.address = ctypes.addressof(self._view)
+        self.wakes: dict[int, int] = {}  # FUTEX_WAKEs so far of a shared futex word, by its offset here
+
+
+@dataclass(frozen=True, slots=True)
+class Backing:
+    """[start, end) of an address space is ``pages`` from byte ``offset`` on."""
+
+    start: int
+    end: int
+    pages: SharedPages
+    offset: int
+
+    def cut(self, lo: int, hi: int) -> list[Backing]:
+        """What remains outside [lo, hi)."""
+        out = []
+        if self.start < lo:
+            out.append(Backing(self.start, min(self.end, lo), self.pages, self.offset))
+        if hi < self.end:
+            start = max(self.start, hi)
+            out.append(Backing(start, self.end, self.pages, self.offset + start - self.start))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +179,7 @@ class Memory:
         self._starts: list[int] = []
         self.stack_limit = STACK_LIMIT  # RLIMIT_STACK: how far [stack] may grow down from its top
         self._stack_pieces = 0  # backend regions the stack grew by since it was last one region
+        self.backings: list[Backing] = []  # the MAP_SHARED ranges, mapped from host memory other spaces map too
 
     # --------------------------------------------------------------- queries
     def __iter__(self) -> Iterator[Vma]:
@@ -213,18 +249,23 @@ class Memory:
         inode: int = 0,
         shared: bool = False,
         data: bytes = b"",
+        backing: tuple[SharedPages, int] | None = None,
     ) -> Vma:
         """Map [start, start+length) (page-rounded), replacing whatever was there (MAP_FIXED).
 
-        ``data`` is written at ``start`` (the rest of the pages read as zeros). A backend that
-        cannot map the range (too large for the host) raises :class:`MapFailed`.
+        ``data`` is written at ``start`` (the rest of the pages read as zeros, unless ``backing``:
+        then the pages are those host pages, from that offset, with whatever they hold). A backend
+        that cannot map the range (too large for the host) raises :class:`MapFailed`.
         """
         lo, hi = page_down(start), page_up(start + length)
         if length <= 0 or not (0 < lo < hi <= TASK_SIZE):
             raise MemoryFault(f"cannot map {lo:#x}-{hi:#x}")
         self.unmap(lo, hi - lo)
         try:
-            self.backend.mem_map(lo, hi - lo, prot)
+            if backing is None:
+                self.backend.mem_map(lo, hi - lo, prot)
+            else:
+                self._map_shared(Backing(lo, hi, *backing), prot)
         except Exception as exc:
             raise MapFailed(f"cannot map {lo:#x}-{hi:#x} ({hi - lo:#x} bytes): {exc}") from exc
         if data:
@@ -240,9 +281,40 @@ class Memory:
         child.mmap_base = self.mmap_base
         for vma in self._vmas:
             if keep(vma):
-                child.backend.mem_map(vma.start, vma.size, vma.prot)
-                child.backend.mem_write(vma.start, self.backend.mem_read(vma.start, vma.size))
+                pos = vma.start
+                for b in sorted(self._backings_in(vma.start, vma.end) if vma.shared else [], key=lambda b: b.start):
+                    self._copy_range(child, pos, b.start, vma.prot)
+                    child._map_shared(b, vma.prot)  # the same host pages: each sees the other's stores, as on Linux
+                    pos = b.end
+                self._copy_range(child, pos, vma.end, vma.prot)  # private pages: an eager copy-on-write
                 child._insert(vma)
+
+    def _copy_range(self, child: Memory, lo: int, hi: int, prot: Prot) -> None:
+        if lo < hi:
+            child.backend.mem_map(lo, hi - lo, prot)
+            child.backend.mem_write(lo, self.backend.mem_read(lo, hi - lo))
+
+    def _backings_in(self, lo: int, hi: int) -> list[Backing]:
+        """The shared pieces of [lo, hi), clipped to it."""
+        out = []
+        for b in self.backings:
+            if b.start < hi and lo < b.end:
+                start = max(b.start, lo)
+                out.append(Backing(start, min(b.end, hi), b.pages, b.offset + start - b.start))
+        return out
+
+    def _map_shared(self, backing: Backing, prot: Prot) -> None:
+        if backing.offset + backing.end - backing.start > backing.pages.size:
+            raise MapFailed(f"{backing.start:#x}-{backing.end:#x} lies beyond its shared pages")
+        self.backend.mem_map_shared(backing.start, backing.end - backing.start, prot, backing.pages, backing.offset)
+        self.backings.append(backing)
+
+    def backing_at(self, addr: int) -> tuple[SharedPages, int] | None:
+        """The shared host pages at ``addr`` and the offset into them (a shared futex's key)."""
+        for b in self.backings:
+            if b.start <= addr < b.end:
+                return b.pages, b.offset + addr - b.start
+        return None
 
     def unmap_all(self) -> None:
         """execve's exec_mmap: the old address space goes, every mapping of it."""
@@ -256,6 +328,9 @@ class Memory:
         for vma in self._split(start, end):
             self._remove(vma)
             self.backend.mem_unmap(vma.start, vma.size)
+        if self.backings:  # other address spaces keep their mappings of the host pages
+            self.backings = [piece for b in self.backings for piece in
+                             ((b,) if b.end <= start or end <= b.start else b.cut(start, end))]
 
     def protect(self, start: int, length: int, prot: Prot) -> bool:
         """mprotect: False (ENOMEM) if part of the range is unmapped."""

@@ -85,6 +85,11 @@ SLOW = [  # a few seconds each under emulation: the interpreter starts, then an 
                "    return [await t for t in asyncio.as_completed([w(i) for i in range(3)])]\nprint(asyncio.run(m()))"],
     [PY, "-c", "import concurrent.futures as f\nwith f.ThreadPoolExecutor(4) as e:\n"
                "    print(sorted(e.map(lambda x: x * x, range(8))))"],
+    # the pools' queues lock with SemLocks: sem_t in MAP_SHARED /dev/shm pages, futexes across processes
+    [PY, "-c", "import concurrent.futures as f\ndef sq(x): return x * x\nif __name__ == '__main__':\n"
+               "    with f.ProcessPoolExecutor(2) as e: print(sorted(e.map(sq, range(8))))"],
+    [PY, "-c", "import multiprocessing as mp\ndef sq(x): return x * x\nif __name__ == '__main__':\n"
+               "    with mp.Pool(2) as p: print(p.map(sq, range(8)))"],
 ]
 
 

@@ -256,6 +256,10 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     pid = child.config.pid
     child.files = parent.files.fork()
     child.vfs = parent.vfs.fork()  # one file system (and its in-memory layer) for the whole run
+    if child.vfs.overlay is not None and child.vfs.overlay.mapped:
+        from emu.kernel import fswrite
+
+        fswrite.fork_maps(parent, child)
     from emu.kernel.perf import inherit_events  # attr.inherit: the child's own copy of the event
 
     inherit_events(child.files.entries, pid)

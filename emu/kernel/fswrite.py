@@ -17,7 +17,7 @@ from emu import abi
 from emu.abi import PAGE_SIZE
 from emu.kernel import fs, procfs, sysfs
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.overlay import Inode, Kind, Overlay, OverlayFile
+from emu.kernel.overlay import Inode, Kind, Overlay, OverlayFile, SharedMap
 from emu.kernel.vfs import HostFile, OpenFile, StatInfo, SyntheticDir
 
 if TYPE_CHECKING:
@@ -549,6 +549,13 @@ def mapped(k: Kernel, file: OpenFile, start: int, offset: int, length: int, shar
         ov = _overlay(k)
         if ov is not None:
             ov.mapped.add(file.inode)
+
+
+def fork_maps(parent: Kernel, child: Kernel) -> None:
+    """fork: the child's copies of the parent's shared file mappings write back to their files too."""
+    ov = _overlay(parent)
+    for inode in list(ov.mapped) if ov is not None else []:
+        inode.maps += [SharedMap(child.mem, m.start, m.offset, m.length) for m in inode.maps if m.mem is parent.mem]
 
 
 def write_back(k: Kernel, addr: int, length: int) -> None:

@@ -1,8 +1,12 @@
 """futex(2): wait, wake, requeue, for the threads of one process (kernel/futex/).
 
-Private and shared futexes are keyed the same way, by address: every waiter shares the one
-address space. A waiting thread is put to sleep with its syscall already returning 0 (what a
-wake gives it); a timeout or an interrupting signal rewrites that result before it runs again.
+Private futexes are keyed by address: every waiter shares the one address space. A shared one
+(no FUTEX_PRIVATE_FLAG) on a MAP_SHARED page while other processes live is keyed by the host
+page and offset, which all processes mapping it share: its waiter waits as for a pipe (the
+machine restarts the call once another process has run), and a FUTEX_WAKE from any process
+counts on the page, which ends the waits begun before it. A waiting thread is put to sleep with
+its syscall already returning 0 (what a wake gives it); a timeout or an interrupting signal
+rewrites that result before it runs again.
 Timeouts count on the virtual clock: FUTEX_WAIT's is relative (CLOCK_MONOTONIC), FUTEX_WAIT_BITSET's
 absolute on CLOCK_MONOTONIC, or CLOCK_REALTIME with FUTEX_CLOCK_REALTIME.
 """
@@ -15,9 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.exits import WouldBlock
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
+    from emu.memory import SharedPages
 
 FUTEX_WAIT, FUTEX_WAKE, FUTEX_REQUEUE, FUTEX_CMP_REQUEUE = 0, 1, 3, 4
 FUTEX_WAIT_BITSET, FUTEX_WAKE_BITSET = 9, 10
@@ -48,6 +54,14 @@ def sys_futex(k: Kernel, uaddr: int, op: int, val: int, timeout: int, uaddr2: in
     if uaddr % 4:
         raise SyscallError(errno.EINVAL)
     val &= 0xFFFFFFFF
+    if not op & FUTEX_PRIVATE_FLAG and cmd in (FUTEX_WAIT, FUTEX_WAIT_BITSET, FUTEX_WAKE, FUTEX_WAKE_BITSET):
+        shared = _shared_word(k, uaddr)
+        if shared is not None:
+            realtime, absolute = bool(op & FUTEX_CLOCK_REALTIME), cmd == FUTEX_WAIT_BITSET
+            if cmd in (FUTEX_WAKE, FUTEX_WAKE_BITSET):
+                return _shared_wake(k, shared, uaddr, val, _bitset(val3) if cmd == FUTEX_WAKE_BITSET else ~0)
+            deadline = _deadline(k, timeout, absolute=absolute, realtime=realtime)
+            return _shared_wait(k, shared, uaddr, val, deadline)
     if cmd == FUTEX_WAIT:
         return futex_wait(k, uaddr, val, _deadline(k, timeout, absolute=False, realtime=False), FUTEX_BITSET_MATCH_ANY)
     if cmd == FUTEX_WAIT_BITSET:
@@ -121,3 +135,37 @@ def futex_requeue(k: Kernel, uaddr: int, uaddr2: int, wake: int, move: int, expe
         assert task.wait is not None
         k.sched.block(task, uaddr2, task.wait.bitset, task.wait.deadline)
     return len(woken) + len(moved)
+
+
+def _shared_word(k: Kernel, uaddr: int) -> tuple[SharedPages, int] | None:
+    """The host page and offset of a futex word other live processes may wait on; None: a local one."""
+    if k.family is None or not k.family.has_others(k.ident.pid):
+        return None
+    return k.mem.backing_at(uaddr)
+
+
+def _shared_wait(k: Kernel, shared: tuple[SharedPages, int], uaddr: int, val: int, deadline: int | None) -> int:
+    pages, offset = shared
+    wakes = pages.wakes.get(offset, 0)
+    seen, k.task.shared_wait = k.task.shared_wait, None
+    if seen is not None and seen[0] is pages and seen[1] == offset and wakes > seen[2]:
+        return 0  # a FUTEX_WAKE came while it waited
+    if load_word(k, uaddr) != val:
+        raise SyscallError(errno.EAGAIN)
+    if deadline is not None and deadline <= k.clock.elapsed:
+        raise SyscallError(errno.ETIMEDOUT)
+    k.task.shared_wait = (pages, offset, seen[2] if seen is not None and seen[0] is pages and seen[1] == offset
+                          else wakes)
+    raise WouldBlock(f"shared futex {uaddr:#x}", on=(pages,), until=deadline)
+
+
+def _shared_wake(k: Kernel, shared: tuple[SharedPages, int], uaddr: int, count: int, bitset: int) -> int:
+    """Wake this process's own sleepers of the word, and end the other processes' waits on it."""
+    pages, offset = shared
+    woken = futex_wake(k, uaddr, count, bitset & FUTEX_BITSET_MATCH_ANY)
+    if woken < count:
+        pages.wakes[offset] = pages.wakes.get(offset, 0) + 1
+        assert k.family is not None
+        if k.family.notify(k.ident.pid, pages):
+            woken += 1
+    return woken

@@ -16,7 +16,7 @@ from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, page_up
 from emu.errors import MapFailed
 from emu.kernel import limits
 from emu.kernel.errno_ import SyscallError
-from emu.memory import SPECIAL
+from emu.memory import SPECIAL, SharedPages
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -78,18 +78,22 @@ def sys_mmap(k: Kernel, addr: int, length: int, prot: int, flags: int, fd: int, 
     protection = _prot(prot)
     data = b""
     file_args: dict[str, object] = {}
+    backing = (SharedPages(length), 0) if kind == abi.MAP_SHARED and flags & abi.MAP_ANONYMOUS else None
     if not flags & abi.MAP_ANONYMOUS:
         entry = k.files.get(_fd(fd))
         if kind != abi.MAP_PRIVATE and protection & Prot.WRITE and not entry.file.shared_writable:
             raise SyscallError(errno.EACCES)  # the sandbox only opens files read-only
         data = entry.file.mmap_bytes(offset, length)
+        if kind == abi.MAP_SHARED:
+            backing = entry.file.shared_pages(offset, length)
         st = entry.file.stat()
         file_args = dict(name=entry.file.guest_path, offset=offset, dev=(os.major(st.dev), os.minor(st.dev)),
                          inode=st.ino)
     start = _place(k, addr, length, flags)
     replaced = sum(min(v.end, start + length) - max(v.start, start) for v in k.mem.overlapping(start, start + length))
     limits.charge_memory(k, length - replaced)
-    vma = k.mem.map(start, length, protection, shared=kind == abi.MAP_SHARED, data=data, **file_args)  # type: ignore[arg-type]
+    vma = k.mem.map(start, length, protection, shared=kind == abi.MAP_SHARED, data=data,
+                     backing=backing, **file_args)  # type: ignore[arg-type]
     if not flags & abi.MAP_ANONYMOUS:
         entry.file.mapped(start, length)
         if kind == abi.MAP_SHARED:

@@ -25,7 +25,7 @@ from emu.kernel.errno_ import SyscallError
 from emu.kernel.vfs import DT_TYPES, HostFile, OpenFile, StatInfo
 
 if TYPE_CHECKING:
-    from emu.memory import Memory
+    from emu.memory import Memory, SharedPages
 
 FIRST_INO = 0x7E00_0000  # far above the inode numbers of the test trees; no clash with a host file
 BLOCK = 512
@@ -69,6 +69,10 @@ class Inode:
     target: str = ""  # LNK
     _data: bytearray | None = None
     maps: list[SharedMap] = field(default_factory=list)
+    # The file's pages as MAP_SHARED mappings show them, by file offset: every process mapping a range
+    # one of them covers maps that host memory, so their stores meet at once (the file's bytes follow
+    # at the syscalls that look at them: see _pull).
+    pages: list[tuple[int, SharedPages]] = field(default_factory=list)
 
     @property
     def data(self) -> bytearray:
@@ -139,6 +143,18 @@ class Inode:
             if b > a:
                 with contextlib.suppress(Exception):  # the range went away: the file keeps the bytes
                     m.mem.write(m.start + (a - m.offset), bytes(self._data[a:b]))
+
+    def shared_pages(self, offset: int, length: int) -> tuple[SharedPages, int]:
+        """Host pages for a MAP_SHARED mapping of [offset, offset+length): those of an earlier mapping
+        that covers the range, else new ones (a range only partly covered gets its own pages)."""
+        from emu.memory import SharedPages
+
+        for start, pages in self.pages:
+            if start <= offset and offset + length <= start + pages.size:
+                return pages, offset - start
+        pages = SharedPages(length)
+        self.pages.append((offset, pages))
+        return pages, 0
 
     def release_maps(self, mem: Memory, lo: int, hi: int) -> None:
         """munmap/msync of [lo, hi): the guest's stores there are written back first."""
@@ -455,6 +471,9 @@ class OverlayFile(OpenFile):
 
     def mmap_bytes(self, offset: int, length: int) -> bytes:
         return bytes(self.inode.data[offset : offset + length])
+
+    def shared_pages(self, offset: int, length: int) -> tuple[SharedPages, int]:
+        return self.inode.shared_pages(offset, length)
 
     def mapped_in(self, mem: Memory, start: int, offset: int, length: int) -> None:
         self.inode.data  # noqa: B018 - a mapping needs the bytes in memory

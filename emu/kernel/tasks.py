@@ -40,6 +40,8 @@ class Task:
     wait: FutexWait | None = None
     resume_regs: dict[Reg, int] = field(default_factory=dict)  # written after the context is loaded
     wake_at: int | None = None  # virtual time a restarted poll/select times out (its restart_block)
+    # A futex wait on memory other processes share, restarted until woken: (pages, offset, wakes seen)
+    shared_wait: tuple[object, int, int] | None = None
 
     @property
     def alive(self) -> bool:

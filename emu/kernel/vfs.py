@@ -21,6 +21,7 @@ from emu.kernel.locks import LockTable
 
 if TYPE_CHECKING:
     from emu.kernel.overlay import Inode, Overlay
+    from emu.memory import SharedPages
 
 
 MAX_SYMLINKS = 40
@@ -186,6 +187,11 @@ class OpenFile:
 
     # A writable shared mapping of this file is allowed (only kernel objects, never host files).
     shared_writable = False
+
+    def shared_pages(self, offset: int, length: int) -> tuple[SharedPages, int] | None:
+        """The host pages a MAP_SHARED mapping of [offset, offset+length) shows, and where in them it
+        starts: one and the same for every process. None: each mapping has its own copy."""
+        return None
 
     def mapped(self, start: int, length: int) -> None:
         """Told where mmap put it (a perf ring buffer writes its samples there)."""

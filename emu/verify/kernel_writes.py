@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from emu.abi import Prot
-from emu.memory import MemoryBackend
+from emu.memory import MemoryBackend, SharedPages
 
 WriteSeen = Callable[[int, bytes], None]  # (address, the bytes about to be written)
 
@@ -22,6 +22,7 @@ class WatchedBackend:
         self.mem_unmap: Callable[[int, int], None] = backend.mem_unmap
         self.mem_protect: Callable[[int, int, Prot], None] = backend.mem_protect
         self.flush_code: Callable[[int, int], None] = backend.flush_code
+        self.mem_map_shared: Callable[[int, int, Prot, SharedPages, int], None] = backend.mem_map_shared
 
     def mem_write(self, addr: int, data: bytes) -> None:
         self.on_write(addr, data)
