@@ -52,7 +52,7 @@ WRITE_FLAGS = abi.O_WRONLY | abi.O_RDWR | abi.O_TRUNC | abi.O_APPEND
 O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE: O_TMPFILE without O_DIRECTORY
 ST_RDONLY = 1  # statfs f_flags: the sandbox mounts everything read-only
 ST_NOSUID, ST_NODEV = 2, 4
-PROC_SUPER_MAGIC, PIPEFS_MAGIC, TMPFS_MAGIC = 0x9FA0, 0x50495045, 0x01021994
+PROC_SUPER_MAGIC, PIPEFS_MAGIC = 0x9FA0, 0x50495045
 STATFS_FLAGS_OFFSET = 88  # f_flags in struct statfs (x86-64)
 XATTR_SIZE_MAX = 65536
 POSIX_FADV_MAX = 5
@@ -635,11 +635,6 @@ def _synthetic_statfs(magic: int, flags: int = ST_RDONLY | ST_NOSUID | ST_NODEV)
     return struct.pack("<qqqqqqqiiqqq4q", magic, 4096, 0, 0, 0, 0, 0, 0, 0, 255, 4096, flags, 0, 0, 0, 0)
 
 
-def _tmpfs_of(k: Kernel, guest: str) -> bool:
-    overlay = k.vfs.overlay
-    return overlay is not None and any(guest == t or guest.startswith(t + "/") for t in overlay.tmpfs)
-
-
 def _host_statfs(target: int | str, read_only: bool = True) -> bytes:
     """The host's struct statfs (120 bytes), with ST_RDONLY set when the sandbox mounts it read-only."""
     buf = ctypes.create_string_buffer(STATFS_SIZE)
@@ -662,8 +657,6 @@ def sys_statfs(k: Kernel, path_addr: int, buf: int, *_: int) -> int:
 def _statfs_of(k: Kernel, guest: str) -> bytes:
     if procfs.stat_of(k, guest) is not None:
         return _synthetic_statfs(PROC_SUPER_MAGIC)
-    if _tmpfs_of(k, guest):
-        return _synthetic_statfs(TMPFS_MAGIC, ST_NOSUID | ST_NODEV)
     host = k.vfs.host_of(guest)
     while host is None:  # a name only the guest's layer holds: the file system of its nearest host directory
         guest = guest.rpartition("/")[0] or "/"
@@ -677,8 +670,6 @@ def sys_fstatfs(k: Kernel, fd: int, buf: int, *_: int) -> int:
     file = k.files.file(_signed32(fd))
     if isinstance(file, OverlayFile):
         data = _statfs_of(k, file.guest_path.rpartition("/")[0] or "/")  # its directory's file system
-    elif isinstance(file, HostFile | SyntheticDir) and _tmpfs_of(k, file.guest_path):
-        data = _synthetic_statfs(TMPFS_MAGIC, ST_NOSUID | ST_NODEV)
     elif isinstance(file, HostFile):
         data = _host_statfs(file.fd, k.vfs.overlay is None)
     elif isinstance(file, Device) and file.host_path is not None:

@@ -176,13 +176,11 @@ def _join(base: str, rel: str) -> str:
 class Overlay:
     """Every change one run's guest processes made to their file system (shared by all of them)."""
 
-    def __init__(self, host_path: Callable[[str], str], now_ns: Callable[[], int],
-                 tmpfs: tuple[str, ...] = ("/tmp", "/dev/shm")) -> None:
+    def __init__(self, host_path: Callable[[str], str], now_ns: Callable[[], int]) -> None:
         self.host_path = host_path
         self.now_ns = now_ns
         self.entries: dict[str, Inode | None] = {}  # None: a whiteout (the guest removed the name)
         self.children: dict[str, set[str]] = {}  # directory -> names of its entries above
-        self.tmpfs = tmpfs
         self.mapped: set[Inode] = set()  # inodes with MAP_SHARED mappings to write back
         self.copied: dict[tuple[int, int], Inode] = {}  # host (st_dev, st_ino) -> its copy in the guest's layer
         self._next_ino = FIRST_INO
