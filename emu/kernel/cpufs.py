@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from emu import abi
 from emu.cpumodel import MAX_CPUS
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import DT_TYPES, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
+from emu.kernel.vfs import DT_TYPES, OpenFile, StatInfo, SyntheticDir, kernel_made_file, synthetic_stat
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -112,11 +112,4 @@ def open_file(k: Kernel, guest: str, flags: int) -> OpenFile | None:
         if writing:
             raise SyscallError(errno.EISDIR)
         return SyntheticDir(guest, lambda: _listing(k, guest), stat_of(k, guest))
-    content = _content(k, guest)
-    if content is None:
-        raise SyscallError(errno.ENOENT)
-    if flags & abi.O_DIRECTORY:
-        raise SyscallError(errno.ENOTDIR)
-    if writing:
-        raise SyscallError(errno.EACCES)
-    return MemFile(guest, content, stat_of(k, guest))
+    return kernel_made_file(guest, _content(k, guest), flags, stat_of(k, guest))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from emu import abi, layout
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import DT_TYPES, Device, HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
+from emu.kernel.vfs import DT_TYPES, Device, HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, kernel_made_file, synthetic_stat
 from emu.memory import SPECIAL
 
 if TYPE_CHECKING:
@@ -337,14 +337,7 @@ def open_file(k: Kernel, guest: str, flags: int = abi.O_RDONLY) -> OpenFile | No
         return ProcMem(k, guest, info)
     if tail == "/maps" and not writing and not flags & abi.O_DIRECTORY:
         return MapsFile(k, guest, stat_of(k, guest))
-    content = _content(k, tail)
-    if content is None:
-        raise SyscallError(errno.ENOENT)
-    if flags & abi.O_DIRECTORY:
-        raise SyscallError(errno.ENOTDIR)
-    if writing:
-        raise SyscallError(errno.EACCES)
-    return MemFile(guest, content, stat_of(k, guest), render=lambda: _content(k, tail) or b"")
+    return kernel_made_file(guest, _content(k, tail), flags, stat_of(k, guest), render=lambda: _content(k, tail) or b"")
 
 
 def _pstat(k: Kernel, mode: int, size: int = 0, nlink: int = 1) -> StatInfo:

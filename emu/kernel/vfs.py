@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from emu.abi import O_ACCMODE, O_DIRECTORY
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.locks import LockTable
 
@@ -443,6 +444,19 @@ class MemFile(OpenFile):
 
     def stat(self) -> StatInfo:
         return self._info
+
+
+def kernel_made_file(guest_path: str, content: bytes | None, flags: int, info: StatInfo | None,
+                     render: Callable[[], bytes] | None = None) -> MemFile:
+    """Open a file procfs or sysfs makes up, as they answer: ENOENT without content, ENOTDIR for
+    O_DIRECTORY, EACCES for writing."""
+    if content is None:
+        raise SyscallError(errno.ENOENT)
+    if flags & O_DIRECTORY:
+        raise SyscallError(errno.ENOTDIR)
+    if flags & O_ACCMODE:
+        raise SyscallError(errno.EACCES)
+    return MemFile(guest_path, content, info, render)
 
 
 @dataclass
