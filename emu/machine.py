@@ -374,13 +374,13 @@ class Machine:
     def _act_on_signals(self) -> None:
         """Before running on: signals another process sent and timers that fired are acted on as at a
         return to user mode (a handler frame on the interrupted state, or death)."""
-        from emu.kernel.procsig import fire_timers
+        if not (self._signalled or self.kernel.timers):
+            return  # the common case: nothing to do, and procsig is not even imported
+        from emu.kernel.procsig import acting_signal, fire_timers
 
         fired = fire_timers(self.kernel) if self.kernel.timers else False
         if not (self._signalled or fired):
             return
-        from emu.kernel.procsig import acting_signal
-
         self._signalled = False
         task = self.kernel.sched.current
         if not task.signals.pending & ~task.signals.mask:

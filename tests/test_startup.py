@@ -36,6 +36,7 @@ NOT_FOR_A_PLAIN_RUN = (
     "emu.kernel.net",
     "emu.kernel.threads",  # clone and exit of a thread (exit_group ends a single-threaded run)
     "emu.kernel.futex",
+    "emu.kernel.procsig",  # kill, timers, SIGCHLD: only when a process signals another or sets a timer
     "emu.kernel.strace",  # only with --strace
     "emu.render",  # the probe table
     "emu.design_file",

@@ -92,13 +92,13 @@ class Family:
 
     def ended(self, pid: int, status: int) -> None:
         """A process ended: a zombie until reaped; its parent gets SIGCHLD and every waiter a look."""
-        from emu.kernel.procsig import post
-
         entry = self.procs[pid]
         entry.status, entry.waits, entry.until = status, None, None
         self.ends += 1
         parent = self.procs.get(entry.ppid)
         if parent is not None and parent.status is None:
+            from emu.kernel.procsig import post  # only a child's end signals anyone
+
             post(parent.process.kernel, Signal.SIGCHLD, CLD_KILLED if status & 0x7F else CLD_EXITED)
             parent.process.signal_arrived()
         self.notify(pid, None)
