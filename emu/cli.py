@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from emu import __version__
+from emu import __version__, hotpath
 from emu.commands.common import PROG, stderr_line
 from emu.errors import EXIT_HARNESS_ERROR, EmuError, UsageError
 
@@ -30,7 +30,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     argparse costs ~50 us an argument (a help formatter each), ~6 ms for every command's: a run
     builds what it parses. Anything else (--help, a prefix of an option, no command) gets all."""
     parser = _Parser(prog=PROG, description="Run x86-64 Linux binaries under Unicorn on a fake kernel.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__} ({hotpath.implementation()})")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for debug)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     named = _named_command(argv)

@@ -1,0 +1,38 @@
+/* The C hot path's shared declarations.
+ *
+ * Unicorn's functions are reached through pointers handed over from Python (emu/hotpath.py), so the
+ * extension needs neither Unicorn's headers nor its library at build time. The signatures below are
+ * those of Unicorn 2's public C API (unicorn.h); nothing here depends on a private structure.
+ */
+#ifndef UPROBE_EMU_HOTPATH_H
+#define UPROBE_EMU_HOTPATH_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+typedef struct uc_struct uc_engine;      /* opaque */
+typedef int uc_err;                      /* UC_ERR_OK is 0 */
+
+/* Public API functions (unicorn.h) the hot path calls. */
+typedef uc_err (*uc_reg_read_fn)(uc_engine *uc, int regid, void *value);
+typedef uc_err (*uc_reg_write_fn)(uc_engine *uc, int regid, const void *value);
+typedef uc_err (*uc_reg_read_batch_fn)(uc_engine *uc, int *regs, void **vals, int count);
+typedef uc_err (*uc_reg_write_batch_fn)(uc_engine *uc, int *regs, void *const *vals, int count);
+typedef uc_err (*uc_mem_read_fn)(uc_engine *uc, uint64_t address, void *bytes, size_t size);
+typedef uc_err (*uc_mem_write_fn)(uc_engine *uc, uint64_t address, const void *bytes, size_t size);
+typedef uc_err (*uc_emu_stop_fn)(uc_engine *uc);
+
+/* Hook callback shapes (unicorn.h: uc_cb_hookcode_t, uc_cb_hookmem_t, uc_cb_insn_syscall_t, uc_cb_hookintr_t). */
+typedef void (*hook_code_fn)(uc_engine *uc, uint64_t address, uint32_t size, void *user_data);
+typedef int (*hook_mem_fn)(uc_engine *uc, int type, uint64_t address, int size, int64_t value, void *user_data);
+typedef void (*hook_syscall_fn)(uc_engine *uc, void *user_data);
+typedef void (*hook_intr_fn)(uc_engine *uc, uint32_t intno, void *user_data);
+
+/* Each part of the hot path adds its functions and constants to the module (module.c calls them). */
+int hotpath_add_base(PyObject *module);
+
+/* Helper for the parts: add a C function's address to the module as an int constant. */
+int hotpath_add_address(PyObject *module, const char *name, void *function);
+
+#endif

@@ -1,0 +1,36 @@
+/* The module emu._hotpath: each part of the hot path registers itself here. */
+#include "hotpath.h"
+
+#define HOTPATH_ABI 1 /* emu/hotpath.py refuses a module built for another interface */
+
+int hotpath_add_address(PyObject *module, const char *name, void *function)
+{
+    PyObject *value = PyLong_FromVoidPtr(function);
+    if (value == NULL)
+        return -1;
+    int status = PyModule_AddObjectRef(module, name, value);
+    Py_DECREF(value);
+    return status;
+}
+
+int hotpath_add_base(PyObject *module)
+{
+    return PyModule_AddIntConstant(module, "ABI", HOTPATH_ABI);
+}
+
+static struct PyModuleDef hotpath_module = {
+    PyModuleDef_HEAD_INIT, "emu._hotpath",
+    "The probe-hit hot path in C: Unicorn hooks and counters that run without entering Python.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__hotpath(void)
+{
+    PyObject *module = PyModule_Create(&hotpath_module);
+    if (module == NULL)
+        return NULL;
+    if (hotpath_add_base(module) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
