@@ -1,0 +1,141 @@
+"""Per-hit cost of a probe in real-looking code against the same probe in a tight loop.
+
+    python3 benchmarks/sparse_hits.py [--functions N] [--rounds R] [--repeat K] [--designs D,...]
+                                      [--verify] [--json FILE]
+
+A generated static binary holds N small functions (a NOP site and ``ret``: nop5 for the designs
+that optimize nop5, nop10 for nop10) called through a function-pointer table. ``sparse`` mode
+calls every function once a round for R rounds; ``tight`` mode calls the first function R times,
+which is what `uprobe-emu bench` measures. Each mode runs unprobed and with a uprobe on the first
+function (R hits either way), in the same process, alternating, and the per-hit cost is
+
+    (CPU time probed - CPU time unprobed) / hits
+
+(median of K pairs). A hit that slows the unprobed code around it (a flushed translation, a
+forced exit from the emulator's loop) shows up as a sparse cost above the tight one; the ratio
+sparse/tight is the figure to watch. No assertions: the numbers go into the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from emu.guestio import GuestIO  # noqa: E402
+from emu.machine import Machine, RunOptions  # noqa: E402
+
+NOP5 = "0x0f,0x1f,0x44,0x00,0x00"
+NOP10 = "0x66,0x2e,0x0f,0x1f,0x84,0x00,0x00,0x00,0x00,0x00"
+SITE_OF_DESIGN = {"int3": NOP5, "linux-6.18": NOP5, "jmp-slots": NOP5, "nop10": NOP10}
+
+
+def program_source(functions: int, site: str) -> str:
+    """C for N functions ``site; ret`` and a main that calls them through a table."""
+    bodies = "".join(f'__asm__(".text\\n.globl f{i}\\n.type f{i},@function\\nf{i}: .byte {site}\\nret\\n");\n'
+                     for i in range(functions))
+    declarations = "".join(f"void f{i}(void);\n" for i in range(functions))
+    table = ",".join(f"f{i}" for i in range(functions))
+    return f"""#include <stdlib.h>
+#include <string.h>
+{bodies}{declarations}
+static void (*const table[])(void) = {{{table}}};
+int main(int argc, char **argv)
+{{
+    long rounds = argc > 2 ? atol(argv[2]) : 1;
+    int sparse = argc > 1 && strcmp(argv[1], "sparse") == 0;
+    for (long r = 0; r < rounds; r++) {{
+        if (!sparse) {{ table[0](); continue; }}
+        for (unsigned i = 0; i < sizeof table / sizeof table[0]; i++)
+            table[i]();
+    }}
+    return 0;
+}}
+"""
+
+
+@functools.cache
+def build(functions: int, site: str, workdir: str) -> str:
+    source = Path(workdir) / f"sparse_{functions}_{len(site)}.c"
+    binary = source.with_suffix("")
+    source.write_text(program_source(functions, site))
+    subprocess.run(["gcc", "-O1", "-static", "-o", str(binary), str(source)], check=True)
+    return str(binary)
+
+
+def cpu_seconds(binary: str, design: str, mode: str, rounds: int, probe: bool, verify: bool) -> float:
+    m = Machine(binary, [binary, mode, str(rounds)], {}, RunOptions(design=design), GuestIO.captured())
+    if probe:
+        m.attach("uprobe:f0")
+    if verify:
+        from emu.verify.session import VerifySession
+
+        VerifySession(m)
+    start = time.process_time()
+    result = m.run()
+    elapsed = time.process_time() - start
+    assert result.exit_status == 0, result.message
+    return elapsed
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    design: str
+    verify: bool
+    tight_us: float  # per-hit cost in the tight loop
+    sparse_us: float  # per-hit cost with the other functions' calls between hits
+
+    @property
+    def ratio(self) -> float:
+        return self.sparse_us / self.tight_us if self.tight_us > 0 else float("inf")
+
+
+def per_hit_us(binary: str, design: str, mode: str, rounds: int, repeat: int, verify: bool) -> float:
+    costs = []
+    for _ in range(repeat):
+        plain = cpu_seconds(binary, design, mode, rounds, False, False)
+        probed = cpu_seconds(binary, design, mode, rounds, True, verify)
+        costs.append((probed - plain) / rounds * 1e6)
+    return statistics.median(costs)
+
+
+def measure(design: str, functions: int, rounds: int, repeat: int, verify: bool, workdir: str) -> Row:
+    binary = build(functions, SITE_OF_DESIGN[design], workdir)
+    return Row(design, verify,
+               tight_us=per_hit_us(binary, design, "tight", rounds, repeat, verify),
+               sparse_us=per_hit_us(binary, design, "sparse", rounds, repeat, verify))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--functions", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--designs", default=",".join(SITE_OF_DESIGN))
+    ap.add_argument("--verify", action="store_true", help="also every row with the verifiers on")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    print(f"{'design':<12} {'verifiers':<10} {'tight us/hit':>13} {'sparse us/hit':>14} {'sparse/tight':>13}")
+    with tempfile.TemporaryDirectory() as workdir:
+        for design in args.designs.split(","):
+            for verify in (False, True) if args.verify else (False,):
+                row = measure(design, args.functions, args.rounds, args.repeat, verify, workdir)
+                rows.append(row)
+                print(f"{row.design:<12} {'on' if verify else 'off':<10} {row.tight_us:>13.2f} {row.sparse_us:>14.2f}"
+                      f" {row.ratio:>12.2f}x", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) | {"ratio": r.ratio} for r in rows], indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
