@@ -84,3 +84,29 @@ def test_library_use_linux_618_breaks_every_plain_nop5_site(case: Case) -> None:
     verdict = check_case(case, "linux-6.18")
     assert verdict.finding
     assert any(v.startswith("redzone:") for v in verdict.violations)
+
+
+@pytest.mark.parametrize("trap", ["int3", "jmp ."])
+def test_a_hit_that_never_resumes_is_a_resume_violation_of_the_case(trap: str) -> None:
+    """Negative control for the runner: a slot that traps (the guest dies) or spins (the runner
+    stops it) leaves its hit open, and the verifiers, not only the changed results, say so (a
+    jmp-slots slot runs only at the nop5 sites it optimizes)."""
+    from dataclasses import replace
+
+    from emu.designs import JMP_SLOT, forget_user_designs, get_design, register
+
+    base = get_design("jmp-slots")
+    slot_tail = JMP_SLOT.split("; ", 1)[1]  # room in the 16-byte slot: the lea goes, the hit never gets that far
+    name = f"jmp-slots-{'trap' if trap == 'int3' else 'spin'}"
+    register(replace(base, name=name, trampoline=replace(base.trampoline, code=f"{trap}; {slot_tail}")))
+    try:
+        optimized = [case for case in map(lambda i: generate(3, i), range(40)) if case.site.startswith("nop5")][:4]
+        verdicts = [check_case(case, name) for case in optimized]
+    finally:
+        forget_user_designs()
+    assert len(verdicts) == 4 and all(v.finding for v in verdicts)
+    assert all(any("never resumed" in line for line in v.violations) for v in verdicts), verdicts[0].violations
+
+
+def test_the_unmutated_slot_resumes_every_hit() -> None:
+    assert not any("never resumed" in line for i in range(5) for line in check_case(generate(3, i), "jmp-slots").violations)

@@ -138,13 +138,17 @@ class CaseRunner:
     def _run(self) -> Outcome:
         self.blocks = 0
         try:
-            ending, status, _signal, message = self.machine.run_from(L.CODE_BASE)
+            ending, status, signal, message = self.machine.run_from(L.CODE_BASE)
         except Exception as exc:  # the fake kernel failed under this design: a finding to look at, not a crash
             return Outcome("harness-error", -1, bytes(L.RESULTS_SIZE), f"{type(exc).__name__}: {exc}")
         results = self.machine.mem.read(L.RESULTS, L.RESULTS_SIZE)
         if self.blocks > MAX_BLOCKS:
-            return Outcome("looping", status, results, f"still running after {MAX_BLOCKS} translation blocks")
-        return Outcome(ending.value, status, results, message)
+            outcome = Outcome("looping", status, results, f"still running after {MAX_BLOCKS} translation blocks")
+        else:
+            outcome = Outcome(ending.value, status, results, message)
+        # A hit still open as the run ends never resumed: the verifiers say so (a `resume` violation).
+        self.session.finish(outcome.message or outcome.ending, killed=signal is not None)
+        return outcome
 
     def reference(self, case: Case, prog: Program) -> Outcome:
         """The unprobed run; a consumer action is applied by a code hook where the probe would be."""
