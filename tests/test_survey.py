@@ -10,22 +10,24 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from conftest import sample
 
 from emu.cli import main
 from emu.designs import DESIGNS, Design
-from emu.survey.analyze import FileSurvey
-from emu.survey.engine import Task, inline, survey, walk
+from emu.dist import InlinePool
+from emu.survey.engine import survey, walk
 from emu.survey.report import markdown, packages, to_json
 from emu.survey.store import Store, designs_key
 
+inline = InlinePool()
 SMALL = ("survey_cases", "hello_asm", "rmw_sites", "rsb_shapes")  # -nostdlib: a few functions each
 ALL = list(DESIGNS.values())
+R = TypeVar("R")
 
 
 @pytest.fixture
@@ -82,21 +84,23 @@ def test_a_changed_file_or_design_set_is_analysed_again(tree: Path, tmp_path: Pa
     assert survey([str(tree)], fewer, _store(tmp_path, fewer), inline).analysed == 4
 
 
-@contextmanager
-def _interrupted_after(n: int, tasks: Sequence[Task], designs: Sequence[Design]) -> Iterator[Iterator[FileSurvey]]:
-    def results() -> Iterator[FileSurvey]:
-        with inline(tasks, designs) as done:
-            for i, result in enumerate(done):
-                if i == n:
-                    raise KeyboardInterrupt
-                yield result
-    yield results()
+class _InterruptedAfter(InlinePool):
+    """Ctrl-C after ``n`` results."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def map(self, fn: Callable[..., R], tasks: Sequence[tuple[Any, ...]]) -> Iterator[R]:
+        for i, result in enumerate(super().map(fn, tasks)):
+            if i == self.n:
+                raise KeyboardInterrupt
+            yield result
 
 
 def test_ctrl_c_keeps_what_is_done(tree: Path, tmp_path: Path) -> None:
     store = _store(tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        survey([str(tree)], ALL, store, lambda t, d: _interrupted_after(3, t, d))
+        survey([str(tree)], ALL, store, _InterruptedAfter(3))
     assert len(store.analyses()) == 3
     assert survey([str(tree)], ALL, store, inline).analysed == 1
 
