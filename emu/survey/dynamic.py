@@ -57,7 +57,10 @@ class ReadBack:
     The hooks span the whole address space and return at once while nothing is watched: a hook
     whose range is moved while the CPU runs (HookRange) missed stores outside the hits here. The
     tracker ends a hit before the trampoline's own ``ret`` runs, so reads by code in the kernel's
-    pages are the design's, not the program's."""
+    pages are the design's, not the program's. Only a read below rsp is a use of the red zone: a
+    byte at or above it belongs to a frame allocated since (a call, push or sub covered it), and a
+    read there before any store is of a slot never written (strlen's aligned over-read of a local
+    buffer), whatever the probe did."""
 
     def __init__(self, machine: Machine, session: VerifySession) -> None:
         from emu.cpu import add_raw_mem_read_hook
@@ -91,7 +94,7 @@ class ReadBack:
         new = self.session.violations[self._seen:]
         self._seen = len(self.session.violations)
         for v in new:
-            if v.kind is Check.REDZONE and "offset" in v.detail:
+            if v.kind is Check.REDZONE and "offset" in v.detail:  # a run of changed bytes, rsp-relative
                 first = tx.start_rsp + int(v.detail["offset"])
                 for addr in range(first, first + int(v.detail["size"])):
                     self.marked[addr] = (v.address, v.hit)
@@ -100,11 +103,14 @@ class ReadBack:
         if not self.marked:
             return True
         try:
-            owners = [o for a in range(addr, addr + size) if (o := self.marked.get(a)) is not None]
+            owners = [(a, o) for a in range(addr, addr + size) if (o := self.marked.get(a)) is not None]
             if owners and not self._kernel_side():
+                from emu.cpu import Reg
+
+                rsp = self.cpu.read(Reg.RSP)
                 for a in range(addr, addr + size):
                     self.marked.pop(a, None)
-                self.confirmed.update(owners)
+                self.confirmed.update(o for a, o in owners if a < rsp)
         except BaseException as exc:  # a raw hook hands its exception to the run
             from emu.cpu import hook_raised
 
