@@ -49,6 +49,7 @@ def test_confusion_cells_per_design(tmp_path: Path) -> None:
                            "no_hazard": {"clobbered": 0, "exercised": 3, "reached_once": 0, "not_reached": 0},
                            "unknown": {"clobbered": 1, "exercised": 0, "reached_once": 0, "not_reached": 0}}
     assert (linux.precision, linux.recall, linux.false_negatives) == (1.0, 1.0, [])
+    assert (linux.flagged_only, linux.unexplained, linux.unsurveyed) == (3, [], 0)  # rz_deep, rz_dead, rz_slot
     for name in ("int3", "uretprobe-rfc", "jmp-slots", "nop10"):  # none writes the red zone: rz_live is no hazard
         c = confusion(outcome, DESIGNS[name])
         assert c.cells == NO_CLOBBER and (c.precision, c.recall) == (None, None), name
@@ -85,6 +86,19 @@ def test_a_wrong_static_verdict_is_a_false_negative(tmp_path: Path, monkeypatch:
     assert linux.recall == 0.0
     [missed] = linux.false_negatives
     assert (missed["symbol"], missed["red_zone"], missed["hits"], missed["read_back"]) == ("rz_live+0x5", "dead", 3, 2)
+
+
+def test_an_output_difference_no_clobber_explains_is_listed() -> None:
+    """A run whose output differs with no site read back (a clobber the watch cannot see) is not
+    silently clean; a probed address the static survey never named is counted apart."""
+    from emu.survey.dynamic import DesignRun, SiteRun
+    from emu.survey.engine import CorpusRun, Walk
+
+    run = DesignRun("k", "sha", "linux-6.18", "ok", same_output=False, sites=(SiteRun(0x10, "uprobe:f", 3, 2, 0),))
+    outcome = Outcome(Walk(), {}, runs=[CorpusRun("differs", "/bin/x", run)])
+    c = confusion(outcome, DESIGNS["linux-6.18"])
+    assert (c.unexplained, c.unsurveyed) == (["differs"], 1)
+    assert confusion(outcome, DESIGNS["jmp-slots"]).unexplained == []
 
 
 def _address(symbol: str) -> int:

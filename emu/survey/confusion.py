@@ -6,7 +6,9 @@ are the static hazard (True, False, None: unknown); columns what the runs saw: c
 exercised (hit at least twice, so linux-6.18's optimized path ran, and not clobbered), reached
 once (not clobbered: an optimizing design never ran its patch), never reached. Precision and
 recall are those of "hazard" on the sites a run clobbered or exercised; every clobbered site
-without a static hazard (a false negative) is listed.
+without a static hazard (a false negative) is listed, and so is every run whose output differs
+from the unprobed run's with no site clobbered (a clobber the read-back watch missed, such as one
+a system call reads, or another difference).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ class Confusion:
     cells: dict[str, dict[str, int]]
     false_negatives: list[dict[str, Any]]
     unsurveyed: int = 0  # probed addresses no static site names (a spec on some other instruction)
+    flagged_only: int = 0  # sites the red-zone verifier flagged whose changed bytes nothing read back
+    unexplained: list[str] = field(default_factory=list)  # runs whose output differs, no site clobbered
 
     @property
     def precision(self) -> float | None:
@@ -55,6 +59,7 @@ class Confusion:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.cells, "precision": self.precision, "recall": self.recall, "unsurveyed": self.unsurveyed,
+                "flagged_not_read_back": self.flagged_only, "output_differs_unexplained": self.unexplained,
                 "false_negatives": self.false_negatives}
 
 
@@ -87,11 +92,14 @@ def confusion(outcome: Outcome, design: Design) -> Confusion:
         path, site = found
         hazard = site.hazard.get(design.name)
         cells[ROWS[hazard]][got.column] += 1
+        result.flagged_only += bool(got.flagged and not got.read_back)
         if hazard is False and got.column == "clobbered":
             result.false_negatives.append({
                 "file": path, "address": address, "symbol": site.symbol, "red_zone": site.red_zone,
                 "reason": site.reason, "live_bytes": [list(x) for x in site.live], "hits": got.hits,
                 "read_back": got.read_back, "entries": sorted(set(got.entries))})
+    result.unexplained = [cr.name for cr in outcome.runs if cr.run.design == design.name and cr.run.status == "ok"
+                          and not cr.run.same_output and not any(s.read_back for s in cr.run.sites)]
     return result
 
 

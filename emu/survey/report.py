@@ -109,8 +109,10 @@ def _corpus_text(outcome: Outcome, designs: Sequence[Design]) -> list[str]:
              "the static verdicts against them:"]
     lines.append(table(confusion_rows(outcome, designs)))
     for d in designs:
+        c = confusion(outcome, d)
         lines += [f"{d.name}: clobbered without a static hazard: {fn['file']} {fn['address']:#x} "
-                  f"{fn['symbol'] or '-'} (red zone {fn['red_zone']})" for fn in confusion(outcome, d).false_negatives]
+                  f"{fn['symbol'] or '-'} (red zone {fn['red_zone']})" for fn in c.false_negatives]
+        lines += [f"{d.name}: output differs with no site clobbered: {name}" for name in c.unexplained]
     lines += [f"failed: {cr.name} under {cr.run.design}: {cr.run.error}" for cr in failed[:10]]
     return lines
 
@@ -200,12 +202,19 @@ def _corpus_markdown(outcome: Outcome, designs: Sequence[Design]) -> list[str]:
            "program; exercised: hit at least twice (linux-6.18's optimized path ran), not clobbered.", "",
            "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
-    missed = [(d.name, fn) for d in designs for fn in confusion(outcome, d).false_negatives]
+    tables = {d.name: confusion(outcome, d) for d in designs}
+    out += ["", "Sites the red-zone verifier flagged whose changed bytes the program never read back: " +
+            ", ".join(f"{name} {c.flagged_only}" for name, c in tables.items()) + "."]
+    missed = [(name, fn) for name, c in tables.items() for fn in c.false_negatives]
     if missed:
         out += ["", f"### Clobbered without a static hazard ({len(missed)})", ""]
         out += [f"- {name}: {fn['file']} {fn['address']:#x} {fn['symbol'] or '-'}: red zone {fn['red_zone']}"
                 f"{' (' + fn['reason'] + ')' if fn['reason'] else ''}, {fn['hits']} hits, "
                 f"{fn['read_back']} read back" for name, fn in missed]
+    unexplained = [(name, run) for name, c in tables.items() for run in c.unexplained]
+    if unexplained:
+        out += ["", f"### Output differs, no site clobbered ({len(unexplained)})", ""]
+        out += [f"- {name}: {run}" for name, run in unexplained]
     failed = [cr for cr in outcome.runs if cr.run.status != "ok"]
     if failed:
         out += ["", f"### Runs that failed ({len(failed)})", ""]
