@@ -22,17 +22,12 @@ R = TypeVar("R")
 class Pool(Protocol):
     def map(self, fn: Callable[..., R], tasks: Sequence[tuple[Any, ...]]) -> Iterator[R]: ...
 
-    @property
-    def workers(self) -> int: ...
-
 
 Executor = Callable[[], AbstractContextManager[Pool]]
 
 
 class InlinePool:
-    """Each task in this process, in order (tests, a library caller, ``--jobs 1`` where wanted)."""
-
-    workers = 1
+    """Each task in this process, in order (tests, a library caller)."""
 
     def map(self, fn: Callable[..., R], tasks: Sequence[tuple[Any, ...]]) -> Iterator[R]:
         return (fn(*task) for task in tasks)
@@ -68,13 +63,6 @@ class DaskPool:
             self.close()
             raise UsageError(f"cannot reach the Dask scheduler {self.scheduler}: {exc}") from None
         return self._client
-
-    @property
-    def workers(self) -> int:
-        """The workers the cluster has now (a local one: ``jobs``)."""
-        if not self.scheduler:
-            return self.jobs
-        return max(1, len(self._connect().scheduler_info().get("workers", {})))
 
     def map(self, fn: Callable[..., R], tasks: Sequence[tuple[Any, ...]]) -> Iterator[R]:
         if not tasks:

@@ -176,3 +176,30 @@ def test_corpus_entry_fields(tmp_path: Path) -> None:
     other.write_text('[[run]]\nbinary = "true"\nargs = ["b"]\nstdin_file = "in.txt"\nenv = { LC_ALL = "C" }\n'
                      'timeout = 5\n')
     assert load_corpus(str(other))[0].content_key() != entry.content_key()
+
+
+def test_a_corpus_binary_that_is_not_elf_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    script.chmod(0o755)
+    corpus = tmp_path / "c.toml"
+    corpus.write_text('[[run]]\nbinary = "./script.sh"\n')
+    assert main(["survey", "--jobs", "1", "--db", str(tmp_path / "db"), "--corpus", str(corpus),
+                 sample("survey_corpus")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "script.sh is not an x86-64 ELF file" in err
+
+
+def test_entries_alike_but_for_their_binary_keep_their_names(tmp_path: Path) -> None:
+    """Two entries with the same arguments and other binaries: one content key, two runs each named right."""
+    corpus = tmp_path / "c.toml"
+    corpus.write_text(f'[[run]]\nname = "cases"\nbinary = "{sample("survey_cases")}"\n'
+                      f'[[run]]\nname = "corpus"\nbinary = "{sample("survey_corpus")}"\n')
+    entries = load_corpus(str(corpus))
+    assert entries[0].content_key() == entries[1].content_key()
+    store = Store(str(tmp_path / "s.sqlite"), designs_key(ALL))
+    pool = InlinePool()
+    outcome = survey([e.binary for e in entries], ALL, store, pool)
+    run_corpus(entries, ALL, store, pool, outcome)
+    named = {(cr.name, cr.binary) for cr in outcome.runs}
+    assert named == {("cases", sample("survey_cases")), ("corpus", sample("survey_corpus"))}

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from emu.commands.common import add_design_options, check_writable, chosen_designs, positive_int, write_json
+from emu.commands.common import (
+    add_design_options,
+    check_writable,
+    chosen_designs,
+    positive_int,
+    stderr_line,
+    write_json,
+)
 
 NAME = "survey"
 HELP = "static red-zone survey of every probe site in the ELF files under PATHs, per design"
@@ -54,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
             outcome = survey(paths, designs, store, pool, args.max_files, progress=True)
             if entries and outcome.complete:
                 run_corpus(entries, designs, store, pool, outcome, progress=True)
+            elif entries:
+                stderr_line("uprobe-emu: the corpus runs wait until the static survey is complete (run again)")
     finally:
         store.close()
     print(summary_text(outcome, designs))

@@ -147,14 +147,15 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
         sites = None if entry.probes is not None else tuple(dict.fromkeys(s.address for s in stored.sites))
         keyed += [((entry.content_key(), sha, d.name, design_key(d)), entry, d, sites) for d in designs]
     tasks = [(entry, key[1], d, sites) for key, entry, d, sites in keyed if not store.run_done(key)]
+    names = {key: entry.name for key, entry, _d, _sites in keyed}
     dkeys = {d.name: design_key(d) for d in designs}
-    names = {e.content_key(): e.name for e in entries}
     if tasks:
         bar = _bar(len(tasks), progress, "run")
         try:
             for run in pool.map(run_entry, tasks):
                 if run.status != "changed":
-                    store.put_run(run, dkeys[run.design], names[run.entry])
+                    key = (run.entry, run.sha256, run.design, dkeys[run.design])
+                    store.put_run(run, key[3], names[key])
                 outcome.ran += 1
                 bar.update(1)
         except KeyboardInterrupt:
