@@ -63,7 +63,7 @@ class ReadBack:
     buffer), whatever the probe did."""
 
     def __init__(self, machine: Machine, session: VerifySession) -> None:
-        from emu.cpu import add_raw_mem_read_hook
+        from emu.cpu import add_raw_mem_read_hook, add_raw_mem_write_hook
         from emu.verify.kernel_writes import WatchedBackend
 
         self.cpu = machine.cpu
@@ -82,7 +82,7 @@ class ReadBack:
         session.tracker.on_finished = finished
         machine.mem.backend = WatchedBackend(machine.mem.backend, self._on_kernel_write)  # the kernel's stores too
         add_raw_mem_read_hook(self.cpu, self._on_read, 1, 0)
-        self.cpu.add_mem_write_hook(self._on_write, 1, 0)
+        add_raw_mem_write_hook(self.cpu, self._on_raw_write, 1, 0)  # raw: no Python frame between
 
     def counts(self) -> Counter[int]:
         """site -> hits whose clobber was read back."""
@@ -124,7 +124,12 @@ class ReadBack:
         vma = self.mem.find(self.cpu.read(Reg.RIP))
         return vma is not None and vma.name in KERNEL_SIDE
 
-    def _on_write(self, addr: int, size: int, _value: int = 0) -> None:
+    def _on_raw_write(self, _uc: object, _access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
+        if self.marked:
+            self._on_write(addr, size)
+        return True
+
+    def _on_write(self, addr: int, size: int) -> None:
         if self.marked:
             for a in range(addr, addr + size):
                 self.marked.pop(a, None)
