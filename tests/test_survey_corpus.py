@@ -136,6 +136,8 @@ def test_cli_corpus_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert len(data["corpus"]["runs"]) == 2 * len(ALL)
     text = report.read_text()
     assert "## Static verdicts against the corpus runs" in text and "| linux-6.18 | hazard | 1 | 0 | 1 | 0 |" in text
+    assert "| design | sites | optimized | hazards | unknown | confirmed |" in text
+    assert "| linux-6.18 | 6 | 6 | 2 | 1 | 1 |" in text and "| jmp-slots | 6 | 6 | 0 | 0 | 0 |" in text
     assert "corpus: 10 runs (10 made by this survey" in capsys.readouterr().out
 
 

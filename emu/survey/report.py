@@ -147,9 +147,12 @@ def markdown(outcome: Outcome, designs: Sequence[Design], owners: dict[str, str]
            f"live {rz.get(LIVE, 0)}, dead {rz.get('dead', 0)}, unknown {rz.get(UNKNOWN, 0)}.", ""]
     if t["skipped"]:
         out += ["Skipped: " + ", ".join(f"{k} {v}" for k, v in sorted(t["skipped"].items())) + ".", ""]
-    out += ["## Per design", "", "| design | sites | optimized | hazards | unknown |", "|---|---|---|---|---|"]
+    confirmed = _confirmed(outcome, designs)
+    extra = " confirmed |" if confirmed else ""
+    out += ["## Per design", "", "| design | sites | optimized | hazards | unknown |" + extra,
+            "|---|---|---|---|---|" + "---|" * bool(confirmed)]
     out += [f"| {name} | {t['site_count']} | {v['optimized']} | {v['hazards']} | {v['unknown']} |"
-            for name, v in t["designs"].items()]
+            + (f" {confirmed[name]} |" if confirmed else "") for name, v in t["designs"].items()]
     reasons = Counter((s.reason or "").split(" at 0x")[0] for _, s in sites if s.red_zone == UNKNOWN)
     if reasons:
         out += ["", "## Why a red zone is unknown", "", "| reason | sites |", "|---|---|"]
@@ -160,6 +163,15 @@ def markdown(outcome: Outcome, designs: Sequence[Design], owners: dict[str, str]
     if owners:
         out += _packages(sites, owners, designs)
     return "\n".join(out) + "\n"
+
+
+def _confirmed(outcome: Outcome, designs: Sequence[Design]) -> dict[str, int]:
+    """design -> static hazards a corpus run clobbered (empty without a corpus)."""
+    if not outcome.runs:
+        return {}
+    from emu.survey.confusion import confusion
+
+    return {d.name: confusion(outcome, d).cells["hazard"]["clobbered"] for d in designs}
 
 
 def _hazards(sites: list[tuple[str, SiteSurvey]], designs: Sequence[Design]) -> list[str]:
