@@ -178,6 +178,10 @@ def test_corpus_entry_fields(tmp_path: Path) -> None:
     other.write_text('[[run]]\nbinary = "true"\nargs = ["b"]\nstdin_file = "in.txt"\nenv = { LC_ALL = "C" }\n'
                      'timeout = 5\n')
     assert load_corpus(str(other))[0].content_key() != entry.content_key()
+    text = tmp_path / "e.toml"
+    text.write_text('[[run]]\nname = "n"\nbinary = "true"\nstdin = "typed\\n"\nprobes = ["uprobe:main"]\n')
+    [typed] = load_corpus(str(text))
+    assert (typed.name, typed.stdin, typed.probes, typed.env) == ("n", b"typed\n", ("uprobe:main",), ())
 
 
 def test_a_corpus_binary_that_is_not_elf_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
