@@ -209,3 +209,9 @@ def test_entries_alike_but_for_their_binary_keep_their_names(tmp_path: Path) -> 
     run_corpus(entries, ALL, store, pool, outcome)
     named = {(cr.name, cr.binary) for cr in outcome.runs}
     assert named == {("cases", sample("survey_cases")), ("corpus", sample("survey_corpus"))}
+    assert len(outcome.runs) == 2 * len(ALL)
+    twice = tmp_path / "twice.toml"
+    twice.write_text(corpus.read_text() * 2)
+    again = survey([e.binary for e in entries], ALL, store, pool)
+    run_corpus(load_corpus(str(twice)), ALL, store, pool, again)
+    assert (again.ran, len(again.runs)) == (0, 2 * len(ALL))  # stored, and each run counted once

@@ -146,6 +146,7 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
             raise UsageError(f"--corpus: {entry.binary} is not an x86-64 ELF file the survey could read")
         sites = None if entry.probes is not None else tuple(dict.fromkeys(s.address for s in stored.sites))
         keyed += [((entry.content_key(), sha, d.name, design_key(d)), entry, d, sites) for d in designs]
+    keyed = list({k[0]: k for k in keyed}.values())  # an entry given twice runs (and counts) once
     tasks = [(entry, key[1], d, sites) for key, entry, d, sites in keyed if not store.run_done(key)]
     names = {key: entry.name for key, entry, _d, _sites in keyed}
     dkeys = {d.name: design_key(d) for d in designs}
