@@ -33,6 +33,7 @@ class DesignReport:
     rsb: RsbStats | None = None  # the probed run's RSB model (--rsb)
     rsb_reference: RsbStats | None = None  # the unprobed run's
     trace: Any = None  # what CheckRequest.tracer returned for this design's probed machine
+    watch: Any = None  # what CheckRequest.watcher returned for it
 
     def count(self, kind: Check) -> int:
         return sum(1 for v in self.violations if v.kind is kind)
@@ -83,6 +84,8 @@ class CheckRequest:
     shstk: bool = False  # a CET shadow stack in every probed run (emu/verify/shstk.py)
     rsb: int | None = None  # an RSB model of this depth in every run, the unprobed one too (emu/verify/rsb.py)
     tracer: Callable[[Machine], Any] | None = None  # called on each probed machine before its run (e.g. --html)
+    watcher: Callable[[Machine, VerifySession], Any] | None = None  # as tracer, with the verifiers' session
+    lenient: bool = False  # a given spec the design refuses is recorded in ``refused``, not an error
 
 
 def designs_from(text: str) -> tuple[str, ...]:
@@ -131,18 +134,19 @@ def run_design(request: CheckRequest, design: str, reference: Observed,
         try:
             machine.attach(spec)
         except UsageError as err:
-            if request.specs:
+            if request.specs and not request.lenient:
                 raise
             refused.append(str(err))  # e.g. a nop10 the design's kernel refuses (-ENOTSUPP)
     session = VerifySession(machine, request.verifiers, shstk=request.shstk, rsb=request.rsb)
     trace = request.tracer(machine) if request.tracer is not None else None
+    watch = request.watcher(machine, session) if request.watcher is not None else None
     result = machine.run()
     session.finish(result.message or result.ending.value, killed=result.signal is not None)
     divergence = first_divergence(reference, _observed(machine, io, result))
     hits = sum(int(p["hits"]) for p in result.probes)
     return DesignReport(design, hits, session.violations, divergence is None, divergence, result.exits, refused, result,
                         shstk=session.shadow_stack is not None, rsb=session.rsb.stats if session.rsb else None,
-                        rsb_reference=rsb_reference, trace=trace)
+                        rsb_reference=rsb_reference, trace=trace, watch=watch)
 
 
 def run_check(request: CheckRequest) -> list[DesignReport]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -178,3 +179,26 @@ def test_workers_batch_clean_cases_but_send_a_finding_at_once(monkeypatch: pytes
     batcher(CaseDone(0, 101, ()))
     batcher.flush()
     assert [e.index for e in sent[1]] == [101]
+
+
+def test_tasks_on_an_executor_save_what_one_process_saves(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--scheduler: each share runs as a task that shrinks but writes nothing; the client writes one
+    finding per signature, the lowest index, so the saved files are the one-process run's (here the
+    executor is inline; test_survey runs it on a real scheduler). Negative control: the shares'
+    findings overlap, so writing each task's would save more."""
+    from emu import dist
+
+    monkeypatch.setattr(dist, "dask_executor", lambda _scheduler, _jobs: dist.inline)
+    config = CampaignConfig(("linux-6.18", "jmp-slots"), seed=4, cases=40, out=str(tmp_path / "one"))
+    one = run_campaign(config, quiet)
+    tasks = run_campaign(dataclasses.replace(config, jobs=3, scheduler="tcp://x:1", out=str(tmp_path / "tasks")),
+                         quiet)
+    assert (tasks.cases, tasks.findings, tasks.first_finding_case) == (one.cases, one.findings, one.first_finding_case)
+    names = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert names and sorted(p.name for p in (tmp_path / "tasks").iterdir()) == names
+    for d in config.designs:
+        assert [Path(r["json"]).name for r in tasks.designs[d].saved] == [Path(r["json"]).name
+                                                                          for r in one.designs[d].saved]
+    shrunk = [s.signature for w in range(3) for e in campaign_mod.share(dataclasses.replace(config, jobs=3), w)
+              for s in e.shrunk]
+    assert len(shrunk) > len(set(shrunk))

@@ -10,22 +10,24 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 from conftest import sample
 
 from emu.cli import main
 from emu.designs import DESIGNS, Design
-from emu.survey.analyze import FileSurvey
-from emu.survey.engine import Task, inline, survey, walk
+from emu.dist import InlinePool
+from emu.survey.engine import survey, walk
 from emu.survey.report import markdown, packages, to_json
 from emu.survey.store import Store, designs_key
 
+inline = InlinePool()
 SMALL = ("survey_cases", "hello_asm", "rmw_sites", "rsb_shapes")  # -nostdlib: a few functions each
 ALL = list(DESIGNS.values())
+R = TypeVar("R")
 
 
 @pytest.fixture
@@ -82,21 +84,23 @@ def test_a_changed_file_or_design_set_is_analysed_again(tree: Path, tmp_path: Pa
     assert survey([str(tree)], fewer, _store(tmp_path, fewer), inline).analysed == 4
 
 
-@contextmanager
-def _interrupted_after(n: int, tasks: Sequence[Task], designs: Sequence[Design]) -> Iterator[Iterator[FileSurvey]]:
-    def results() -> Iterator[FileSurvey]:
-        with inline(tasks, designs) as done:
-            for i, result in enumerate(done):
-                if i == n:
-                    raise KeyboardInterrupt
-                yield result
-    yield results()
+class _InterruptedAfter(InlinePool):
+    """Ctrl-C after ``n`` results."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def map(self, fn: Callable[..., R], tasks: Sequence[tuple[Any, ...]]) -> Iterator[R]:
+        for i, result in enumerate(super().map(fn, tasks)):
+            if i == self.n:
+                raise KeyboardInterrupt
+            yield result
 
 
 def test_ctrl_c_keeps_what_is_done(tree: Path, tmp_path: Path) -> None:
     store = _store(tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        survey([str(tree)], ALL, store, lambda t, d: _interrupted_after(3, t, d))
+        survey([str(tree)], ALL, store, _InterruptedAfter(3))
     assert len(store.analyses()) == 3
     assert survey([str(tree)], ALL, store, inline).analysed == 1
 
@@ -173,15 +177,39 @@ def dask_cluster(tmp_path: Path) -> Iterator[str]:
         log.close()
 
 
+CORPUS = str(Path(__file__).resolve().parents[1] / "fixtures" / "survey_corpus.toml")
+
+
 @pytest.mark.slow
-def test_survey_through_a_dask_scheduler_equals_the_local_run(dask_cluster: str, tree: Path, tmp_path: Path) -> None:
+def test_survey_and_fuzz_through_a_dask_scheduler_equal_the_local_run(dask_cluster: str, tree: Path,
+                                                                       tmp_path: Path) -> None:
+    """The static survey, the corpus runs and a fuzz campaign, on a real scheduler's two workers."""
+    from emu.fuzz.campaign import CampaignConfig, run_campaign
+    from emu.survey.corpus import load_corpus
+    from emu.survey.engine import run_corpus
+
     remote, local = tmp_path / "remote.sqlite", tmp_path / "local.sqlite"
-    assert main(["survey", "--scheduler", dask_cluster, "--db", str(remote), str(tree)]) == 0
+    assert main(["survey", "--scheduler", dask_cluster, "--db", str(remote), "--corpus", CORPUS, str(tree)]) == 0
     local_store = Store(str(local), designs_key(ALL))
-    survey([str(tree)], ALL, local_store, inline)
+    outcome = survey([str(tree), sample("survey_corpus")], ALL, local_store, inline)
+    run_corpus(load_corpus(CORPUS), ALL, local_store, inline, outcome)
     remote_store = Store(str(remote), designs_key(ALL))
     assert remote_store.dump() == local_store.dump() and len(remote_store.dump()) > 50
-    assert sorted(remote_store.analyses().values()) == [1, 1, 1, 1]
+    assert sorted(remote_store.analyses().values()) == [1, 1, 1, 1, 1]
+    assert sum(row[0] == "runs" for row in remote_store.dump()) == 2 * len(ALL)
+
+    def fuzz(jobs: int, scheduler: str | None, out: str) -> dict[str, object]:
+        config = CampaignConfig(("linux-6.18", "jmp-slots"), seed=4, cases=40, jobs=jobs, scheduler=scheduler,
+                                out=str(tmp_path / out))
+        got = run_campaign(config, lambda _stats: None).to_json()
+        del got["cases_per_s"]
+        for d in got["designs"].values():
+            d["saved"] = [os.path.basename(p) for p in d["saved"]]
+        return got
+
+    here, there = fuzz(1, None, "local"), fuzz(2, dask_cluster, "remote")
+    assert there == here and here["findings"] > 0 and here["designs"]["linux-6.18"]["saved"]
+    assert sorted(os.listdir(tmp_path / "remote")) == sorted(os.listdir(tmp_path / "local"))
 
 
 @pytest.mark.slow

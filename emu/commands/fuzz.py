@@ -41,7 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     limit.add_argument("--time", type=positive_float, metavar="S", help="run for S seconds instead")
     p.add_argument("--seed", type=non_negative_int, default=0, help="campaign seed (default 0): same seed, same cases")
     p.add_argument("--start", type=non_negative_int, default=0, metavar="INDEX", help="first case index (to resume)")
-    p.add_argument("--jobs", type=positive_int, default=1, metavar="J", help="worker processes (default 1)")
+    p.add_argument("--jobs", type=positive_int, default=1, metavar="J",
+                   help="worker processes, or with --scheduler the tasks the campaign is split into (default 1)")
+    p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
+                   help="run the J shares as tasks on this Dask scheduler's workers; findings come back here")
     p.add_argument("--shard", default="0/1", metavar="I/N", help="run shard I of N of the campaign (default 0/1)")
     p.add_argument("--out", default="fuzz-findings", metavar="DIR", help="where findings go (default fuzz-findings)")
     p.add_argument("--json", metavar="FILE", help="write cases, findings, cases_per_s, first_finding_case")
@@ -59,6 +62,8 @@ def resume_command(args: argparse.Namespace, index: int) -> str:
     else:
         parts += ["--cases", str(args.start + (args.cases or DEFAULT_CASES) - index)]
     parts += ["--jobs", str(args.jobs), "--shard", args.shard, "--out", args.out]
+    if getattr(args, "scheduler", None):
+        parts += ["--scheduler", args.scheduler]
     if args.json:
         parts += ["--json", args.json]
     return shlex.join(parts)
@@ -78,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {args.out}: {exc.strerror}") from None
     cases = None if args.time else (args.cases or DEFAULT_CASES)
     config = CampaignConfig(designs=chosen_designs(args), seed=args.seed, start=args.start, cases=cases,
-                            time_s=args.time, jobs=args.jobs, shard=parse_shard(args.shard), out=args.out)
+                            time_s=args.time, jobs=args.jobs, shard=parse_shard(args.shard), out=args.out,
+                            scheduler=args.scheduler)
     progress = progress_for(sys.stderr, cases)
     try:
         stats = run_campaign(config, progress)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from emu.commands.common import add_design_options, check_writable, chosen_designs, positive_int, write_json
+from emu.commands.common import (
+    add_design_options,
+    check_writable,
+    chosen_designs,
+    positive_int,
+    stderr_line,
+    write_json,
+)
 
 NAME = "survey"
 HELP = "static red-zone survey of every probe site in the ELF files under PATHs, per design"
@@ -27,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the analyses on this Dask scheduler's workers (default: a local cluster)")
     p.add_argument("--jobs", type=positive_int, default=_cpus(), metavar="N",
                    help="local worker processes (default: the CPUs this process may use)")
+    p.add_argument("--corpus", metavar="FILE.toml",
+                   help="also run these command lines under check for every design, and compare (see README)")
     p.add_argument("--max-files", type=positive_int, metavar="N",
                    help="analyse at most N new files, then stop (the next run goes on)")
     p.add_argument("paths", nargs="+", metavar="PATH")
@@ -34,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from emu.designs import get_design
-    from emu.survey.engine import dask_executor, survey
+    from emu.dist import dask_executor
+    from emu.survey.corpus import load_corpus
+    from emu.survey.engine import run_corpus, survey
     from emu.survey.report import markdown, packages, summary_text, to_json
     from emu.survey.store import Store, designs_key
 
@@ -42,10 +53,16 @@ def run(args: argparse.Namespace) -> int:
     for path in (args.json, args.report):
         if path:
             check_writable(path)
+    entries = load_corpus(args.corpus) if args.corpus else []
+    paths = [*args.paths, *dict.fromkeys(e.binary for e in entries)]  # "all sites" are the static survey's
     store = Store(args.db, designs_key(designs))
     try:
-        outcome = survey(args.paths, designs, store, dask_executor(args.scheduler, args.jobs), args.max_files,
-                         progress=True)
+        with dask_executor(args.scheduler, args.jobs)() as pool:
+            outcome = survey(paths, designs, store, pool, args.max_files, progress=True)
+            if entries and outcome.complete:
+                run_corpus(entries, designs, store, pool, outcome, progress=True)
+            elif entries:
+                stderr_line("uprobe-emu: the corpus runs wait until the static survey is complete (run again)")
     finally:
         store.close()
     print(summary_text(outcome, designs))

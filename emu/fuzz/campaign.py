@@ -1,5 +1,11 @@
 """A fuzz campaign: cases by index, each under every chosen design, findings shrunk and saved;
-one process or J worker processes (each with its own reusable runners), stoppable with Ctrl-C."""
+one process, J worker processes (each with its own reusable runners), or J tasks on a Dask
+scheduler's workers (emu/dist.py), stoppable with Ctrl-C.
+
+On a scheduler each task runs one worker's share and returns its cases with the findings shrunk
+but not written (the workers may be other machines); this process writes them, one per signature
+(the lowest case index), so the saved findings are the ones a one-process run of the same seed saves.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ class CampaignConfig:
     jobs: int = 1
     shard: tuple[int, int] = (0, 1)
     out: str = "fuzz-findings"
+    scheduler: str | None = None  # tcp://HOST:PORT: the J shares run as tasks on its workers
 
     def partition(self, worker: int) -> Partition:
         return Partition(self.start, self.cases, self.shard[0], self.shard[1], worker, self.jobs)
@@ -41,6 +48,15 @@ class CaseDone:
     index: int
     findings: tuple[str, ...]  # designs under which this case is a finding
     saved: tuple[dict[str, Any], ...] = ()  # records of newly saved (shrunk) findings
+    shrunk: tuple[Shrunk, ...] = ()  # new findings shrunk on a task, for the client to write
+
+
+@dataclass(frozen=True, slots=True)
+class Shrunk:
+    signature: tuple[str, str, bool, tuple[str, ...]]
+    case: Any  # Case: the original
+    small: Any  # Case: shrunk
+    verdict: Any  # Verdict of the shrunk case
 
 
 @dataclass
@@ -110,40 +126,48 @@ class Stats:
 
 
 class CaseWork:
-    """Runs one case under every design of the campaign; shrinks and saves new kinds of findings."""
+    """Runs one case under every design of the campaign; shrinks and saves new kinds of findings
+    (``write`` False: shrinks them and hands them back in CaseDone.shrunk)."""
 
-    def __init__(self, config: CampaignConfig) -> None:
+    def __init__(self, config: CampaignConfig, write: bool = True) -> None:
         self.config = config
+        self.write = write
         self.seen: set[tuple[str, str, bool, tuple[str, ...]]] = set()
 
     def __call__(self, worker: int, index: int) -> CaseDone:
-        from emu.fuzz.findings import save_finding, signature  # the shrinker only when needed
+        from emu.fuzz.findings import save_finding, shrink_finding, signature  # the shrinker only when needed
 
         case = generate(self.config.seed, index)
         reference = reference_outcome(case, self.config.designs[0])
-        found, saved = [], []
+        found, saved, shrunk = [], [], []
         for design in self.config.designs:
             verdict = check_case(case, design, reference)
             if not verdict.finding:
                 continue
             found.append(design)
             sig = signature(case, verdict)
-            if sig not in self.seen:
-                self.seen.add(sig)
-                finding = save_finding(self.config.out, case, verdict)
-                saved.append({"design": design, "index": index, "json": finding.json_path,
-                              "stores": len(finding.case.stores), "replay": finding.replay_command,
-                              "summary": finding.verdict.summary()})
-        return CaseDone(worker, index, tuple(found), tuple(saved))
+            if sig in self.seen:
+                continue
+            self.seen.add(sig)
+            if self.write:
+                saved.append(saved_record(design, index, save_finding(self.config.out, case, verdict)))
+            else:
+                shrunk.append(Shrunk(sig, case, *shrink_finding(case, verdict)))
+        return CaseDone(worker, index, tuple(found), tuple(saved), tuple(shrunk))
+
+
+def saved_record(design: str, index: int, finding: Any) -> dict[str, Any]:
+    return {"design": design, "index": index, "json": finding.json_path, "stores": len(finding.case.stores),
+            "replay": finding.replay_command, "summary": finding.verdict.summary()}
 
 
 Emit = Callable[[CaseDone], None]
 
 
-def work(config: CampaignConfig, worker: int, emit: Emit, stop: Callable[[], bool]) -> None:
+def work(config: CampaignConfig, worker: int, emit: Emit, stop: Callable[[], bool], write: bool = True) -> None:
     """One worker's share, in order, until it is done, the time is up, or ``stop()`` says so."""
     deadline = time.perf_counter() + config.time_s if config.time_s else None
-    run_case = CaseWork(config)
+    run_case = CaseWork(config, write)
     for index in config.partition(worker).indices():
         if stop() or (deadline is not None and time.perf_counter() >= deadline):
             return
@@ -193,7 +217,9 @@ def run_campaign(config: CampaignConfig, on_progress: Callable[[Stats], None]) -
         on_progress(stats)
 
     try:
-        if config.jobs == 1:
+        if config.scheduler:
+            _run_tasks(config, stats, on_progress)
+        elif config.jobs == 1:
             work(config, 0, emit, lambda: False)
         else:
             _run_workers(config, stats, on_progress)
@@ -201,6 +227,40 @@ def run_campaign(config: CampaignConfig, on_progress: Callable[[Stats], None]) -
         stats.interrupted = True
     stats.elapsed = time.perf_counter() - stats.started
     return stats
+
+
+def share(config: CampaignConfig, worker: int) -> list[CaseDone]:
+    """Worker ``worker``'s share of the campaign, as one task: its cases, findings shrunk, none written."""
+    events: list[CaseDone] = []
+    work(config, worker, events.append, lambda: False, write=False)
+    return events
+
+
+def _run_tasks(config: CampaignConfig, stats: Stats, on_progress: Callable[[Stats], None]) -> None:
+    """The J shares as tasks on the scheduler; the findings written here, deduplicated across them."""
+    from emu.dist import dask_executor
+
+    shrunk: list[tuple[int, str, Shrunk]] = []
+    try:
+        with dask_executor(config.scheduler, config.jobs)() as pool:
+            for events in pool.map(share, [(config, w) for w in range(config.jobs)]):
+                for event in events:
+                    stats.record(event)
+                    shrunk += [(event.index, s.verdict.design, s) for s in event.shrunk]
+                on_progress(stats)
+    finally:  # what the finished tasks found is kept, Ctrl-C or not
+        _write_shrunk(config, stats, shrunk)
+
+
+def _write_shrunk(config: CampaignConfig, stats: Stats, shrunk: list[tuple[int, str, Shrunk]]) -> None:
+    from emu.fuzz.findings import write_finding
+
+    written: set[tuple[str, str, bool, tuple[str, ...]]] = set()
+    for index, design, s in sorted(shrunk, key=lambda t: (t[0], config.designs.index(t[1]))):
+        if s.signature not in written:
+            written.add(s.signature)
+            finding = write_finding(config.out, s.case, s.small, s.verdict)
+            stats.designs[design].saved.append(saved_record(design, index, finding))
 
 
 def _run_workers(config: CampaignConfig, stats: Stats, on_progress: Callable[[Stats], None]) -> None:

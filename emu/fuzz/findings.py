@@ -58,6 +58,12 @@ def site_bytes(prog: Program) -> bytes:
 def save_finding(out_dir: str, case: Case, verdict: Verdict) -> Finding:
     """Shrink, then write DIR/<design>-s<seed>-c<index>.{elf,json}."""
     small, small_verdict = shrink_finding(case, verdict)
+    return write_finding(out_dir, case, small, small_verdict)
+
+
+def write_finding(out_dir: str, case: Case, small: Case, small_verdict: Verdict) -> Finding:
+    """Write DIR/<design>-s<seed>-c<index>.{elf,json} for ``case``, shrunk to ``small``."""
+    verdict = small_verdict
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as exc:

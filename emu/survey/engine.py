@@ -2,10 +2,9 @@
 
 The client walks the paths (regular files, not following symlinks), reads each file's first bytes
 (not an ELF file: counted and skipped) and hashes the ELF ones; a content the store has under the
-same designs is not analysed again. The rest go to an executor: Dask distributed by default (an
-in-process LocalCluster of ``jobs`` worker processes, or an existing scheduler's workers, which
-need only this package installed and the same paths), or inline in this process (tests, a library
-caller). Each result is stored as it arrives, so an interrupted survey keeps what is done.
+same designs is not analysed again. The rest go to the executor's pool (emu/dist.py: Dask by
+default, or inline). Each result is stored as it arrives, so an interrupted survey keeps what is
+done.
 """
 
 from __future__ import annotations
@@ -15,17 +14,17 @@ import os
 import stat
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from emu.designs import Design
+from emu.dist import Pool
 from emu.errors import UsageError
-from emu.survey.analyze import FileSurvey, survey_file
-from emu.survey.store import Store, Stored
+from emu.survey.analyze import survey_file
+from emu.survey.corpus import Entry
+from emu.survey.dynamic import DesignRun, run_entry
+from emu.survey.store import RunKey, Store, Stored, design_key
 
-Task = tuple[str, str]  # (path, sha256)
-Executor = Callable[[Sequence[Task], Sequence[Design]], AbstractContextManager[Iterator[FileSurvey]]]
 ELF_MAGIC = b"\x7fELF"
 
 
@@ -86,36 +85,11 @@ def walk(paths: Iterable[str]) -> Walk:
     return found
 
 
-@contextmanager
-def inline(tasks: Sequence[Task], designs: Sequence[Design]) -> Iterator[Iterator[FileSurvey]]:
-    yield (survey_file(path, sha, designs) for path, sha in tasks)
-
-
-def dask_executor(scheduler: str | None, jobs: int) -> Executor:
-    """Tasks on a Dask cluster: ``scheduler`` (tcp://HOST:PORT), else a LocalCluster of ``jobs`` processes."""
-
-    @contextmanager
-    def run(tasks: Sequence[Task], designs: Sequence[Design]) -> Iterator[Iterator[FileSurvey]]:
-        import logging
-
-        from distributed import Client, LocalCluster, as_completed
-
-        try:
-            cluster = None if scheduler else LocalCluster(n_workers=jobs, threads_per_worker=1, processes=True,
-                                                          dashboard_address=":0", silence_logs=logging.CRITICAL)
-            client = Client(scheduler or cluster, timeout="20s")
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise UsageError(f"cannot reach the Dask scheduler {scheduler}: {exc}") from None
-        try:
-            futures = [client.submit(survey_file, path, sha, list(designs), key=f"survey-{sha}-{i}", pure=False)
-                       for i, (path, sha) in enumerate(tasks)]
-            yield (future.result() for future in as_completed(futures))
-        finally:
-            client.close()
-            if cluster is not None:
-                cluster.close()
-
-    return run
+@dataclass(frozen=True, slots=True)
+class CorpusRun:
+    name: str  # the entry's
+    binary: str
+    run: DesignRun
 
 
 @dataclass
@@ -124,9 +98,11 @@ class Outcome:
     results: dict[str, Stored]  # sha256 -> stored result, for every ELF content of this survey
     analysed: int = 0  # files analysed by this run (the rest came from the database)
     complete: bool = True
+    runs: list[CorpusRun] = field(default_factory=list)  # the corpus runs (--corpus), stored or new
+    ran: int = 0  # corpus runs made by this survey (the rest came from the database)
 
 
-def survey(paths: Sequence[str], designs: Sequence[Design], store: Store, executor: Executor,
+def survey(paths: Sequence[str], designs: Sequence[Design], store: Store, pool: Pool,
            max_files: int | None = None, progress: bool = False) -> Outcome:
     """Survey ``paths``; stops after ``max_files`` new analyses (None: all)."""
     found = walk(paths)
@@ -140,12 +116,11 @@ def survey(paths: Sequence[str], designs: Sequence[Design], store: Store, execut
     if tasks:
         bar = _bar(len(tasks), progress)
         try:
-            with executor(tasks, designs) as results:
-                for result in results:
-                    if result.status != "changed":  # its hash no longer names its content
-                        store.put(result)
-                    outcome.analysed += 1
-                    bar.update(1)
+            for result in pool.map(survey_file, [(path, sha, list(designs)) for path, sha in tasks]):
+                if result.status != "changed":  # its hash no longer names its content
+                    store.put(result)
+                outcome.analysed += 1
+                bar.update(1)
         except KeyboardInterrupt:
             sys.stderr.write(f"survey interrupted: {outcome.analysed} files analysed this run are kept in the "
                              "database; run again to go on\n")
@@ -159,7 +134,52 @@ def survey(paths: Sequence[str], designs: Sequence[Design], store: Store, execut
     return outcome
 
 
-def _bar(total: int, show: bool):  # type: ignore[no-untyped-def]
+def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store, pool: Pool, outcome: Outcome,
+               progress: bool = False) -> None:
+    """Each entry under each design (the ones the database lacks as tasks); into ``outcome.runs``.
+    The entries' binaries must be in ``outcome`` (surveyed statically): "all sites" are theirs."""
+    keyed: list[tuple[RunKey, Entry, Design, tuple[int, ...] | None]] = []
+    for entry in entries:
+        sha = _digest(entry.binary)
+        stored = outcome.results.get(sha)
+        if stored is None or stored.status != "ok":
+            raise UsageError(f"--corpus: {entry.binary} is not an x86-64 ELF file the survey could read")
+        sites = None if entry.probes is not None else tuple(dict.fromkeys(s.address for s in stored.sites))
+        keyed += [((entry.content_key(), sha, d.name, design_key(d)), entry, d, sites) for d in designs]
+    keyed = list({k[0]: k for k in keyed}.values())  # an entry given twice runs (and counts) once
+    tasks = [(entry, key[1], d, sites) for key, entry, d, sites in keyed if not store.run_done(key)]
+    names = {key: entry.name for key, entry, _d, _sites in keyed}
+    dkeys = {d.name: design_key(d) for d in designs}
+    if tasks:
+        bar = _bar(len(tasks), progress, "run")
+        try:
+            for run in pool.map(run_entry, tasks):
+                if run.status != "changed":
+                    key = (run.entry, run.sha256, run.design, dkeys[run.design])
+                    store.put_run(run, key[3], names[key])
+                outcome.ran += 1
+                bar.update(1)
+        except KeyboardInterrupt:
+            sys.stderr.write(f"survey interrupted: {outcome.ran} corpus runs made this time are kept in the "
+                             "database; run again to go on\n")
+            raise
+        finally:
+            bar.close()
+    for key, entry, _d, _sites in keyed:
+        got = store.get_run(key)
+        if got is not None:
+            outcome.runs.append(CorpusRun(got[0], entry.binary, got[1]))
+
+
+def _digest(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError as exc:
+        raise UsageError(f"--corpus: {path}: {exc.strerror}") from None
+
+
+def _bar(total: int, show: bool, unit: str = "file"):  # type: ignore[no-untyped-def]
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="file", file=sys.stderr, disable=not (show and sys.stderr.isatty()), leave=False)
+    return tqdm(total=total, unit=unit, file=sys.stderr, disable=not (show and sys.stderr.isatty()), leave=False)

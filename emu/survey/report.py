@@ -57,7 +57,31 @@ def to_json(outcome: Outcome, designs: Sequence[Design]) -> dict[str, Any]:
     out = totals(outcome, designs)
     out["sites"] = [row for path, sha in _contents(outcome)
                     for row in site_rows(path, outcome.results[sha].sites)]
+    if outcome.runs:
+        from emu.survey.confusion import corpus_json
+
+        out["corpus"] = corpus_json(outcome, designs)
     return out
+
+
+def confusion_rows(outcome: Outcome, designs: Sequence[Design]) -> list[tuple[str, ...]]:
+    """Three rows per design (static hazard, no hazard, unknown) against what the runs saw; the
+    design's first row also has the precision and recall."""
+    from emu.survey.confusion import COLUMNS, ROWS, confusion
+
+    rows: list[tuple[str, ...]] = [("design", "static", *(c.replace("_", " ") for c in COLUMNS), "precision",
+                                    "recall")]
+    for d in designs:
+        c = confusion(outcome, d)
+        for i, row in enumerate(ROWS.values()):
+            scores = (_ratio(c.precision), _ratio(c.recall)) if i == 0 else ("", "")
+            rows.append((d.name if i == 0 else "", row.replace("_", " "), *(str(c.cells[row][col]) for col in COLUMNS),
+                         *scores))
+    return rows
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def summary_text(outcome: Outcome, designs: Sequence[Design]) -> str:
@@ -72,7 +96,25 @@ def summary_text(outcome: Outcome, designs: Sequence[Design]) -> str:
         (name, str(v["optimized"]), str(v["hazards"]), str(v["unknown"])) for name, v in t["designs"].items()]))
     lines.append(f"{outcome.analysed} files analysed by this run" + ("" if outcome.complete else
                                                                      " (stopped early: run again to go on)"))
+    if outcome.runs:
+        lines += _corpus_text(outcome, designs)
     return "\n".join(lines)
+
+
+def _corpus_text(outcome: Outcome, designs: Sequence[Design]) -> list[str]:
+    from emu.survey.confusion import confusion
+
+    failed = [cr for cr in outcome.runs if cr.run.status != "ok"]
+    lines = [f"corpus: {len(outcome.runs)} runs ({outcome.ran} made by this survey, {len(failed)} failed); "
+             "the static verdicts against them:"]
+    lines.append(table(confusion_rows(outcome, designs)))
+    for d in designs:
+        c = confusion(outcome, d)
+        lines += [f"{d.name}: clobbered without a static hazard: {fn['file']} {fn['address']:#x} "
+                  f"{fn['symbol'] or '-'} (red zone {fn['red_zone']})" for fn in c.false_negatives]
+        lines += [f"{d.name}: output differs with no site clobbered: {name}" for name in c.unexplained]
+    lines += [f"failed: {cr.name} under {cr.run.design}: {cr.run.error}" for cr in failed[:10]]
+    return lines
 
 
 def packages(paths: Sequence[str], info_dir: str = "/var/lib/dpkg/info") -> dict[str, str]:
@@ -105,17 +147,31 @@ def markdown(outcome: Outcome, designs: Sequence[Design], owners: dict[str, str]
            f"live {rz.get(LIVE, 0)}, dead {rz.get('dead', 0)}, unknown {rz.get(UNKNOWN, 0)}.", ""]
     if t["skipped"]:
         out += ["Skipped: " + ", ".join(f"{k} {v}" for k, v in sorted(t["skipped"].items())) + ".", ""]
-    out += ["## Per design", "", "| design | sites | optimized | hazards | unknown |", "|---|---|---|---|---|"]
+    confirmed = _confirmed(outcome, designs)
+    extra = " confirmed |" if confirmed else ""
+    out += ["## Per design", "", "| design | sites | optimized | hazards | unknown |" + extra,
+            "|---|---|---|---|---|" + "---|" * bool(confirmed)]
     out += [f"| {name} | {t['site_count']} | {v['optimized']} | {v['hazards']} | {v['unknown']} |"
-            for name, v in t["designs"].items()]
+            + (f" {confirmed[name]} |" if confirmed else "") for name, v in t["designs"].items()]
     reasons = Counter((s.reason or "").split(" at 0x")[0] for _, s in sites if s.red_zone == UNKNOWN)
     if reasons:
         out += ["", "## Why a red zone is unknown", "", "| reason | sites |", "|---|---|"]
         out += [f"| {r} | {n} |" for r, n in reasons.most_common(12)]
     out += _hazards(sites, designs)
+    if outcome.runs:
+        out += _corpus_markdown(outcome, designs)
     if owners:
         out += _packages(sites, owners, designs)
     return "\n".join(out) + "\n"
+
+
+def _confirmed(outcome: Outcome, designs: Sequence[Design]) -> dict[str, int]:
+    """design -> static hazards a corpus run clobbered (empty without a corpus)."""
+    if not outcome.runs:
+        return {}
+    from emu.survey.confusion import confusion
+
+    return {d.name: confusion(outcome, d).cells["hazard"]["clobbered"] for d in designs}
 
 
 def _hazards(sites: list[tuple[str, SiteSurvey]], designs: Sequence[Design]) -> list[str]:
@@ -146,4 +202,33 @@ def _packages(sites: list[tuple[str, SiteSurvey]], owners: dict[str, str], desig
            "|---|---|---|" + "---|" * len(names)]
     for package, c in sorted(per.items(), key=lambda kv: (-kv[1]["sites"], kv[0])):
         out.append(f"| {package} | {c['sites']} | {c['live']} | " + " | ".join(str(c[n]) for n in names) + " |")
+    return out
+
+
+def _corpus_markdown(outcome: Outcome, designs: Sequence[Design]) -> list[str]:
+    from emu.survey.confusion import confusion
+
+    rows = confusion_rows(outcome, designs)
+    out = ["", "## Static verdicts against the corpus runs", "",
+           f"{len(outcome.runs)} runs. Clobbered: a red-zone byte the design changed was read back by the "
+           "program; exercised: hit at least twice (linux-6.18's optimized path ran), not clobbered.", "",
+           "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+    tables = {d.name: confusion(outcome, d) for d in designs}
+    out += ["", "Sites the red-zone verifier flagged whose changed bytes the program never read back: " +
+            ", ".join(f"{name} {c.flagged_only}" for name, c in tables.items()) + "."]
+    missed = [(name, fn) for name, c in tables.items() for fn in c.false_negatives]
+    if missed:
+        out += ["", f"### Clobbered without a static hazard ({len(missed)})", ""]
+        out += [f"- {name}: {fn['file']} {fn['address']:#x} {fn['symbol'] or '-'}: red zone {fn['red_zone']}"
+                f"{' (' + fn['reason'] + ')' if fn['reason'] else ''}, {fn['hits']} hits, "
+                f"{fn['read_back']} read back" for name, fn in missed]
+    unexplained = [(name, run) for name, c in tables.items() for run in c.unexplained]
+    if unexplained:
+        out += ["", f"### Output differs, no site clobbered ({len(unexplained)})", ""]
+        out += [f"- {name}: {run}" for name, run in unexplained]
+    failed = [cr for cr in outcome.runs if cr.run.status != "ok"]
+    if failed:
+        out += ["", f"### Runs that failed ({len(failed)})", ""]
+        out += [f"- {cr.name} under {cr.run.design}: {cr.run.error}" for cr in failed]
     return out

@@ -3,7 +3,9 @@
 - ``files``: one row per content (sha256) and set of designs surveyed (``key``: the analysis
   version and the designs' values), with the status and how many times it was analysed;
 - ``sites`` and ``verdicts``: what analyze.py found for that content;
-- ``paths``: where each content was seen (the report's per-package counts, the JSON's file names).
+- ``paths``: where each content was seen (the report's per-package counts, the JSON's file names);
+- ``runs`` and ``run_sites``: the corpus runs (dynamic.py), keyed by the corpus entry's content,
+  the binary's sha256 and the design (name, and ``dkey``: its values and the dynamic version).
 
 Each file's rows are committed together as its result arrives: Ctrl-C or a killed survey keeps
 every file already done, and the next run starts from there.
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from emu.designs import Design
 from emu.errors import EmuError
 from emu.survey.analyze import ANALYSIS_VERSION, FileSurvey, SiteSurvey
+from emu.survey.dynamic import DYNAMIC_VERSION, DesignRun, SiteRun
 
 DEFAULT_DB = "uprobe-emu-survey.sqlite"
 SCHEMA = """
@@ -34,6 +37,14 @@ CREATE TABLE IF NOT EXISTS sites (
 CREATE TABLE IF NOT EXISTS verdicts (
     sha256 TEXT NOT NULL, key TEXT NOT NULL, address INTEGER NOT NULL, kind TEXT NOT NULL, design TEXT NOT NULL,
     verdict TEXT NOT NULL, hazard INTEGER, PRIMARY KEY (sha256, key, address, kind, design));
+CREATE TABLE IF NOT EXISTS runs (
+    entry TEXT NOT NULL, sha256 TEXT NOT NULL, design TEXT NOT NULL, dkey TEXT NOT NULL, name TEXT NOT NULL,
+    status TEXT NOT NULL, error TEXT, same_output INTEGER NOT NULL, divergence TEXT, wall_s REAL NOT NULL,
+    PRIMARY KEY (entry, sha256, design, dkey));
+CREATE TABLE IF NOT EXISTS run_sites (
+    entry TEXT NOT NULL, sha256 TEXT NOT NULL, design TEXT NOT NULL, dkey TEXT NOT NULL, address INTEGER NOT NULL,
+    spec TEXT NOT NULL, hits INTEGER NOT NULL, flagged INTEGER NOT NULL, read_back INTEGER NOT NULL,
+    refused INTEGER NOT NULL, PRIMARY KEY (entry, sha256, design, dkey, spec));
 """
 
 
@@ -41,6 +52,14 @@ def designs_key(designs: Sequence[Design]) -> str:
     """What a stored result depends on besides the content: the analysis version and the designs' values."""
     text = f"v{ANALYSIS_VERSION};" + ";".join(repr(d) for d in designs)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def design_key(design: Design) -> str:
+    """What a stored corpus run depends on besides the entry and the binary: the design's values."""
+    return hashlib.sha256(f"d{DYNAMIC_VERSION};{design!r}".encode()).hexdigest()[:16]
+
+
+RunKey = tuple[str, str, str, str]  # (entry content key, binary sha256, design name, design_key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,15 +129,43 @@ class Store:
                              {d: v for d, v, _ in rows}, {d: None if h is None else bool(h) for d, _, h in rows},
                              context)
 
+    def run_done(self, key: RunKey) -> bool:
+        row = self.db.execute("SELECT 1 FROM runs WHERE entry = ? AND sha256 = ? AND design = ? AND dkey = ?",
+                              key).fetchone()
+        return row is not None
+
+    def put_run(self, run: DesignRun, dkey: str, name: str) -> None:
+        """One corpus run's rows, in one transaction."""
+        key = (run.entry, run.sha256, run.design, dkey)
+        where = "WHERE entry = ? AND sha256 = ? AND design = ? AND dkey = ?"
+        with self.db:
+            self.db.execute(f"DELETE FROM run_sites {where}", key)
+            self.db.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (*key, name, run.status, run.error, int(run.same_output), run.divergence, run.wall_s))
+            self.db.executemany("INSERT OR REPLACE INTO run_sites VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
+                (*key, s.address, s.spec, s.hits, s.flagged, s.read_back, int(s.refused)) for s in run.sites])
+
+    def get_run(self, key: RunKey) -> tuple[str, DesignRun] | None:
+        """(entry name, run) of ``key``."""
+        where = "WHERE entry = ? AND sha256 = ? AND design = ? AND dkey = ?"
+        row = self.db.execute(f"SELECT name, status, error, same_output, divergence, wall_s FROM runs {where}",
+                              key).fetchone()
+        if row is None:
+            return None
+        sites = tuple(SiteRun(a, spec, h, f, r, bool(x)) for a, spec, h, f, r, x in self.db.execute(
+            f"SELECT address, spec, hits, flagged, read_back, refused FROM run_sites {where} ORDER BY rowid", key))
+        return row[0], DesignRun(key[0], key[1], key[2], row[1], row[2], bool(row[3]), row[4], sites, row[5])
+
     def analyses(self) -> dict[str, int]:
         """sha256 -> times analysed (under this key)."""
         return dict(self.db.execute("SELECT sha256, analyses FROM files WHERE key = ?", (self.key,)).fetchall())
 
     def dump(self) -> list[tuple[object, ...]]:
-        """Every stored result row (files without the analysis count, sites, verdicts), sorted: equal
-        surveys give equal dumps, whoever ran them."""
+        """Every stored result row (files without the analysis count, sites, verdicts, corpus runs
+        without their wall time), sorted: equal surveys give equal dumps, whoever ran them."""
         rows: list[tuple[object, ...]] = []
         for table, cols in (("files", "sha256, key, size, status, error"), ("sites", "*"), ("verdicts", "*"),
-                            ("paths", "*")):
+                            ("paths", "*"), ("runs", "entry, sha256, design, dkey, name, status, error, same_output, "
+                                                     "divergence"), ("run_sites", "*")):
             rows += [(table, *r) for r in self.db.execute(f"SELECT {cols} FROM {table}")]
         return sorted(rows, key=repr)

@@ -1,0 +1,125 @@
+"""A corpus file (TOML): the command lines the dynamic half of the survey runs under every design.
+
+    [[run]]
+    name = "gzip a small file"      # optional (default: the binary and its arguments)
+    binary = "/usr/bin/gzip"        # a path (relative: to the corpus file), or a name looked up in PATH
+    args = ["-c", "notes.txt"]      # argv[1:]
+    stdin = "text"                  # or stdin_file = "input.txt" (relative: to the corpus file)
+    env = { LC_ALL = "C" }          # the guest's whole environment (default: empty)
+    probes = "all sites"            # or a list of specs as check -p takes them
+    timeout = 60                    # seconds per design (default 120)
+
+"all sites" is every site the static survey finds in the binary itself. Anything else (a
+syntax error, an unknown key, a binary that is not there) is a usage error: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+from emu.errors import UsageError
+
+ALL_SITES = "all sites"
+DEFAULT_TIMEOUT_S = 120.0
+_KEYS = {"name", "binary", "args", "stdin", "stdin_file", "env", "probes", "timeout"}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    name: str
+    binary: str  # absolute path
+    args: tuple[str, ...]
+    stdin: bytes
+    env: tuple[tuple[str, str], ...]
+    probes: tuple[str, ...] | None  # None: all sites
+    timeout_s: float
+
+    def content_key(self) -> str:
+        """What the entry's runs depend on besides the binary's content and the design."""
+        text = json.dumps({"args": self.args, "stdin": hashlib.sha256(self.stdin).hexdigest(), "env": self.env,
+                           "probes": self.probes, "timeout": self.timeout_s}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_corpus(path: str) -> list[Entry]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise UsageError(f"--corpus {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--corpus {path}: not TOML ({exc})") from None
+    extra = set(data) - {"run"}
+    if extra:
+        raise UsageError(f"--corpus {path}: unknown key {sorted(extra)[0]!r} (want [[run]] tables)")
+    runs = data.get("run")
+    if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
+        raise UsageError(f"--corpus {path}: no [[run]] table")
+    base = os.path.dirname(os.path.abspath(path))
+    return [_entry(f"--corpus {path}: run {i + 1}", run, base) for i, run in enumerate(runs)]
+
+
+def _entry(where: str, run: dict[str, Any], base: str) -> Entry:
+    unknown = sorted(set(run) - _KEYS)
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})")
+    binary = _binary(where, _typed(where, run, "binary", str, None), base)
+    args = _typed(where, run, "args", list, [])
+    env = _typed(where, run, "env", dict, {})
+    if not all(isinstance(a, str) for a in args) or not all(isinstance(v, str) for v in env.values()):
+        raise UsageError(f"{where}: args and env values must be strings")
+    if "stdin" in run and "stdin_file" in run:
+        raise UsageError(f"{where}: stdin and stdin_file both given")
+    stdin = _typed(where, run, "stdin", str, "").encode()
+    if "stdin_file" in run:
+        stdin = _read(where, os.path.join(base, _typed(where, run, "stdin_file", str, None)))
+    timeout = _typed(where, run, "timeout", (int, float), DEFAULT_TIMEOUT_S)
+    if timeout <= 0:
+        raise UsageError(f"{where}: timeout must be > 0")
+    name = _typed(where, run, "name", str, " ".join([os.path.basename(binary), *args]))
+    return Entry(name, binary, tuple(args), stdin, tuple(sorted(env.items())), _probes(where, run), float(timeout))
+
+
+def _typed(where: str, run: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    if key not in run:
+        if default is None:
+            raise UsageError(f"{where}: no {key}")
+        return default
+    value = run[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise UsageError(f"{where}: {key} has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _binary(where: str, text: str, base: str) -> str:
+    found = shutil.which(text) if "/" not in text else os.path.join(base, text)
+    if not found or not os.path.isfile(found):
+        raise UsageError(f"{where}: binary {text!r} not found")
+    return os.path.abspath(found)
+
+
+def _read(where: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise UsageError(f"{where}: stdin_file {path}: {exc.strerror}") from None
+
+
+def _probes(where: str, run: dict[str, Any]) -> tuple[str, ...] | None:
+    probes = run.get("probes", ALL_SITES)
+    if probes == ALL_SITES:
+        return None
+    if not isinstance(probes, list) or not probes or not all(isinstance(p, str) for p in probes):
+        raise UsageError(f"{where}: probes must be {ALL_SITES!r} or a list of probe specs")
+    from emu.probes import parse_spec
+
+    for spec in probes:
+        parse_spec(spec)  # a bad spec is refused now, not on a worker
+    return tuple(probes)

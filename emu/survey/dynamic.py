@@ -1,0 +1,195 @@
+"""The dynamic half: one corpus entry under one design, as `check` runs it, with each site's verdict.
+
+Runs on a worker (a Dask task) and returns plain data. Per probed site: its hits (linux-6.18
+optimizes a site on its first hit, through INT3, so a site hit once never ran the optimized path),
+the hits the red-zone verifier flagged (a red-zone byte differs from the unprobed reference after
+the hit), and the hits whose changed bytes the program then **read back** before storing to them:
+that is a clobber the program can see. A flagged byte nothing reads again (a dead red zone) is
+harmless, so a site counts as dynamically clobbered only when a read-back was seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from emu.designs import Design
+from emu.survey.corpus import Entry
+
+if TYPE_CHECKING:
+    from emu.machine import Machine
+    from emu.verify.session import VerifySession
+    from emu.verify.transaction import Transaction
+
+DYNAMIC_VERSION = 1  # bump when a dynamic verdict could change: stored runs of older versions are redone
+
+
+@dataclass(frozen=True, slots=True)
+class SiteRun:
+    address: int  # link-time address (as the static survey names it)
+    spec: str
+    hits: int
+    flagged: int  # hits after which the red-zone verifier found changed bytes
+    read_back: int  # of those, hits whose changed bytes guest code read before storing to them
+    refused: bool = False  # the design would not attach the probe
+
+
+@dataclass(frozen=True, slots=True)
+class DesignRun:
+    entry: str  # the entry's content key
+    sha256: str  # of the binary
+    design: str
+    status: str  # ok | error | changed
+    error: str | None = None
+    same_output: bool = True
+    divergence: str | None = None
+    sites: tuple[SiteRun, ...] = ()
+    wall_s: float = 0.0
+
+
+class ReadBack:
+    """Watches the red-zone bytes a hit left changed until guest code stores to them (harmless) or
+    reads them (a visible clobber, counted for the site and hit that changed them).
+
+    The hooks span the whole address space and return at once while nothing is watched: a hook
+    whose range is moved while the CPU runs (HookRange) missed stores outside the hits here. The
+    tracker ends a hit before the trampoline's own ``ret`` runs, so reads by code in the kernel's
+    pages are the design's, not the program's. Only a read below rsp is a use of the red zone: a
+    byte at or above it belongs to a frame allocated since (a call, push or sub covered it), and a
+    read there before any store is of a slot never written (strlen's aligned over-read of a local
+    buffer), whatever the probe did."""
+
+    def __init__(self, machine: Machine, session: VerifySession) -> None:
+        from emu.cpu import add_raw_mem_read_hook, add_raw_mem_write_hook
+        from emu.verify.kernel_writes import WatchedBackend
+
+        self.cpu = machine.cpu
+        self.mem = machine.mem
+        self.session = session
+        self.bias = machine.resolver.image.bias  # runtime address - link-time address of the executable
+        self.marked: dict[int, tuple[int, int]] = {}  # byte address -> (site, hit)
+        self.confirmed: set[tuple[int, int]] = set()
+        self._seen = 0
+        inner = session.tracker.on_finished
+
+        def finished(tx: Transaction) -> None:
+            inner(tx)
+            self._mark(tx)
+
+        session.tracker.on_finished = finished
+        machine.mem.backend = WatchedBackend(machine.mem.backend, self._on_kernel_write)  # the kernel's stores too
+        add_raw_mem_read_hook(self.cpu, self._on_read, 1, 0)
+        add_raw_mem_write_hook(self.cpu, self._on_raw_write, 1, 0)  # raw: no Python frame between
+
+    def counts(self) -> Counter[int]:
+        """site -> hits whose clobber was read back."""
+        return Counter(site for site, _hit in self.confirmed)
+
+    def _mark(self, tx: Transaction) -> None:
+        from emu.verify.violations import Check
+
+        new = self.session.violations[self._seen:]
+        self._seen = len(self.session.violations)
+        for v in new:
+            if v.kind is Check.REDZONE and "offset" in v.detail:  # a run of changed bytes, rsp-relative
+                first = tx.start_rsp + int(v.detail["offset"])
+                for addr in range(first, first + int(v.detail["size"])):
+                    self.marked[addr] = (v.address, v.hit)
+
+    def _on_read(self, _uc: object, _access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
+        if not self.marked:
+            return True
+        try:
+            owners = [(a, o) for a in range(addr, addr + size) if (o := self.marked.get(a)) is not None]
+            if owners and not self._kernel_side():
+                from emu.cpu import Reg
+
+                rsp = self.cpu.read(Reg.RSP)
+                for a in range(addr, addr + size):
+                    self.marked.pop(a, None)
+                self.confirmed.update(o for a, o in owners if a < rsp)
+        except BaseException as exc:  # a raw hook hands its exception to the run
+            from emu.cpu import hook_raised
+
+            hook_raised(self.cpu, exc)
+        return True
+
+    def _kernel_side(self) -> bool:
+        from emu.cpu import Reg
+        from emu.verify.resume import KERNEL_SIDE
+
+        vma = self.mem.find(self.cpu.read(Reg.RIP))
+        return vma is not None and vma.name in KERNEL_SIDE
+
+    def _on_raw_write(self, _uc: object, _access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
+        if self.marked:
+            self._on_write(addr, size)
+        return True
+
+    def _on_write(self, addr: int, size: int) -> None:
+        if self.marked:
+            for a in range(addr, addr + size):
+                self.marked.pop(a, None)
+
+    def _on_kernel_write(self, addr: int, data: bytes) -> None:
+        self._on_write(addr, len(data))
+
+
+def run_entry(entry: Entry, sha256: str, design: Design, sites: tuple[int, ...] | None) -> DesignRun:
+    """``entry`` under ``design``; ``sites``: link-time addresses to probe ("all sites"), else the
+    entry's own specs."""
+    from emu.designs import known_designs, register
+
+    start = time.perf_counter()
+    if _digest(entry.binary) != sha256:
+        return DesignRun(entry.content_key(), sha256, design.name, "changed", "the binary changed during the survey")
+    if sites == ():  # "all sites" of a binary without any: nothing to probe (check would scan by itself)
+        return DesignRun(entry.content_key(), sha256, design.name, "ok")
+    if design.name not in known_designs():  # a --design-file design, on a worker that never loaded the file
+        register(design)
+    try:
+        return _run(entry, sha256, design.name, sites, start)
+    except Exception as exc:  # a program the emulation cannot run: recorded, never fatal to the survey
+        return DesignRun(entry.content_key(), sha256, design.name, "error", f"{type(exc).__name__}: {exc}",
+                         wall_s=time.perf_counter() - start)
+
+
+def _digest(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return ""
+
+
+def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, start: float) -> DesignRun:
+    from emu.check import CheckRequest, run_check
+    from emu.machine import Machine, RunOptions
+    from emu.verify.violations import Check
+
+    argv, env = [entry.binary, *entry.args], dict(entry.env)
+    options = RunOptions(timeout_s=entry.timeout_s, design=design)
+    bias = Machine(entry.binary, argv, env, options).resolver.image.bias if sites is not None else 0
+    specs = (entry.probes or ()) if sites is None else tuple(f"uprobe:{a + bias:#x}" for a in sites)
+    request = CheckRequest(entry.binary, argv, env, specs=specs, designs=(design,), options=options,
+                           stdin=entry.stdin, watcher=ReadBack, lenient=True)
+    report = run_check(request)[0]
+    assert report.result is not None and isinstance(report.watch, ReadBack)
+    flagged = Counter(a for a, _hit in {(v.address, v.hit) for v in report.violations if v.kind is Check.REDZONE})
+    read_back = report.watch.counts()
+    bias = report.watch.bias
+    runs = [_site(p, bias, flagged, read_back) for p in report.result.probes]
+    attached = {r.spec for r in runs}
+    runs += [SiteRun(int(target, 16) - bias, s, 0, 0, 0, refused=True) for s in specs
+             if s not in attached and (target := s.rpartition(":")[2]).startswith("0x")]
+    return DesignRun(entry.content_key(), sha256, design, "ok", None, report.same_output, report.divergence,
+                     tuple(runs), time.perf_counter() - start)
+
+
+def _site(probe: dict[str, Any], bias: int, flagged: Counter[int], read_back: Counter[int]) -> SiteRun:
+    address = int(probe["address"])
+    return SiteRun(address - bias, str(probe["spec"]), int(probe["hits"]), flagged[address], read_back[address])
+
