@@ -68,6 +68,9 @@ class Signal(enum.IntEnum):
 # Signals whose default action is to ignore them (the rest terminate, or stop).
 DEFAULT_IGNORED = frozenset({Signal.SIGCHLD, Signal.SIGCONT, Signal.SIGURG, Signal.SIGWINCH})
 
+# si_code of a signal's siginfo (include/uapi/asm-generic/siginfo.h): who sent it.
+SI_USER, SI_KERNEL, SI_TKILL = 0, 0x80, -6
+
 
 class AuxType(enum.IntEnum):
     AT_NULL = 0

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from emu import abi, layout
-from emu.abi import AuxType, Prot, Signal
+from emu.abi import SI_KERNEL, AuxType, Prot, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.cpumodel import MIN_SIGSTKSZ
 from emu.designs import DEFAULT_DESIGN, Design, get_design
@@ -49,7 +49,7 @@ PROCESS_QUANTUM = 200_000  # instructions a process runs while another one is ru
 PROCESS_SLICE_NS = 4_000_000  # virtual time one such slice takes: a tick of CONFIG_HZ=250 (Debian)
 MAX_SPURIOUS_STOPS = 10_000  # emu_start returning for no reason, per process, before it counts as a hlt
 
-SI_KERNEL, ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 0x80, 2, 1, 1, 2
+ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 2, 1, 1, 2
 # CPU exception vector -> the signal Linux sends for it in user mode, and the si_code (arch/x86/kernel/traps.c).
 EXCEPTION_SIGNALS = {
     0: (Signal.SIGFPE, "divide error", FPE_INTDIV),

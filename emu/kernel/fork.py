@@ -30,6 +30,7 @@ from emu.designs import Design
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import PollOthers, WouldBlock
 from emu.kernel.fs import FdEntry, FdTable
+from emu.kernel.mm import Brk
 from emu.kernel.signal import SIG_IGN, SignalState
 from emu.kernel.uprobes.core import UprobeTask
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
@@ -250,7 +251,6 @@ def inherited(design: Design) -> Callable[[Vma], bool]:
 
 def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     """copy_process for a new process: files, cwd, limits, identity, the forking thread's signal state."""
-    from emu.kernel.dispatch import Brk
     from emu.kernel.threads import CLONE_CHILD_CLEARTID, CLONE_CHILD_SETTID, CLONE_PARENT_SETTID
 
     pid = child.config.pid

@@ -14,10 +14,10 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emu.abi import DEFAULT_IGNORED, Signal
+from emu.abi import DEFAULT_IGNORED, SI_USER, Signal
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
-from emu.kernel.signal import NSIG, SI_USER, SIG_DFL, SIG_IGN, UNBLOCKABLE, deliver, send_to_self
+from emu.kernel.signal import NSIG, SIG_DFL, SIG_IGN, UNBLOCKABLE, deliver, send_to_self
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

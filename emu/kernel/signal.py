@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from emu.abi import DEFAULT_IGNORED, Signal
+from emu.abi import DEFAULT_IGNORED, SI_TKILL, SI_USER, Signal
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
 from emu.memory import UserFault
@@ -21,8 +21,6 @@ from emu.memory import UserFault
 if TYPE_CHECKING:  # sigframe.py loads when a signal is first delivered (most runs deliver none)
     from emu.kernel.dispatch import Kernel
     from emu.kernel.sigframe import SigInfo
-
-SI_USER, SI_KERNEL, SI_TKILL = 0, 0x80, -6  # si_code (include/uapi/asm-generic/siginfo.h)
 
 SIG_DFL, SIG_IGN = 0, 1
 SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK = 0, 1, 2
