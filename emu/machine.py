@@ -26,7 +26,7 @@ from emu.kernel.dispatch import SYSCALL_INSN_LEN, Identity, Kernel, KernelConfig
 from emu.kernel.errno_ import SyscallError, errno_name
 from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, PollOthers, ProcessSuspended, WouldBlock
 from emu.kernel.fork import Family, exec_kernel_state, fork_kernel_state, inherited, wait_status
-from emu.kernel.fs import FdEntry
+from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.sched import DEFAULT_QUANTUM
 from emu.kernel.signal import deliver, deliver_pending, handles
 from emu.kernel.uprobes.consumers import Consumer
@@ -300,7 +300,7 @@ class Machine:
 
     def _exec(self, path: str, argv: list[bytes], envp: list[bytes]) -> None:
         """execve: check the file now (errors go to the caller), replace the image before the next instruction."""
-        from emu.kernel.fs import lookup
+        from emu.kernel.fs.namei import lookup
 
         host, plan = self._executable(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
         self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
@@ -308,7 +308,7 @@ class Machine:
     def _executable(self, guest: str) -> tuple[str, LoadPlan]:
         """The file execve loads: a regular file with an execute bit the caller may use (EACCES), and
         an ELF (ENOEXEC). One the guest wrote is loaded from the guest's layer, named by its path."""
-        from emu.kernel.fswrite import MAY_EXEC, permitted
+        from emu.kernel.fs.layer import MAY_EXEC, permitted
         from emu.kernel.overlay import Inode
 
         info = self.kernel.vfs.lstat(guest)
@@ -461,7 +461,7 @@ class Machine:
                      consumer: Consumer) -> Callable[[], None]:
         """The uprobe PMU's attach by file offset: installed now where the file is mapped, and
         whenever it is mapped later (as the kernel's uprobes live on the inode)."""
-        from emu.kernel.fs import lookup
+        from emu.kernel.fs.namei import lookup
         from emu.probes import ProbeKind, ProbeSpec
 
         guest = lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path)

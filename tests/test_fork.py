@@ -9,7 +9,7 @@ from conftest import GuestKernel, run_emulated, run_native, sample, symbol_file_
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
 from emu.kernel.fork import SharedFdTable, wait_status
-from emu.kernel.fs import FdEntry
+from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.uprobes.core import UprobeTask
 from emu.kernel.vfs import Pipe, PipeEnd
 from emu.machine import Machine, RunOptions

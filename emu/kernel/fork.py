@@ -29,7 +29,8 @@ from emu.abi import Signal
 from emu.designs import Design
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import PollOthers, WouldBlock
-from emu.kernel.fs import FdEntry, FdTable
+from emu.kernel.fs.fdtable import FdEntry, FdTable
+from emu.kernel.fs.mapped import fork_maps
 from emu.kernel.mm import Brk
 from emu.kernel.signal import SIG_IGN, SignalState
 from emu.kernel.uprobes.core import UprobeTask
@@ -257,9 +258,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     child.files = parent.files.fork()
     child.vfs = parent.vfs.fork()  # one file system (and its in-memory layer) for the whole run
     if child.vfs.overlay is not None and child.vfs.overlay.mapped:
-        from emu.kernel import fswrite
-
-        fswrite.fork_maps(parent, child)
+        fork_maps(parent, child)
     from emu.kernel.perf import inherit_events  # attr.inherit: the child's own copy of the event
 
     inherit_events(child.files.entries, pid)

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emu import abi
+from emu.abi import signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.fs import MAX_IO, FdEntry, _signed32
+from emu.kernel.fs.fdtable import FdEntry
+from emu.kernel.fs.read_write import MAX_IO
 from emu.kernel.vfs import OpenFile, StatInfo, synthetic_stat
 
 if TYPE_CHECKING:
@@ -244,7 +246,7 @@ def _pair(a: UnixSocket, b: UnixSocket) -> None:
 
 
 def _socket(k: Kernel, fd: int) -> tuple[FdEntry, UnixSocket]:
-    entry = k.files.get(_signed32(fd))
+    entry = k.files.get(signed32(fd))
     if not isinstance(entry.file, UnixSocket):
         raise SyscallError(errno.ENOTSOCK)
     return entry, entry.file
@@ -253,7 +255,7 @@ def _socket(k: Kernel, fd: int) -> tuple[FdEntry, UnixSocket]:
 # ---------------------------------------------------------------------------- addresses
 def _read_addr(k: Kernel, addr: int, length: int) -> bytes:
     """The sun_path bytes of a sockaddr_un (abstract names keep their leading NUL)."""
-    length = _signed32(length)
+    length = signed32(length)
     if length < 2 or length > SOCKADDR_UN_MAX:
         raise SyscallError(errno.EINVAL)
     raw = k.mem.read_user(addr, length)

@@ -161,7 +161,7 @@ class PerfEvent(OpenFile):
 
 
 def sys_perf_event_open(k: Kernel, attr_ptr: int, pid: int, cpu: int, group_fd: int, flags: int, *_: int) -> int:
-    from emu.kernel.fs import FdEntry
+    from emu.kernel.fs.fdtable import FdEntry
 
     size = struct.unpack("<I", k.mem.read_user(attr_ptr + 4, 4))[0] or PERF_ATTR_SIZE_VER0
     attr = PerfAttr.parse(k.mem.read_user(attr_ptr, max(PERF_ATTR_SIZE_VER0, min(size, 136))))

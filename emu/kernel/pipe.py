@@ -14,11 +14,10 @@ import struct
 from typing import TYPE_CHECKING, NoReturn
 
 from emu import abi
-from emu.abi import Signal
+from emu.abi import Signal, signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.fs import FdEntry, _signed32
-from emu.kernel.fs import sys_fcntl as fs_sys_fcntl
+from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.vfs import Pipe, PipeEnd
 
 if TYPE_CHECKING:
@@ -29,6 +28,7 @@ PIPE_BUF = 4096  # writes up to this size are atomic (all or nothing)
 PIPE_DEF_SIZE = 16 * PAGE  # 64 KiB: the default capacity (PIPE_DEF_BUFFERS pages)
 PIPE_MAX_SIZE = 1 << 20  # /proc/sys/fs/pipe-max-size: beyond it only CAP_SYS_RESOURCE may go
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
+PIPE_COMMANDS = (F_SETPIPE_SZ, F_GETPIPE_SZ)
 
 
 class KernelPipeEnd(PipeEnd):
@@ -108,11 +108,9 @@ def _round_size(size: int) -> int:
     return PAGE << (pages - 1).bit_length()
 
 
-def sys_fcntl(k: Kernel, fd: int, cmd: int, arg: int, *_: int) -> int:
-    cmd &= 0xFFFFFFFF
-    if cmd not in (F_SETPIPE_SZ, F_GETPIPE_SZ):
-        return fs_sys_fcntl(k, fd, cmd, arg)
-    file = k.files.get(_signed32(fd)).file
+def pipe_fcntl(k: Kernel, fd: int, cmd: int, arg: int) -> int:
+    """fcntl's F_SETPIPE_SZ and F_GETPIPE_SZ (fs/fds.py's sys_fcntl passes them here)."""
+    file = k.files.get(signed32(fd)).file
     if not isinstance(file, PipeEnd):
         raise SyscallError(errno.EBADF)
     pipe = file.pipe

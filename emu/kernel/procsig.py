@@ -14,7 +14,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emu.abi import DEFAULT_IGNORED, SI_USER, Signal
+from emu.abi import DEFAULT_IGNORED, SI_USER, Signal, signed32
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
 from emu.kernel.signal import NSIG, SIG_DFL, SIG_IGN, UNBLOCKABLE, deliver, send_to_self
@@ -37,11 +37,6 @@ class Timer:
     interval: int = 0
     overrun: int = 0
     realtime: bool = False  # CLOCK_REALTIME: TIMER_ABSTIME values are wall-clock times
-
-
-def _signed(value: int) -> int:
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def _check(signo: int) -> None:
@@ -70,7 +65,7 @@ def _pgid(k: Kernel, pid: int) -> int:
 
 
 def sys_kill(k: Kernel, pid: int, signo: int, *_: int) -> int:
-    pid, signo = _signed(pid), _signed(signo)
+    pid, signo = signed32(pid), signed32(signo)
     _check(signo)
     targets = _targets(k, pid)
     if not targets:
@@ -85,7 +80,7 @@ def sys_kill(k: Kernel, pid: int, signo: int, *_: int) -> int:
 
 
 def sys_setpgid(k: Kernel, pid: int, pgid: int, *_: int) -> int:
-    pid, pgid = _signed(pid), _signed(pgid)
+    pid, pgid = signed32(pid), signed32(pgid)
     if pgid < 0:
         raise SyscallError(errno.EINVAL)
     target = k if pid in (0, k.ident.pid) else _child_kernel(k, pid)
@@ -101,7 +96,7 @@ def _child_kernel(k: Kernel, pid: int) -> Kernel:
 
 
 def sys_getpgid(k: Kernel, pid: int, *_: int) -> int:
-    pid = _signed(pid)
+    pid = signed32(pid)
     if pid in (0, k.ident.pid):
         return k.pgid
     if k.family is None or pid not in k.family.procs:
@@ -273,8 +268,8 @@ def sys_timer_create(k: Kernel, clock: int, sevp: int, timer_id: int, *_: int) -
 
 
 def _posix_timer(k: Kernel, ident: int) -> Timer:
-    timer = k.timers.get(_signed(ident))
-    if timer is None or _signed(ident) == ALARM_TIMER:
+    timer = k.timers.get(signed32(ident))
+    if timer is None or signed32(ident) == ALARM_TIMER:
         raise SyscallError(errno.EINVAL)
     return timer
 
@@ -309,7 +304,7 @@ def sys_timer_getoverrun(k: Kernel, ident: int, *_: int) -> int:
 
 def sys_timer_delete(k: Kernel, ident: int, *_: int) -> int:
     _posix_timer(k, ident)
-    del k.timers[_signed(ident)]
+    del k.timers[signed32(ident)]
     return 0
 
 
