@@ -134,3 +134,37 @@ def test_the_cycle_check_sees_a_cycle_through_a_function_local_import(tmp_path: 
     assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.c", "pkg.sub.b"]]
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n")
     assert cycles(import_graph(pkg)) == []  # a TYPE_CHECKING import never runs
+
+
+# --------------------------------------------------------------- imports inside functions
+def unexplained_local_imports(root: Path) -> list[str]:
+    """Imports of the package's own modules made inside a function with no comment saying why,
+    on the import's line or the line above it."""
+    top = _module_name(root, root / "__init__.py").split(".")[0]
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node, local in _imports(ast.parse("\n".join(lines))):
+            if not local or not any(name.split(".")[0] == top for name in _imported(node)):
+                continue
+            here, above = lines[node.lineno - 1], lines[node.lineno - 2]
+            if "#" not in here and not above.lstrip().startswith("#"):
+                found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    return [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+
+
+def test_every_function_local_import_in_the_kernel_says_why() -> None:
+    assert unexplained_local_imports(KERNEL) == []
+
+
+def test_the_reason_check_sees_a_bare_local_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("import json\n\n\ndef f():\n    import json\n    from pkg import b  # b is slow to load\n"
+                              "    # and so is c\n    from pkg import c\n    from pkg import d\n")
+    assert unexplained_local_imports(pkg) == ["a.py:9"]  # stdlib and explained imports pass

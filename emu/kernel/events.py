@@ -18,6 +18,8 @@ from emu.abi import signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fs.fdtable import FdEntry
+from emu.kernel.poll import finish, poll_mask, read_timeout
+from emu.kernel.signal import UNBLOCKABLE
 from emu.kernel.vfs import HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
 
 if TYPE_CHECKING:
@@ -66,8 +68,6 @@ class Epoll(OpenFile):
         return synthetic_stat(ANON_MODE, ino=self.ino)
 
     def ready(self, k: Kernel) -> list[tuple[Interest, int]]:
-        from emu.kernel.poll import poll_mask
-
         out = []
         for item in list(self.interest.values()):
             entry = k.files.entries.get(item.fd)
@@ -137,8 +137,6 @@ def sys_epoll_ctl(k: Kernel, epfd: int, op: int, fd: int, event: int, *_: int) -
 
 
 def _epoll_wait(k: Kernel, epfd: int, events: int, maxevents: int, timeout_ns: int | None) -> int:
-    from emu.kernel.poll import finish
-
     ep = _epoll(k, epfd)
     maxevents = signed32(maxevents)
     if not 0 < maxevents <= EP_MAX_EVENTS:
@@ -170,11 +168,9 @@ def sys_epoll_pwait(k: Kernel, epfd: int, events: int, maxevents: int, timeout: 
 
 def sys_epoll_pwait2(k: Kernel, epfd: int, events: int, maxevents: int, ts: int, sigmask: int,
                      size: int, *_: int) -> int:
-    from emu.kernel.poll import _timespec
-
     if sigmask and size != 8:
         raise SyscallError(errno.EINVAL)
-    return _epoll_wait(k, epfd, events, maxevents, _timespec(k, ts))
+    return _epoll_wait(k, epfd, events, maxevents, read_timeout(k, ts))
 
 
 # ---------------------------------------------------------------------------- eventfd
@@ -372,8 +368,6 @@ class SignalFd(OpenFile):
 
 
 def sys_signalfd4(k: Kernel, fd: int, mask_addr: int, size: int, flags: int, *_: int) -> int:
-    from emu.kernel.signal import UNBLOCKABLE
-
     if size != 8 or flags & ~(SFD_NONBLOCK | SFD_CLOEXEC):
         raise SyscallError(errno.EINVAL)
     (mask,) = struct.unpack("<Q", k.mem.read_user(mask_addr, 8))

@@ -99,7 +99,7 @@ class Family:
         self.ends += 1
         parent = self.procs.get(entry.ppid)
         if parent is not None and parent.status is None:
-            from emu.kernel.procsig import post  # only a child's end signals anyone
+            from emu.kernel.procsig import post  # procsig.py loads only when a child's end signals anyone
 
             post(parent.process.kernel, Signal.SIGCHLD, CLD_KILLED if status & 0x7F else CLD_EXITED)
             parent.process.signal_arrived()
@@ -107,7 +107,7 @@ class Family:
 
     def signal(self, pid: int, signo: int, sender: int) -> None:
         """kill() from ``sender``: pending in ``pid``, which is woken to act on it (a zombie ignores it)."""
-        from emu.kernel.procsig import post
+        from emu.kernel.procsig import post  # procsig.py loads with the first kill between processes
 
         entry = self.procs[pid]
         if entry.status is not None:
@@ -252,6 +252,7 @@ def inherited(design: Design) -> Callable[[Vma], bool]:
 
 def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     """copy_process for a new process: files, cwd, limits, identity, the forking thread's signal state."""
+    # threads.py loads with the first clone (a plain run never forks)
     from emu.kernel.threads import CLONE_CHILD_CLEARTID, CLONE_CHILD_SETTID, CLONE_PARENT_SETTID
 
     pid = child.config.pid
@@ -259,7 +260,8 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     child.vfs = parent.vfs.fork()  # one file system (and its in-memory layer) for the whole run
     if child.vfs.overlay is not None and child.vfs.overlay.mapped:
         fork_maps(parent, child)
-    from emu.kernel.perf import inherit_events  # attr.inherit: the child's own copy of the event
+    # attr.inherit: the child's own copy of the event (perf.py loads with a fork, not with a plain run)
+    from emu.kernel.perf import inherit_events
 
     inherit_events(child.files.entries, pid)
     child.clock = parent.clock  # one virtual timeline for the whole run
@@ -287,7 +289,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
 def exec_kernel_state(k: Kernel) -> None:
     """What execve resets (fs/exec.c): close-on-exec fds, handled signals back to SIG_DFL (ignored
     ones stay ignored), the alternate stack, POSIX timers, rseq, robust list, clear_child_tid, other threads."""
-    from emu.kernel.threads import SS_DISABLE_ALTSTACK
+    from emu.kernel.threads import SS_DISABLE_ALTSTACK  # threads.py loads with an execve, not with a plain run
 
     if isinstance(k.files, SharedFdTable):
         k.files.close_on_exec()
@@ -369,12 +371,13 @@ def sys_waitid(k: Kernel, idtype: int, ident: int, infop: int, options: int, rus
 
 
 def sys_fork(k: Kernel, *_: int) -> int:
-    from emu.kernel.threads import CloneArgs, do_clone
+    from emu.kernel.threads import CloneArgs, do_clone  # threads.py loads with the first clone (a plain run never forks)
 
     return do_clone(k, CloneArgs(0, 0, 0, Signal.SIGCHLD, 0, 0))
 
 
 def sys_vfork(k: Kernel, *_: int) -> int:
+    # threads.py loads with the first clone (a plain run never forks)
     from emu.kernel.threads import CLONE_VFORK, CLONE_VM, CloneArgs, do_clone
 
     return do_clone(k, CloneArgs(CLONE_VM | CLONE_VFORK, 0, 0, Signal.SIGCHLD, 0, 0))

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emu import abi
-from emu.abi import signed32
+from emu.abi import Signal, signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.fs.read_write import MAX_IO
+from emu.kernel.signal import send_to_self
 from emu.kernel.vfs import OpenFile, StatInfo, synthetic_stat
 
 if TYPE_CHECKING:
@@ -186,9 +187,6 @@ def _sleep(k: Kernel, entry: FdEntry, flags: int, what: str, on: UnixSocket) -> 
 
 def _sigpipe(k: Kernel, flags: int) -> None:
     if not flags & MSG_NOSIGNAL:
-        from emu.abi import Signal
-        from emu.kernel.signal import send_to_self
-
         send_to_self(k, Signal.SIGPIPE)
     raise SyscallError(errno.EPIPE)
 

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.vfs import DT_TYPES, HostFile, OpenFile, StatInfo
+from emu.memory import SharedPages
 
 if TYPE_CHECKING:
-    from emu.memory import Memory, SharedPages
+    from emu.memory import Memory
 
 FIRST_INO = 0x7E00_0000  # far above the inode numbers of the test trees; no clash with a host file
 BLOCK = 512
@@ -147,8 +148,6 @@ class Inode:
     def shared_pages(self, offset: int, length: int) -> tuple[SharedPages, int]:
         """Host pages for a MAP_SHARED mapping of [offset, offset+length): those of an earlier mapping
         that covers the range, else new ones (a range only partly covered gets its own pages)."""
-        from emu.memory import SharedPages
-
         for start, pages in self.pages:
             if start <= offset and offset + length <= start + pages.size:
                 return pages, offset - start

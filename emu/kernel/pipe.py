@@ -18,6 +18,7 @@ from emu.abi import Signal, signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fs.fdtable import FdEntry
+from emu.kernel.signal import send_to_self
 from emu.kernel.vfs import Pipe, PipeEnd
 
 if TYPE_CHECKING:
@@ -70,8 +71,6 @@ def room(pipe: Pipe) -> int:
 
 def broken_pipe(k: Kernel) -> NoReturn:
     """A write with no reader left: SIGPIPE to the writer (fatal by default), and EPIPE if it survives."""
-    from emu.kernel.signal import send_to_self
-
     send_to_self(k, Signal.SIGPIPE)
     raise SyscallError(errno.EPIPE)
 

@@ -123,7 +123,8 @@ def sys_poll(k: Kernel, fds_addr: int, nfds: int, timeout_ms: int, *_: int) -> i
     return _poll(k, fds_addr, nfds & 0xFFFFFFFF, None if timeout < 0 else timeout * 10**6)
 
 
-def _timespec(k: Kernel, addr: int) -> int | None:
+def read_timeout(k: Kernel, addr: int) -> int | None:
+    """A timeout given as a struct timespec pointer, in ns; NULL waits forever (None)."""
     if not addr:
         return None
     sec, nsec = struct.unpack("<qq", k.mem.read_user(addr, 16))
@@ -135,7 +136,7 @@ def _timespec(k: Kernel, addr: int) -> int | None:
 def sys_ppoll(k: Kernel, fds_addr: int, nfds: int, tmo_addr: int, sigmask: int, sigsetsize: int, *_: int) -> int:
     if sigmask and sigsetsize != 8:
         raise SyscallError(errno.EINVAL)
-    return _poll(k, fds_addr, nfds & 0xFFFFFFFF, _timespec(k, tmo_addr))
+    return _poll(k, fds_addr, nfds & 0xFFFFFFFF, read_timeout(k, tmo_addr))
 
 
 def _select(k: Kernel, nfds: int, sets: tuple[int, int, int], timeout_ns: int | None) -> int:
@@ -179,4 +180,4 @@ def sys_select(k: Kernel, nfds: int, readfds: int, writefds: int, exceptfds: int
 
 def sys_pselect6(k: Kernel, nfds: int, readfds: int, writefds: int, exceptfds: int, ts: int, sig: int,
                  *_: int) -> int:
-    return _select(k, nfds, (readfds, writefds, exceptfds), _timespec(k, ts))
+    return _select(k, nfds, (readfds, writefds, exceptfds), read_timeout(k, ts))

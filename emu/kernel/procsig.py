@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.abi import DEFAULT_IGNORED, SI_USER, Signal, signed32
+from emu.kernel.blocking import wait
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
+from emu.kernel.sigframe import Action, SigInfo
 from emu.kernel.signal import NSIG, SIG_DFL, SIG_IGN, UNBLOCKABLE, deliver, send_to_self
 
 if TYPE_CHECKING:
@@ -133,9 +135,6 @@ def acting_signal(k: Kernel) -> int | None:
 def _suspend(k: Kernel, mask: int, what: str) -> int:
     """Sleep with ``mask`` blocked until a signal is handled (then EINTR, the handler running with
     the old mask saved in its frame) or kills the process."""
-    from emu.kernel.blocking import wait
-    from emu.kernel.sigframe import Action, SigInfo
-
     mask &= ~UNBLOCKABLE
     state = k.signals
     signo = _take(k, mask)
