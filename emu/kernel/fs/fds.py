@@ -56,9 +56,12 @@ def sys_dup3(k: Kernel, old: int, new: int, flags: int, *_: int) -> int:
 
 
 def close_fd(k: Kernel, fd: int) -> None:
-    """Drop ``fd``; the last close of a pipe end or socket wakes the other side (EOF, EPIPE, HUP)."""
+    """Drop ``fd``: the process's POSIX locks on the file go, and the description's own locks with
+    its last descriptor; the last close of a pipe end or socket wakes the other side (EOF, EPIPE, HUP)."""
     entry = k.files.get(fd)
     k.files.close(fd)
+    if k.vfs.locks.ranges or k.vfs.locks.flocks:
+        locks.closed(k, entry.file, last=not any(e.file is entry.file for e in k.files.entries.values()))
     keys = getattr(entry.file, "close_key", None)
     for key in keys() if keys is not None else ():
         notify(k, key)
