@@ -17,10 +17,10 @@ from emu import abi
 from emu.abi import signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.poll import finish, poll_mask, read_timeout
 from emu.kernel.signal import UNBLOCKABLE
-from emu.kernel.vfs import HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -22,7 +22,7 @@ from emu.memory import SPECIAL, SharedPages
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.kernel.vfs import OpenFile
+    from emu.kernel.files import OpenFile
 
 PROT_MASK = 0x7
 MADV_DONTNEED = 4

@@ -18,10 +18,10 @@ from emu import abi
 from emu.abi import Signal, signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import OpenFile, StatInfo, synthetic_stat
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.fs.read_write import MAX_IO
 from emu.kernel.signal import send_to_self
-from emu.kernel.vfs import OpenFile, StatInfo, synthetic_stat
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -22,7 +22,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import DT_TYPES, HostFile, OpenFile, StatInfo
+from emu.kernel.files import DT_TYPES, HostFile, OpenFile, StatInfo
 from emu.memory import SharedPages
 
 if TYPE_CHECKING:

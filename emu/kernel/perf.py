@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import OpenFile, StatInfo, synthetic_stat
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.sysfs import UPROBE_PMU_TYPE
 from emu.kernel.uprobes.consumers import Consumer, Hit
-from emu.kernel.vfs import OpenFile, StatInfo, synthetic_stat
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -17,9 +17,9 @@ from emu import abi
 from emu.abi import Signal, signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import S_IFIFO, OpenFile, StatInfo, synthetic_stat
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.signal import send_to_self
-from emu.kernel.vfs import Pipe, PipeEnd
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -30,6 +30,51 @@ PIPE_DEF_SIZE = 16 * PAGE  # 64 KiB: the default capacity (PIPE_DEF_BUFFERS page
 PIPE_MAX_SIZE = 1 << 20  # /proc/sys/fs/pipe-max-size: beyond it only CAP_SYS_RESOURCE may go
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
 PIPE_COMMANDS = (F_SETPIPE_SZ, F_GETPIPE_SZ)
+
+
+class Pipe:
+    """Both ends share one buffer of ``capacity`` bytes (KernelPipeEnd below blocks, wakes and resizes)."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.readers = 1
+        self.writers = 1
+        self.capacity = 16 * 4096  # PIPE_DEF_BUFFERS pages; F_SETPIPE_SZ changes it
+
+
+class PipeEnd(OpenFile):
+    def __init__(self, pipe: Pipe, writable: bool, ino: int) -> None:
+        self.pipe = pipe
+        self.writable = writable
+        self.guest_path = f"pipe:[{ino}]"
+        self.ino = ino
+
+    def read(self, size: int) -> bytes:
+        if self.writable:
+            raise SyscallError(errno.EBADF)
+        if not self.pipe.buffer and self.pipe.writers:
+            raise SyscallError(errno.EAGAIN)  # would block forever: nothing else runs
+        chunk = bytes(self.pipe.buffer[:size])
+        del self.pipe.buffer[:size]
+        return chunk
+
+    def write(self, data: bytes) -> int:
+        if not self.writable:
+            raise SyscallError(errno.EBADF)
+        if not self.pipe.readers:
+            raise SyscallError(errno.EPIPE)
+        self.pipe.buffer += data
+        return len(data)
+
+    def stat(self) -> StatInfo:
+        return synthetic_stat(S_IFIFO | 0o600, ino=self.ino)
+
+    def close(self) -> None:
+        if self.writable:
+            self.pipe.writers -= 1
+        else:
+            self.pipe.readers -= 1
+
 
 
 class KernelPipeEnd(PipeEnd):

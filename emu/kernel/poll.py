@@ -16,8 +16,8 @@ from emu.abi import signed32
 from emu.kernel.blocking import others_can_run
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestBlocked, WouldBlock
-from emu.kernel.pipe import PIPE_BUF, room
-from emu.kernel.vfs import OpenFile, PipeEnd, Stream
+from emu.kernel.files import OpenFile, Stream
+from emu.kernel.pipe import PIPE_BUF, PipeEnd, room
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -12,8 +12,9 @@ from emu.abi import signed32, signed64
 from emu.kernel import locks, pipe
 from emu.kernel.blocking import notify
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import Stream
 from emu.kernel.fs.fdtable import MAX_FDS, FdEntry
-from emu.kernel.vfs import PipeEnd, Stream
+from emu.kernel.pipe import PipeEnd
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

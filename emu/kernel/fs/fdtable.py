@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import OpenFile
+from emu.kernel.files import OpenFile
 
 if TYPE_CHECKING:
     pass

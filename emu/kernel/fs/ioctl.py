@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 from emu import abi
 from emu.abi import signed32
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import HostFile, MemFile, OpenFile
 from emu.kernel.fs.namei import host_errno
-from emu.kernel.vfs import HostFile, MemFile, OpenFile, PipeEnd
+from emu.kernel.pipe import PipeEnd
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

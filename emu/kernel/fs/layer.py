@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 from emu.kernel import procfs, sysfs
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import StatInfo
 from emu.kernel.fs.namei import getname, lookup, parent_must_exist
 from emu.kernel.overlay import Inode, Kind, Overlay
-from emu.kernel.vfs import StatInfo
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from emu import abi
 from emu.abi import PAGE_SIZE
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import OpenFile
 from emu.kernel.fs.layer import overlay
 from emu.kernel.overlay import OverlayFile, SharedMap
-from emu.kernel.vfs import OpenFile
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -12,7 +12,7 @@ from emu import abi
 from emu.abi import signed32
 from emu.kernel import cpufs, procfs, sysfs
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import StatInfo
+from emu.kernel.files import StatInfo
 from emu.memory import StringTooLong
 
 if TYPE_CHECKING:

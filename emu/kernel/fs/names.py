@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from emu import abi
 from emu.abi import signed32
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import HostFile
 from emu.kernel.fs.layer import existing, new_inode, new_name, overlay, parent_writable, refuse_existing, refuse_new
 from emu.kernel.fs.namei import CWD, getname, lookup, parent_must_exist
 from emu.kernel.overlay import Inode, Kind, Overlay, OverlayFile
-from emu.kernel.vfs import HostFile
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

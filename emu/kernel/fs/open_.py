@@ -12,11 +12,11 @@ from emu import abi
 from emu.abi import signed32
 from emu.kernel import cpufs, procfs, sysfs
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import ALLOWED_DEVICES, Device, HostFile, OpenFile, SyntheticDir
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.fs.layer import MAY_EXEC, MAY_READ, MAY_WRITE, new_inode, new_name, overlay, permitted, require
 from emu.kernel.fs.namei import getname, host_errno, lookup, stat_path
 from emu.kernel.overlay import Inode, Kind, LowerFile, OverlayFile
-from emu.kernel.vfs import ALLOWED_DEVICES, Device, HostFile, OpenFile, SyntheticDir
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from emu import abi
 from emu.abi import signed32, signed64
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import OpenFile
+from emu.kernel.files import OpenFile
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

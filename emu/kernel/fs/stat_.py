@@ -12,8 +12,8 @@ from emu import abi
 from emu.abi import signed32
 from emu.kernel import procfs, sysfs
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import STATX_SIZE, SYS_STATX, HostFile, StatInfo, host_syscall
 from emu.kernel.fs.namei import base_dir, getname, lookup, stat_path
-from emu.kernel.vfs import STATX_SIZE, SYS_STATX, HostFile, StatInfo, host_syscall
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

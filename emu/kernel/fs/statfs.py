@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 from emu import abi
 from emu.abi import signed32
 from emu.kernel import procfs
+from emu.kernel.files import STATFS_SIZE, SYS_FSTATFS, SYS_STATFS, Device, HostFile, Stream, host_syscall
 from emu.kernel.fs.namei import getname, lookup
 from emu.kernel.overlay import OverlayFile
-from emu.kernel.vfs import STATFS_SIZE, SYS_FSTATFS, SYS_STATFS, Device, HostFile, PipeEnd, Stream, host_syscall
+from emu.kernel.pipe import PipeEnd
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

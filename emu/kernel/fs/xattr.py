@@ -11,9 +11,9 @@ from emu import abi
 from emu.abi import signed32
 from emu.kernel import procfs
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import Device, HostFile, MemFile, SyntheticDir
 from emu.kernel.fs.layer import existing, overlay, refuse_existing
 from emu.kernel.fs.namei import CWD, getname, host_errno, lookup
-from emu.kernel.vfs import Device, HostFile, MemFile, SyntheticDir
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
