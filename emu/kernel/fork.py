@@ -39,8 +39,8 @@ from emu.memory import Vma
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.kernel.net import UnixSocket
     from emu.kernel.threads import CloneArgs
+    from emu.kernel.unix import UnixSocket
 
 XOL_NAME = "[uprobes]"
 FIRST_CHILD_PID = 5000

@@ -16,7 +16,8 @@ from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import Device, HostFile, MemFile, OpenFile, SyntheticDir
 from emu.kernel.fs.layer import MAY_WRITE, kernel_owned, overlay, refuse_existing, require
 from emu.kernel.fs.namei import CWD, getname, lookup, stat_path
-from emu.kernel.overlay import Inode, Kind, Overlay, OverlayFile
+from emu.kernel.overlay import Inode, Kind, Overlay
+from emu.kernel.overlay_files import OverlayFile
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -11,7 +11,8 @@ from emu.abi import PAGE_SIZE
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import OpenFile
 from emu.kernel.fs.layer import overlay
-from emu.kernel.overlay import OverlayFile, SharedMap
+from emu.kernel.overlay import SharedMap
+from emu.kernel.overlay_files import OverlayFile
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

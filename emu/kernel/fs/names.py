@@ -13,7 +13,8 @@ from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import HostFile
 from emu.kernel.fs.layer import existing, new_inode, new_name, overlay, parent_writable, refuse_existing, refuse_new
 from emu.kernel.fs.namei import CWD, getname, lookup, parent_must_exist
-from emu.kernel.overlay import Inode, Kind, Overlay, OverlayFile
+from emu.kernel.overlay import Inode, Kind, Overlay
+from emu.kernel.overlay_files import OverlayFile
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -16,7 +16,8 @@ from emu.kernel.files import ALLOWED_DEVICES, Device, HostFile, OpenFile, Synthe
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.fs.layer import MAY_EXEC, MAY_READ, MAY_WRITE, new_inode, new_name, overlay, permitted, require
 from emu.kernel.fs.namei import getname, host_errno, lookup, stat_path
-from emu.kernel.overlay import Inode, Kind, LowerFile, OverlayFile
+from emu.kernel.overlay import Inode, Kind
+from emu.kernel.overlay_files import LowerFile, OverlayFile
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

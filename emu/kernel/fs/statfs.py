@@ -13,7 +13,7 @@ from emu.abi import signed32
 from emu.kernel import procfs
 from emu.kernel.files import STATFS_SIZE, SYS_FSTATFS, SYS_STATFS, Device, HostFile, Stream, host_syscall
 from emu.kernel.fs.namei import getname, lookup
-from emu.kernel.overlay import OverlayFile
+from emu.kernel.overlay_files import OverlayFile
 from emu.kernel.pipe import PipeEnd
 
 if TYPE_CHECKING:
