@@ -5,8 +5,10 @@ wbuf (bytes written: address then length in the next argument), rbuf (bytes read
 back, length = the return value), oflags, prot, mflags, ptr, sig, how.
 A number absent from the table is -ENOSYS and is recorded (dispatch.py).
 
-Handlers of families a plain run rarely reaches (threads and futexes, perf events, sockets)
-are bound lazily: their module is imported on the first call, which keeps process start-up
+Rows are in number order, as arch/x86/entry/syscalls/syscall_64.tbl; each handler lives in the
+module of its family (the file-system families: emu/kernel/fs/__init__.py lists them).
+Handlers of families a plain run rarely reaches (threads and futexes, perf events, sockets, polling,
+the file system's names and attributes) are bound lazily: their module is imported on the first call, which keeps process start-up
 short (benchmarks/overhead.py measures it against a bare Unicorn loader).
 """
 

@@ -24,11 +24,10 @@ if TYPE_CHECKING:
 
 
 UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
-
-
 FALLOC_FL_KEEP_SIZE = 1
 
 
+# ---------------------------------------------------------------- on a --read-only mount: EROFS, in Linux's order
 def _read_only_fchmodat(k: Kernel, dirfd: int, path_addr: int, *_: int) -> int:
     return refuse_existing(k, dirfd, path_addr, follow=True)
 
@@ -87,6 +86,7 @@ def _read_only_utimensat(k: Kernel, dirfd: int, path_addr: int, times: int, flag
     raise SyscallError(errno.EROFS)
 
 
+# ---------------------------------------------------------------- in the guest's in-memory layer
 def _inode_of_fd(k: Kernel, fd: int) -> Inode | None:
     """The guest's own inode behind a descriptor (a host file is copied up first); None: not a file."""
     return _inode_of_file(k, k.files.file(signed32(fd)))

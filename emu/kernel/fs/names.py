@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1, 2, 4
 
 
+# ---------------------------------------------------------------- on a --read-only mount: EROFS, in Linux's order
 def _read_only_mkdirat(k: Kernel, dirfd: int, path_addr: int, *_: int) -> int:
     return refuse_new(k, dirfd, path_addr)
 
@@ -50,6 +51,7 @@ def _read_only_renameat(k: Kernel, olddirfd: int, old_addr: int, *_: int) -> int
     return refuse_existing(k, olddirfd, old_addr)
 
 
+# ---------------------------------------------------------------- in the guest's in-memory layer
 def sys_mkdirat(k: Kernel, dirfd: int, path_addr: int, mode: int, *_: int) -> int:
     ov = overlay(k)
     if ov is None:

@@ -110,6 +110,7 @@ def sys_flistxattr(k: Kernel, fd: int, buf: int, size: int, *_: int) -> int:
     return _listxattr(k, lambda: _xattr_fd(k, fd), buf, size)
 
 
+# ---------------------------------------------------------------- on a --read-only mount: EROFS, in Linux's order
 def _read_only_setxattr(k: Kernel, path_addr: int, *_: int) -> int:
     return refuse_existing(k, CWD, path_addr, follow=True)
 
@@ -123,6 +124,7 @@ def _read_only_fsetxattr(k: Kernel, fd: int, *_: int) -> int:
     raise SyscallError(errno.EROFS)
 
 
+# ---------------------------------------------------------------- in the guest's in-memory layer
 def sys_setxattr(k: Kernel, path_addr: int, *_: int) -> int:
     """The in-memory layer keeps no extended attributes (EOPNOTSUPP, as a file system without them)."""
     if overlay(k) is None:
