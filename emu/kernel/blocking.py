@@ -3,7 +3,7 @@
 Sleeping means "let someone else run": a syscall that must wait raises WouldBlock and the machine
 restarts it once another thread or process has run (fork.py); with nobody else able to run it
 would wait forever, as on Linux, and the run ends as blocked; with O_NONBLOCK it is EAGAIN.
-Kernel objects that can make a reader or writer wait (pipe.py, net.py, the event descriptors in
+Kernel objects that can make a reader or writer wait (pipe.py, unix.py, the event descriptors in
 events.py) implement ``k_read``/``k_write``, which fs/read_write.py calls; what they change they
 announce with notify(), so a waiter on it runs soon (a last close too: fs/fds.py).
 """

@@ -78,7 +78,7 @@ class PipeEnd(OpenFile):
 
 
 class KernelPipeEnd(PipeEnd):
-    """A pipe end whose reads and writes can sleep (blocking.py calls these)."""
+    """A pipe end whose reads and writes can sleep (fs/read_write.py calls these; blocking.py sleeps)."""
 
     def k_read(self, k: Kernel, entry: FdEntry, size: int) -> bytes:
         return pipe_read(k, entry, self, size)
