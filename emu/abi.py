@@ -69,6 +69,21 @@ class Signal(enum.IntEnum):
 DEFAULT_IGNORED = frozenset({Signal.SIGCHLD, Signal.SIGCONT, Signal.SIGURG, Signal.SIGWINCH})
 
 
+def signed64(value: int) -> int:
+    """A long argument: the 64-bit register read as signed."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def signed32(value: int) -> int:
+    """An int argument: the register's low 32 bits, signed (the kernel never sees the upper half)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+# si_code of a signal's siginfo (include/uapi/asm-generic/siginfo.h): who sent it.
+SI_USER, SI_KERNEL, SI_TKILL = 0, 0x80, -6
+
+
 class AuxType(enum.IntEnum):
     AT_NULL = 0
     AT_PHDR = 3

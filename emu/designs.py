@@ -233,11 +233,6 @@ class Design:
     def site_length(self) -> int:
         return self.patch.length if self.patch is not None else 5
 
-    @property
-    def uprobe_syscall_errno(self) -> int | None:
-        """What syscall 336 returns from outside a trampoline; None: the design has no such syscall."""
-        return self.handler.outside_errno if self.handler is not None else None
-
     def problems(self) -> list[str]:
         """Everything inconsistent in this design (empty: it can run). Types and sizes come first:
         nothing is assembled or disassembled until every field has the right type and fits."""

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from emu.kernel.vfs import S_IFIFO, Stream, synthetic_stat
+from emu.kernel.files import S_IFIFO, Stream, synthetic_stat
 
 # Inode numbers for the captured streams' pipes, as /proc/self/fd/N and fstat show them.
 CAPTURED_PIPE_INODES = (10, 11, 12)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from emu import abi, layout
-from emu.abi import AuxType, Prot, Signal
+from emu.abi import SI_KERNEL, AuxType, Prot, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.cpumodel import MIN_SIGSTKSZ
 from emu.designs import DEFAULT_DESIGN, Design, get_design
@@ -26,7 +26,7 @@ from emu.kernel.dispatch import SYSCALL_INSN_LEN, Identity, Kernel, KernelConfig
 from emu.kernel.errno_ import SyscallError, errno_name
 from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, PollOthers, ProcessSuspended, WouldBlock
 from emu.kernel.fork import Family, exec_kernel_state, fork_kernel_state, inherited, wait_status
-from emu.kernel.fs import FdEntry
+from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.sched import DEFAULT_QUANTUM
 from emu.kernel.signal import deliver, deliver_pending, handles
 from emu.kernel.uprobes.consumers import Consumer
@@ -49,7 +49,7 @@ PROCESS_QUANTUM = 200_000  # instructions a process runs while another one is ru
 PROCESS_SLICE_NS = 4_000_000  # virtual time one such slice takes: a tick of CONFIG_HZ=250 (Debian)
 MAX_SPURIOUS_STOPS = 10_000  # emu_start returning for no reason, per process, before it counts as a hlt
 
-SI_KERNEL, ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 0x80, 2, 1, 1, 2
+ILL_ILLOPN, FPE_INTDIV, SEGV_MAPERR, SEGV_ACCERR = 2, 1, 1, 2
 # CPU exception vector -> the signal Linux sends for it in user mode, and the si_code (arch/x86/kernel/traps.c).
 EXCEPTION_SIGNALS = {
     0: (Signal.SIGFPE, "divide error", FPE_INTDIV),
@@ -300,7 +300,7 @@ class Machine:
 
     def _exec(self, path: str, argv: list[bytes], envp: list[bytes]) -> None:
         """execve: check the file now (errors go to the caller), replace the image before the next instruction."""
-        from emu.kernel.fs import lookup
+        from emu.kernel.fs.namei import lookup
 
         host, plan = self._executable(lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
         self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
@@ -308,7 +308,7 @@ class Machine:
     def _executable(self, guest: str) -> tuple[str, LoadPlan]:
         """The file execve loads: a regular file with an execute bit the caller may use (EACCES), and
         an ELF (ENOEXEC). One the guest wrote is loaded from the guest's layer, named by its path."""
-        from emu.kernel.fswrite import MAY_EXEC, permitted
+        from emu.kernel.fs.layer import MAY_EXEC, permitted
         from emu.kernel.overlay import Inode
 
         info = self.kernel.vfs.lstat(guest)
@@ -461,7 +461,7 @@ class Machine:
                      consumer: Consumer) -> Callable[[], None]:
         """The uprobe PMU's attach by file offset: installed now where the file is mapped, and
         whenever it is mapped later (as the kernel's uprobes live on the inode)."""
-        from emu.kernel.fs import lookup
+        from emu.kernel.fs.namei import lookup
         from emu.probes import ProbeKind, ProbeSpec
 
         guest = lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path)

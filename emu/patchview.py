@@ -99,9 +99,6 @@ class SiteHistory:
     notes: list[str] = field(default_factory=list)
     refused: str | None = None
 
-    def phase_steps(self, phase: str) -> list[Step]:
-        return [s for s in self.steps if s.phase == phase]
-
     def to_json(self) -> dict[str, Any]:
         return {
             "spec": self.spec, "address": self.address, "original": self.original.hex(),

@@ -9,9 +9,9 @@ from conftest import GuestKernel, run_emulated, run_native, sample, symbol_file_
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
 from emu.kernel.fork import SharedFdTable, wait_status
-from emu.kernel.fs import FdEntry
+from emu.kernel.fs.fdtable import FdEntry
+from emu.kernel.pipe import Pipe, PipeEnd
 from emu.kernel.uprobes.core import UprobeTask
-from emu.kernel.vfs import Pipe, PipeEnd
 from emu.machine import Machine, RunOptions
 from emu.native import NativeProbe
 from emu.native import available as native_available

@@ -11,8 +11,8 @@ from conftest import symbol_file_offset
 
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
-from emu.kernel import fs
 from emu.kernel.dispatch import KernelConfig
+from emu.kernel.fs.open_ import open_path
 from emu.kernel.uprobes.consumers import Consumer
 from emu.machine import Machine, RunOptions
 from emu.native import available as native_available
@@ -51,7 +51,7 @@ def test_sysfs_pmu_files_are_served_under_any_root(tmp_path: Path) -> None:
     for path, content in (("/sys/bus/event_source/devices/uprobe/type", b"8\n"),
                           ("/sys/bus/event_source/devices/uprobe/format/retprobe", b"config:0\n"),
                           ("/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset", b"config:32-63\n")):
-        assert fs.open_path(k, -100 & 0xFFFFFFFF, path, 0).read(100) == content
+        assert open_path(k, -100 & 0xFFFFFFFF, path, 0).read(100) == content
 
 
 ENCODINGS_618 = (

@@ -21,7 +21,7 @@ from emu import abi
 from emu.abi import AuxType
 from emu.kernel import procfs
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.fs import lookup
+from emu.kernel.fs.namei import lookup
 
 AT_FDCWD = abi.AT_FDCWD & 0xFFFFFFFF
 O_RDONLY, O_WRONLY, O_RDWR = abi.O_RDONLY, abi.O_WRONLY, abi.O_RDWR

@@ -15,7 +15,7 @@ from emu import abi
 from emu.abi import Signal
 from emu.guestio import GuestIO
 from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled
-from emu.kernel.vfs import Stream
+from emu.kernel.files import Stream
 
 FIXTURE = "fixtures/hello.c"
 F_DUPFD, F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC = 0, 1, 2, 3, 4, 1030

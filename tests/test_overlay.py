@@ -298,6 +298,26 @@ def test_flock_and_fcntl_locks(tmp_path: Path) -> None:
     assert g("fcntl", ro, 6, g.alloc(32, struct.pack("<hh4xqqi4x", 1, 0, 0, 1, 0))) == -errno.EBADF
 
 
+def test_close_releases_the_locks_it_should(tmp_path: Path) -> None:
+    """As natively: closing the only descriptor of a description drops its flock; closing any
+    descriptor of the file drops the process's POSIX locks on it. A lock of a description still
+    open elsewhere stays (the control)."""
+    (tmp_path / "db").write_text("x")
+    g = _g(tmp_path)
+    one, two = g.open("db", O_RDWR), g.open("db", O_RDWR)
+    copy = g("dup", one)
+    assert g("flock", one, 2) == 0 and g("close", one) == 0
+    assert g("flock", two, 2 | 4) == -errno.EWOULDBLOCK  # the dup keeps the description and its lock
+    assert g("close", copy) == 0 and g("flock", two, 2 | 4) == 0
+    assert g("flock", two, 8) == 0
+    lock = struct.pack("<hh4xqqi4x", 1, 0, 0, 10, 0)  # F_WRLCK bytes 0..9
+    three = g.open("db", O_RDWR)
+    assert g("fcntl", three, 6, g.alloc(32, lock)) == 0  # F_SETLK: the process's
+    assert g("fcntl", two, 37, g.alloc(32, lock)) == -errno.EAGAIN  # an OFD lock conflicts with it
+    assert g("close", three) == 0
+    assert g("fcntl", two, 37, g.alloc(32, lock)) == 0  # gone with the close
+
+
 def test_execve_needs_the_execute_bit_as_natively(tmp_path: Path) -> None:
     script = tmp_path / "noexec.sh"
     script.write_text("#!/bin/sh\necho ran\n")

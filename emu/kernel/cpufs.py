@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from emu import abi
 from emu.cpumodel import MAX_CPUS
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import DT_TYPES, OpenFile, StatInfo, SyntheticDir, kernel_made_file, synthetic_stat
+from emu.kernel.files import DT_TYPES, OpenFile, StatInfo, SyntheticDir, kernel_made_file, synthetic_stat
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

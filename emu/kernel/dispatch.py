@@ -23,6 +23,7 @@ from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import Family, SharedFdTable
 from emu.kernel.limits import default_memory_limit
+from emu.kernel.mm import Brk
 from emu.kernel.overlay import Overlay
 from emu.kernel.process import DEFAULT_RLIMITS
 from emu.kernel.sched import Scheduler
@@ -71,12 +72,6 @@ class Identity:
     argv: tuple[bytes, ...]
     envp: tuple[bytes, ...]
     auxv: tuple[tuple[int, int], ...]
-
-
-@dataclass
-class Brk:
-    start: int
-    current: int
 
 
 Tracer = Callable[[str], None]

@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu import abi
+from emu.abi import signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.fs import FdEntry, _signed32
-from emu.kernel.vfs import HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
+from emu.kernel.files import HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
+from emu.kernel.fs.fdtable import FdEntry
+from emu.kernel.poll import finish, poll_mask, read_timeout
+from emu.kernel.signal import UNBLOCKABLE
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -65,8 +68,6 @@ class Epoll(OpenFile):
         return synthetic_stat(ANON_MODE, ino=self.ino)
 
     def ready(self, k: Kernel) -> list[tuple[Interest, int]]:
-        from emu.kernel.poll import poll_mask
-
         out = []
         for item in list(self.interest.values()):
             entry = k.files.entries.get(item.fd)
@@ -93,13 +94,13 @@ def sys_epoll_create1(k: Kernel, flags: int, *_: int) -> int:
 
 
 def sys_epoll_create(k: Kernel, size: int, *_: int) -> int:
-    if _signed32(size) <= 0:
+    if signed32(size) <= 0:
         raise SyscallError(errno.EINVAL)
     return sys_epoll_create1(k, 0)
 
 
 def _epoll(k: Kernel, epfd: int) -> Epoll:
-    file = k.files.get(_signed32(epfd)).file
+    file = k.files.get(signed32(epfd)).file
     if not isinstance(file, Epoll):
         raise SyscallError(errno.EINVAL)
     return file
@@ -107,7 +108,7 @@ def _epoll(k: Kernel, epfd: int) -> Epoll:
 
 def sys_epoll_ctl(k: Kernel, epfd: int, op: int, fd: int, event: int, *_: int) -> int:
     ep = _epoll(k, epfd)
-    fd = _signed32(fd)
+    fd = signed32(fd)
     target = k.files.get(fd).file
     if target is ep:
         raise SyscallError(errno.EINVAL)
@@ -136,10 +137,8 @@ def sys_epoll_ctl(k: Kernel, epfd: int, op: int, fd: int, event: int, *_: int) -
 
 
 def _epoll_wait(k: Kernel, epfd: int, events: int, maxevents: int, timeout_ns: int | None) -> int:
-    from emu.kernel.poll import finish
-
     ep = _epoll(k, epfd)
-    maxevents = _signed32(maxevents)
+    maxevents = signed32(maxevents)
     if not 0 < maxevents <= EP_MAX_EVENTS:
         raise SyscallError(errno.EINVAL)
     k.mem.check_user(events, maxevents * EPOLL_EVENT.size, abi.Prot.WRITE)
@@ -152,7 +151,7 @@ def _epoll_wait(k: Kernel, epfd: int, events: int, maxevents: int, timeout_ns: i
 
 
 def _ms(timeout: int) -> int | None:
-    timeout = _signed32(timeout)
+    timeout = signed32(timeout)
     return None if timeout < 0 else timeout * 10**6
 
 
@@ -169,11 +168,9 @@ def sys_epoll_pwait(k: Kernel, epfd: int, events: int, maxevents: int, timeout: 
 
 def sys_epoll_pwait2(k: Kernel, epfd: int, events: int, maxevents: int, ts: int, sigmask: int,
                      size: int, *_: int) -> int:
-    from emu.kernel.poll import _timespec
-
     if sigmask and size != 8:
         raise SyscallError(errno.EINVAL)
-    return _epoll_wait(k, epfd, events, maxevents, _timespec(k, ts))
+    return _epoll_wait(k, epfd, events, maxevents, read_timeout(k, ts))
 
 
 # ---------------------------------------------------------------------------- eventfd
@@ -282,7 +279,7 @@ def _itimerspec(value: tuple[int, int, int, int]) -> tuple[int, int]:
 
 
 def _timerfd(k: Kernel, fd: int) -> TimerFd:
-    file = k.files.get(_signed32(fd)).file
+    file = k.files.get(signed32(fd)).file
     if not isinstance(file, TimerFd):
         raise SyscallError(errno.EINVAL)
     return file
@@ -371,13 +368,11 @@ class SignalFd(OpenFile):
 
 
 def sys_signalfd4(k: Kernel, fd: int, mask_addr: int, size: int, flags: int, *_: int) -> int:
-    from emu.kernel.signal import UNBLOCKABLE
-
     if size != 8 or flags & ~(SFD_NONBLOCK | SFD_CLOEXEC):
         raise SyscallError(errno.EINVAL)
     (mask,) = struct.unpack("<Q", k.mem.read_user(mask_addr, 8))
     mask &= ~UNBLOCKABLE
-    fd = _signed32(fd)
+    fd = signed32(fd)
     if fd != -1:
         file = k.files.get(fd).file
         if not isinstance(file, SignalFd):

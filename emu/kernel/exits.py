@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from emu.abi import Signal
+from emu.abi import SI_KERNEL, Signal
 
 
 class GuestExit(Exception):
@@ -19,7 +19,7 @@ class GuestKilled(Exception):
     ``code``/``si_addr`` fill the handler's siginfo (SI_KERNEL unless a fault says otherwise);
     ``resume_ip`` is where the interrupted context continues (None: where the CPU stopped)."""
 
-    def __init__(self, signal: Signal, address: int | None, detail: str, code: int = 0x80,
+    def __init__(self, signal: Signal, address: int | None, detail: str, code: int = SI_KERNEL,
                  si_addr: int = 0, resume_ip: int | None = None) -> None:
         super().__init__(f"killed by {signal.name}")
         self.signal = signal

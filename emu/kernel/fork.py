@@ -29,7 +29,9 @@ from emu.abi import Signal
 from emu.designs import Design
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import PollOthers, WouldBlock
-from emu.kernel.fs import FdEntry, FdTable
+from emu.kernel.fs.fdtable import FdEntry, FdTable
+from emu.kernel.fs.mapped import fork_maps
+from emu.kernel.mm import Brk
 from emu.kernel.signal import SIG_IGN, SignalState
 from emu.kernel.uprobes.core import UprobeTask
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
@@ -37,8 +39,8 @@ from emu.memory import Vma
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.kernel.net import UnixSocket
     from emu.kernel.threads import CloneArgs
+    from emu.kernel.unix import UnixSocket
 
 XOL_NAME = "[uprobes]"
 FIRST_CHILD_PID = 5000
@@ -97,7 +99,7 @@ class Family:
         self.ends += 1
         parent = self.procs.get(entry.ppid)
         if parent is not None and parent.status is None:
-            from emu.kernel.procsig import post  # only a child's end signals anyone
+            from emu.kernel.procsig import post  # procsig.py loads only when a child's end signals anyone
 
             post(parent.process.kernel, Signal.SIGCHLD, CLD_KILLED if status & 0x7F else CLD_EXITED)
             parent.process.signal_arrived()
@@ -105,7 +107,7 @@ class Family:
 
     def signal(self, pid: int, signo: int, sender: int) -> None:
         """kill() from ``sender``: pending in ``pid``, which is woken to act on it (a zombie ignores it)."""
-        from emu.kernel.procsig import post
+        from emu.kernel.procsig import post  # procsig.py loads with the first kill between processes
 
         entry = self.procs[pid]
         if entry.status is not None:
@@ -250,17 +252,16 @@ def inherited(design: Design) -> Callable[[Vma], bool]:
 
 def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     """copy_process for a new process: files, cwd, limits, identity, the forking thread's signal state."""
-    from emu.kernel.dispatch import Brk
+    # threads.py loads with the first clone (a plain run never forks)
     from emu.kernel.threads import CLONE_CHILD_CLEARTID, CLONE_CHILD_SETTID, CLONE_PARENT_SETTID
 
     pid = child.config.pid
     child.files = parent.files.fork()
     child.vfs = parent.vfs.fork()  # one file system (and its in-memory layer) for the whole run
     if child.vfs.overlay is not None and child.vfs.overlay.mapped:
-        from emu.kernel import fswrite
-
-        fswrite.fork_maps(parent, child)
-    from emu.kernel.perf import inherit_events  # attr.inherit: the child's own copy of the event
+        fork_maps(parent, child)
+    # attr.inherit: the child's own copy of the event (perf.py loads with a fork, not with a plain run)
+    from emu.kernel.perf import inherit_events
 
     inherit_events(child.files.entries, pid)
     child.clock = parent.clock  # one virtual timeline for the whole run
@@ -288,7 +289,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
 def exec_kernel_state(k: Kernel) -> None:
     """What execve resets (fs/exec.c): close-on-exec fds, handled signals back to SIG_DFL (ignored
     ones stay ignored), the alternate stack, POSIX timers, rseq, robust list, clear_child_tid, other threads."""
-    from emu.kernel.threads import SS_DISABLE_ALTSTACK
+    from emu.kernel.threads import SS_DISABLE_ALTSTACK  # threads.py loads with an execve, not with a plain run
 
     if isinstance(k.files, SharedFdTable):
         k.files.close_on_exec()
@@ -370,12 +371,13 @@ def sys_waitid(k: Kernel, idtype: int, ident: int, infop: int, options: int, rus
 
 
 def sys_fork(k: Kernel, *_: int) -> int:
-    from emu.kernel.threads import CloneArgs, do_clone
+    from emu.kernel.threads import CloneArgs, do_clone  # threads.py loads with the first clone (a plain run never forks)
 
     return do_clone(k, CloneArgs(0, 0, 0, Signal.SIGCHLD, 0, 0))
 
 
 def sys_vfork(k: Kernel, *_: int) -> int:
+    # threads.py loads with the first clone (a plain run never forks)
     from emu.kernel.threads import CLONE_VFORK, CLONE_VM, CloneArgs, do_clone
 
     return do_clone(k, CloneArgs(CLONE_VM | CLONE_VFORK, 0, 0, Signal.SIGCHLD, 0, 0))

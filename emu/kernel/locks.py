@@ -19,7 +19,7 @@ from emu.kernel.exits import WouldBlock
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.kernel.vfs import OpenFile
+    from emu.kernel.files import OpenFile
 
 F_GETLK, F_SETLK, F_SETLKW = 5, 6, 7
 F_OFD_GETLK, F_OFD_SETLK, F_OFD_SETLKW = 36, 37, 38

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu import abi
@@ -16,16 +17,25 @@ from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, page_up
 from emu.errors import MapFailed
 from emu.kernel import limits
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.fs.mapped import mapped, write_back
 from emu.memory import SPECIAL, SharedPages
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.kernel.vfs import OpenFile
+    from emu.kernel.files import OpenFile
 
 PROT_MASK = 0x7
 MADV_DONTNEED = 4
 MADV_FREE = 8
 MAP_TYPE = 0x0F
+
+
+@dataclass
+class Brk:
+    """The program break: where the heap starts (after the loaded image) and where it ends now."""
+
+    start: int
+    current: int
 
 
 def _prot(prot: int) -> Prot:
@@ -107,9 +117,7 @@ def sys_mmap(k: Kernel, addr: int, length: int, prot: int, flags: int, fd: int, 
 def _shared_file_mapping(k: Kernel, file: OpenFile, start: int, offset: int, length: int, fd_flags: int) -> None:
     """Remember a MAP_SHARED file mapping: the guest's layer writes it back; one of a read-only
     descriptor may never become writable (no VM_MAYWRITE: mprotect says EACCES)."""
-    from emu.kernel import fswrite
-
-    fswrite.mapped(k, file, start, offset, length, shared=True)
+    mapped(k, file, start, offset, length, shared=True)
     if fd_flags & abi.O_ACCMODE == abi.O_RDONLY:
         k.shared_readonly.append((start, start + length, file.stat().ino))
 
@@ -117,9 +125,7 @@ def _shared_file_mapping(k: Kernel, file: OpenFile, start: int, offset: int, len
 def _write_back(k: Kernel, addr: int, length: int) -> None:
     overlay = k.vfs.overlay
     if overlay is not None and overlay.mapped:
-        from emu.kernel import fswrite
-
-        fswrite.write_back(k, addr, length)
+        write_back(k, addr, length)
 
 
 def sys_munmap(k: Kernel, addr: int, length: int, *_: int) -> int:

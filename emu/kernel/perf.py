@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.files import OpenFile, StatInfo, synthetic_stat
+from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.sysfs import UPROBE_PMU_TYPE
 from emu.kernel.uprobes.consumers import Consumer, Hit
-from emu.kernel.vfs import OpenFile, StatInfo, synthetic_stat
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -161,8 +162,6 @@ class PerfEvent(OpenFile):
 
 
 def sys_perf_event_open(k: Kernel, attr_ptr: int, pid: int, cpu: int, group_fd: int, flags: int, *_: int) -> int:
-    from emu.kernel.fs import FdEntry
-
     size = struct.unpack("<I", k.mem.read_user(attr_ptr + 4, 4))[0] or PERF_ATTR_SIZE_VER0
     attr = PerfAttr.parse(k.mem.read_user(attr_ptr, max(PERF_ATTR_SIZE_VER0, min(size, 136))))
     if attr.type != UPROBE_PMU_TYPE:

@@ -14,12 +14,12 @@ import struct
 from typing import TYPE_CHECKING, NoReturn
 
 from emu import abi
-from emu.abi import Signal
+from emu.abi import Signal, signed32
 from emu.kernel.blocking import notify, wait
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.fs import FdEntry, _signed32
-from emu.kernel.fs import sys_fcntl as fs_sys_fcntl
-from emu.kernel.vfs import Pipe, PipeEnd
+from emu.kernel.files import S_IFIFO, OpenFile, StatInfo, synthetic_stat
+from emu.kernel.fs.fdtable import FdEntry
+from emu.kernel.signal import send_to_self
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -29,10 +29,56 @@ PIPE_BUF = 4096  # writes up to this size are atomic (all or nothing)
 PIPE_DEF_SIZE = 16 * PAGE  # 64 KiB: the default capacity (PIPE_DEF_BUFFERS pages)
 PIPE_MAX_SIZE = 1 << 20  # /proc/sys/fs/pipe-max-size: beyond it only CAP_SYS_RESOURCE may go
 F_SETPIPE_SZ, F_GETPIPE_SZ = 1031, 1032
+PIPE_COMMANDS = (F_SETPIPE_SZ, F_GETPIPE_SZ)
+
+
+class Pipe:
+    """Both ends share one buffer of ``capacity`` bytes (KernelPipeEnd below blocks, wakes and resizes)."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.readers = 1
+        self.writers = 1
+        self.capacity = 16 * 4096  # PIPE_DEF_BUFFERS pages; F_SETPIPE_SZ changes it
+
+
+class PipeEnd(OpenFile):
+    def __init__(self, pipe: Pipe, writable: bool, ino: int) -> None:
+        self.pipe = pipe
+        self.writable = writable
+        self.guest_path = f"pipe:[{ino}]"
+        self.ino = ino
+
+    def read(self, size: int) -> bytes:
+        if self.writable:
+            raise SyscallError(errno.EBADF)
+        if not self.pipe.buffer and self.pipe.writers:
+            raise SyscallError(errno.EAGAIN)  # would block forever: nothing else runs
+        chunk = bytes(self.pipe.buffer[:size])
+        del self.pipe.buffer[:size]
+        return chunk
+
+    def write(self, data: bytes) -> int:
+        if not self.writable:
+            raise SyscallError(errno.EBADF)
+        if not self.pipe.readers:
+            raise SyscallError(errno.EPIPE)
+        self.pipe.buffer += data
+        return len(data)
+
+    def stat(self) -> StatInfo:
+        return synthetic_stat(S_IFIFO | 0o600, ino=self.ino)
+
+    def close(self) -> None:
+        if self.writable:
+            self.pipe.writers -= 1
+        else:
+            self.pipe.readers -= 1
+
 
 
 class KernelPipeEnd(PipeEnd):
-    """A pipe end whose reads and writes can sleep (blocking.py calls these)."""
+    """A pipe end whose reads and writes can sleep (fs/read_write.py calls these; blocking.py sleeps)."""
 
     def k_read(self, k: Kernel, entry: FdEntry, size: int) -> bytes:
         return pipe_read(k, entry, self, size)
@@ -70,8 +116,6 @@ def room(pipe: Pipe) -> int:
 
 def broken_pipe(k: Kernel) -> NoReturn:
     """A write with no reader left: SIGPIPE to the writer (fatal by default), and EPIPE if it survives."""
-    from emu.kernel.signal import send_to_self
-
     send_to_self(k, Signal.SIGPIPE)
     raise SyscallError(errno.EPIPE)
 
@@ -108,11 +152,9 @@ def _round_size(size: int) -> int:
     return PAGE << (pages - 1).bit_length()
 
 
-def sys_fcntl(k: Kernel, fd: int, cmd: int, arg: int, *_: int) -> int:
-    cmd &= 0xFFFFFFFF
-    if cmd not in (F_SETPIPE_SZ, F_GETPIPE_SZ):
-        return fs_sys_fcntl(k, fd, cmd, arg)
-    file = k.files.get(_signed32(fd)).file
+def pipe_fcntl(k: Kernel, fd: int, cmd: int, arg: int) -> int:
+    """fcntl's F_SETPIPE_SZ and F_GETPIPE_SZ (fs/fds.py's sys_fcntl passes them here)."""
+    file = k.files.get(signed32(fd)).file
     if not isinstance(file, PipeEnd):
         raise SyscallError(errno.EBADF)
     pipe = file.pipe

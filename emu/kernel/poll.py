@@ -12,22 +12,37 @@ import errno
 import struct
 from typing import TYPE_CHECKING
 
+from emu.abi import signed32
 from emu.kernel.blocking import others_can_run
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestBlocked, WouldBlock
-from emu.kernel.fs import POLLERR, POLLFD, POLLHUP, POLLIN, POLLNVAL, POLLOUT, POLLRDNORM, POLLWRNORM, _signed32
-from emu.kernel.fs import _poll_mask as fs_poll_mask
-from emu.kernel.pipe import PIPE_BUF, room
-from emu.kernel.vfs import OpenFile, PipeEnd
+from emu.kernel.files import OpenFile, Stream
+from emu.kernel.pipe import PIPE_BUF, PipeEnd, room
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
 
+POLLIN, POLLOUT, POLLERR, POLLHUP, POLLNVAL, POLLRDNORM, POLLWRNORM = 0x1, 0x4, 0x8, 0x10, 0x20, 0x40, 0x100
+DEFAULT_POLLMASK = POLLIN | POLLOUT | POLLRDNORM | POLLWRNORM
+POLLFD = struct.Struct("<ihh")
 POLLPRI = 0x2
 FD_SETSIZE = 1024
 READ_SET = POLLIN | POLLRDNORM | POLLHUP | POLLERR  # POLLIN_SET of fs/select.c
 WRITE_SET = POLLOUT | POLLWRNORM | POLLERR
 EXCEPT_SET = POLLPRI
+
+
+def _file_poll_mask(file: OpenFile) -> int:
+    """What Linux's f_op->poll would say right now (regular files, devices and procfs are always ready)."""
+    if isinstance(file, PipeEnd):
+        if file.writable:
+            return POLLOUT | POLLWRNORM | (POLLERR if not file.pipe.readers else 0)
+        ready = POLLIN | POLLRDNORM if file.pipe.buffer else 0
+        return ready | (POLLHUP if not file.pipe.writers else 0)
+    if isinstance(file, Stream):
+        # Captured input is all there (data or EOF); a terminal's read blocks like read() does.
+        return (POLLIN | POLLRDNORM if file.reader else 0) | (POLLOUT | POLLWRNORM if file.writer else 0)
+    return DEFAULT_POLLMASK
 
 
 def poll_mask(file: OpenFile) -> int:
@@ -38,7 +53,7 @@ def poll_mask(file: OpenFile) -> int:
     if isinstance(file, PipeEnd) and file.writable:  # pipe_poll: writable while a buffer's worth is free
         writable = POLLOUT | POLLWRNORM if room(file.pipe) >= PIPE_BUF else 0
         return writable | (POLLERR if not file.pipe.readers else 0)
-    return fs_poll_mask(file)
+    return _file_poll_mask(file)
 
 
 def wait_object(file: OpenFile) -> object:
@@ -104,11 +119,12 @@ def _poll(k: Kernel, fds_addr: int, nfds: int, timeout_ns: int | None) -> int:
 
 
 def sys_poll(k: Kernel, fds_addr: int, nfds: int, timeout_ms: int, *_: int) -> int:
-    timeout = _signed32(timeout_ms)
+    timeout = signed32(timeout_ms)
     return _poll(k, fds_addr, nfds & 0xFFFFFFFF, None if timeout < 0 else timeout * 10**6)
 
 
-def _timespec(k: Kernel, addr: int) -> int | None:
+def read_timeout(k: Kernel, addr: int) -> int | None:
+    """A timeout given as a struct timespec pointer, in ns; NULL waits forever (None)."""
     if not addr:
         return None
     sec, nsec = struct.unpack("<qq", k.mem.read_user(addr, 16))
@@ -120,11 +136,11 @@ def _timespec(k: Kernel, addr: int) -> int | None:
 def sys_ppoll(k: Kernel, fds_addr: int, nfds: int, tmo_addr: int, sigmask: int, sigsetsize: int, *_: int) -> int:
     if sigmask and sigsetsize != 8:
         raise SyscallError(errno.EINVAL)
-    return _poll(k, fds_addr, nfds & 0xFFFFFFFF, _timespec(k, tmo_addr))
+    return _poll(k, fds_addr, nfds & 0xFFFFFFFF, read_timeout(k, tmo_addr))
 
 
 def _select(k: Kernel, nfds: int, sets: tuple[int, int, int], timeout_ns: int | None) -> int:
-    nfds = _signed32(nfds)
+    nfds = signed32(nfds)
     if nfds < 0:
         raise SyscallError(errno.EINVAL)
     nfds = min(nfds, FD_SETSIZE)
@@ -164,4 +180,4 @@ def sys_select(k: Kernel, nfds: int, readfds: int, writefds: int, exceptfds: int
 
 def sys_pselect6(k: Kernel, nfds: int, readfds: int, writefds: int, exceptfds: int, ts: int, sig: int,
                  *_: int) -> int:
-    return _select(k, nfds, (readfds, writefds, exceptfds), _timespec(k, ts))
+    return _select(k, nfds, (readfds, writefds, exceptfds), read_timeout(k, ts))

@@ -17,7 +17,17 @@ from typing import TYPE_CHECKING
 
 from emu import abi, layout
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import DT_TYPES, Device, HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, kernel_made_file, synthetic_stat
+from emu.kernel.files import (
+    DT_TYPES,
+    Device,
+    HostFile,
+    MemFile,
+    OpenFile,
+    StatInfo,
+    SyntheticDir,
+    kernel_made_file,
+    synthetic_stat,
+)
 from emu.memory import SPECIAL
 
 if TYPE_CHECKING:

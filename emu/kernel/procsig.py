@@ -14,10 +14,12 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emu.abi import DEFAULT_IGNORED, Signal
+from emu.abi import DEFAULT_IGNORED, SI_USER, Signal, signed32
+from emu.kernel.blocking import wait
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
-from emu.kernel.signal import NSIG, SI_USER, SIG_DFL, SIG_IGN, UNBLOCKABLE, deliver, send_to_self
+from emu.kernel.sigframe import Action, SigInfo
+from emu.kernel.signal import NSIG, SIG_DFL, SIG_IGN, UNBLOCKABLE, deliver, send_to_self
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -37,11 +39,6 @@ class Timer:
     interval: int = 0
     overrun: int = 0
     realtime: bool = False  # CLOCK_REALTIME: TIMER_ABSTIME values are wall-clock times
-
-
-def _signed(value: int) -> int:
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def _check(signo: int) -> None:
@@ -70,7 +67,7 @@ def _pgid(k: Kernel, pid: int) -> int:
 
 
 def sys_kill(k: Kernel, pid: int, signo: int, *_: int) -> int:
-    pid, signo = _signed(pid), _signed(signo)
+    pid, signo = signed32(pid), signed32(signo)
     _check(signo)
     targets = _targets(k, pid)
     if not targets:
@@ -85,7 +82,7 @@ def sys_kill(k: Kernel, pid: int, signo: int, *_: int) -> int:
 
 
 def sys_setpgid(k: Kernel, pid: int, pgid: int, *_: int) -> int:
-    pid, pgid = _signed(pid), _signed(pgid)
+    pid, pgid = signed32(pid), signed32(pgid)
     if pgid < 0:
         raise SyscallError(errno.EINVAL)
     target = k if pid in (0, k.ident.pid) else _child_kernel(k, pid)
@@ -101,7 +98,7 @@ def _child_kernel(k: Kernel, pid: int) -> Kernel:
 
 
 def sys_getpgid(k: Kernel, pid: int, *_: int) -> int:
-    pid = _signed(pid)
+    pid = signed32(pid)
     if pid in (0, k.ident.pid):
         return k.pgid
     if k.family is None or pid not in k.family.procs:
@@ -138,9 +135,6 @@ def acting_signal(k: Kernel) -> int | None:
 def _suspend(k: Kernel, mask: int, what: str) -> int:
     """Sleep with ``mask`` blocked until a signal is handled (then EINTR, the handler running with
     the old mask saved in its frame) or kills the process."""
-    from emu.kernel.blocking import wait
-    from emu.kernel.sigframe import Action, SigInfo
-
     mask &= ~UNBLOCKABLE
     state = k.signals
     signo = _take(k, mask)
@@ -273,8 +267,8 @@ def sys_timer_create(k: Kernel, clock: int, sevp: int, timer_id: int, *_: int) -
 
 
 def _posix_timer(k: Kernel, ident: int) -> Timer:
-    timer = k.timers.get(_signed(ident))
-    if timer is None or _signed(ident) == ALARM_TIMER:
+    timer = k.timers.get(signed32(ident))
+    if timer is None or signed32(ident) == ALARM_TIMER:
         raise SyscallError(errno.EINVAL)
     return timer
 
@@ -309,7 +303,7 @@ def sys_timer_getoverrun(k: Kernel, ident: int, *_: int) -> int:
 
 def sys_timer_delete(k: Kernel, ident: int, *_: int) -> int:
     _posix_timer(k, ident)
-    del k.timers[_signed(ident)]
+    del k.timers[signed32(ident)]
     return 0
 
 

@@ -15,10 +15,9 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emu.abi import RED_ZONE
+from emu.abi import RED_ZONE, SI_KERNEL
 from emu.kernel import fpu
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.signal import SI_KERNEL
 from emu.memory import UserFault
 
 if TYPE_CHECKING:

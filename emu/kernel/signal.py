@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from emu.abi import DEFAULT_IGNORED, Signal
+from emu.abi import DEFAULT_IGNORED, SI_TKILL, SI_USER, Signal
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
 from emu.memory import UserFault
@@ -21,8 +21,6 @@ from emu.memory import UserFault
 if TYPE_CHECKING:  # sigframe.py loads when a signal is first delivered (most runs deliver none)
     from emu.kernel.dispatch import Kernel
     from emu.kernel.sigframe import SigInfo
-
-SI_USER, SI_KERNEL, SI_TKILL = 0, 0x80, -6  # si_code (include/uapi/asm-generic/siginfo.h)
 
 SIG_DFL, SIG_IGN = 0, 1
 SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK = 0, 1, 2
@@ -117,7 +115,7 @@ def deliver_pending(k: Kernel) -> None:
             if sig is None or sig in DEFAULT_IGNORED:
                 continue
             raise GuestKilled(sig, None, "sent by the process itself")
-        from emu.kernel.sigframe import SigInfo
+        from emu.kernel.sigframe import SigInfo  # sigframe.py loads with the first signal delivered
 
         info = SigInfo(signo, state.pending_code.pop(signo, SI_USER), pid=k.ident.pid, uid=k.ident.uid)
         k.defer(functools.partial(deliver, k, signo, info))  # once the current syscall has returned
@@ -132,7 +130,7 @@ def handles(k: Kernel, signo: int) -> bool:
 
 def deliver(k: Kernel, signo: int, info: SigInfo, resume_ip: int | None = None) -> None:
     """Build the signal frame on the current user state and enter the handler (setup_rt_frame)."""
-    from emu.kernel.sigframe import Action, setup_frame
+    from emu.kernel.sigframe import Action, setup_frame  # sigframe.py loads with the first signal delivered
 
     state = k.cpu.read_user_state()
     if resume_ip is not None:
@@ -149,7 +147,7 @@ def deliver(k: Kernel, signo: int, info: SigInfo, resume_ip: int | None = None) 
 
 def sys_rt_sigreturn(k: Kernel, nr: int, entry: list[int] | None = None) -> None:
     """Restore what the frame saved (every register, the mask); Unicorn adds 2 to rip afterwards."""
-    from emu.kernel.sigframe import restore_frame
+    from emu.kernel.sigframe import restore_frame  # sigframe.py is loaded: a frame was set up
 
     current = k.cpu.read_user_state()
     sp, ip = current[7], current[16]

@@ -11,7 +11,7 @@ import stat
 
 from emu import abi
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.vfs import MemFile, OpenFile, StatInfo, synthetic_stat
+from emu.kernel.files import MemFile, OpenFile, StatInfo, synthetic_stat
 
 UPROBE_PMU_TYPE = 8  # what this machine's kernel numbers the uprobe PMU (notes: "uprobe PMU type 8"); perf.py checks it
 PMU_DIR = "/sys/bus/event_source/devices/uprobe"
