@@ -586,7 +586,9 @@ class Cpu:
         Unicorn counts through a code hook compiled into each translation block, so code translated by
         an uncounted run would not count: going from uncounted to counted drops the cache first
         (Unicorn itself flushes the other way). Counting costs ~12 ns an instruction (measured: a tight
-        loop runs 13x slower), which is why single-threaded runs do not count."""
+        loop runs 13x slower), which is why single-threaded runs do not count, and why ``--json`` and
+        ``--max-insns`` count per translated block instead (emu/icount.py) and use ``count`` only for
+        the last few instructions before a limit."""
         self.last_bad_access = None
         if count and not self._counting:
             self._uc.ctl_flush_tb()  # type: ignore[attr-defined]

@@ -66,8 +66,12 @@ def run_count(cpu: Cpu, start: int, end: int, most: int) -> int:
 
 
 class InsnCounter(Protocol):
-    total: int
+    """What the machine uses: the total, the limit (None: none) and a counted Cpu.run."""
+
     hit_limit: bool
+
+    @property
+    def total(self) -> int: ...
 
     @property
     def limit(self) -> int | None: ...
@@ -79,18 +83,20 @@ class InsnCounter(Protocol):
 
 
 class _Counter:
-    """What both implementations share: the limit and the exact end of a limited run."""
+    """What both implementations share: the limit, and the exact end of a run the limit stops.
+
+    An implementation keeps ``total``, ``stop_at`` (its hook stops the CPU before a block that
+    would take the total past it) and ``stopped`` (its hook did so) where its hooks reach them."""
+
+    total: int
+    stop_at: int
+    stopped: bool
 
     def __init__(self, cpu: Cpu, limit: int | None) -> None:
         self.cpu = cpu
         self.hit_limit = False
-        self._limit: int | None = None
-        self.limit = limit
-
-    # the state the hooks keep, as each implementation stores it
-    total: int
-    _stopped: bool  # the hook stopped the CPU before a block that would cross the limit
-    _paused: bool  # the hooks count nothing (Unicorn counts exactly meanwhile)
+        self._limit = limit
+        self.stop_at = NO_LIMIT if limit is None else limit
 
     @property
     def limit(self) -> int | None:
@@ -99,18 +105,15 @@ class _Counter:
     @limit.setter
     def limit(self, value: int | None) -> None:
         self._limit = value
-        self._set_stop_at(NO_LIMIT if value is None else value)
-
-    def _set_stop_at(self, value: int) -> None:
-        raise NotImplementedError
+        self.stop_at = NO_LIMIT if value is None else value
 
     def run(self, begin: int, timeout_us: int = 0, count: int = 0) -> StopReason:
         """Cpu.run, counted; a run the limit stops ends exactly at the limit (``hit_limit``)."""
+        self.stopped = False  # (a run a hook's exception ended may have left it set)
         reason = self.cpu.run(begin, timeout_us=timeout_us, count=count)
-        if not self._stopped:
+        if not self.stopped or self._limit is None:
             return reason
-        self._stopped = False
-        assert self._limit is not None
+        self.stopped = False
         left = self._limit - self.total
         if left > 0:
             reason = self._run_exactly(left, timeout_us)
@@ -118,15 +121,16 @@ class _Counter:
         return reason
 
     def _run_exactly(self, n: int, timeout_us: int) -> StopReason:
-        """Up to ``n`` instructions of the block the hook did not let run (n is less than its count)."""
-        start = self.cpu.read(Reg.RIP)
-        self._paused = True
+        """Up to ``n`` instructions of the block the hook did not let run (n is less than its count),
+        under Unicorn's exact count; the hooks count nothing meanwhile."""
+        start, total = self.cpu.read(Reg.RIP), self.total
+        self.stop_at = NO_LIMIT
         try:
             reason = self.cpu.run(start, timeout_us=timeout_us, count=n)
         finally:
-            self._paused = False
+            self.stop_at = NO_LIMIT if self._limit is None else self._limit
         # straight-line code: a fault on the way leaves rip at the instruction that did not complete
-        self.total += run_count(self.cpu, start, self.cpu.read(Reg.RIP), n)
+        self.total = total + run_count(self.cpu, start, self.cpu.read(Reg.RIP), n)
         return reason
 
 
@@ -138,9 +142,7 @@ class _State(ctypes.Structure):
         ("stop_at", ctypes.c_uint64),
         ("decoded", ctypes.c_uint64),
         ("stopped", ctypes.c_uint32),
-        ("paused", ctypes.c_uint32),
         ("shift", ctypes.c_uint32),
-        ("_pad", ctypes.c_uint32),
         ("table", ctypes.c_void_p),
         ("emu_stop", ctypes.c_void_p),
         ("decode", ctypes.c_void_p),
@@ -155,7 +157,7 @@ _DECODE_CB = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32)
 
 
 class NativeCounter(_Counter):
-    """The C hooks and table (emu/hotpath_src/icount.c); Python only reads the total."""
+    """The C hooks and table (emu/hotpath_src/icount.c); Python reads and sets the state's fields."""
 
     def __init__(self, cpu: Cpu, limit: int | None, track_translations: bool = True) -> None:
         native = hotpath.native
@@ -166,14 +168,11 @@ class NativeCounter(_Counter):
                              emu_stop=native_function("uc_emu_stop"),
                              decode=ctypes.cast(self._decode, ctypes.c_void_p).value)
         super().__init__(cpu, limit)
-        keep_alive(cpu, self)  # the hooks point into this object's buffers for as long as the engine runs
+        keep_alive(cpu, self)  # the hooks point into this object's buffers for as long as the engine lives
         state = ctypes.addressof(self._state)
         if track_translations:  # (off only in the test that shows a stale table would be caught)
             add_native_translation_hook(cpu, native.icount_translated, state)
         add_native_block_hook(cpu, native.icount_block, state)
-
-    def _set_stop_at(self, value: int) -> None:
-        self._state.stop_at = value
 
     @property
     def total(self) -> int:
@@ -184,60 +183,55 @@ class NativeCounter(_Counter):
         self._state.total = value
 
     @property
-    def _stopped(self) -> bool:
+    def stop_at(self) -> int:
+        return int(self._state.stop_at)
+
+    @stop_at.setter
+    def stop_at(self, value: int) -> None:
+        self._state.stop_at = value
+
+    @property
+    def stopped(self) -> bool:
         return bool(self._state.stopped)
 
-    @_stopped.setter
-    def _stopped(self, value: bool) -> None:
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
         self._state.stopped = int(value)
 
     @property
-    def _paused(self) -> bool:
-        return bool(self._state.paused)
-
-    @_paused.setter
-    def _paused(self, value: bool) -> None:
-        self._state.paused = int(value)
-
-    @property
     def decoded(self) -> int:
-        """Blocks counted from their bytes (translated before the counter was installed)."""
+        """Blocks counted from their bytes (translated before the counter was installed, or pushed out)."""
         return int(self._state.decoded)
 
 
 class PythonCounter(_Counter):
-    """The same hooks in Python, the table a dict (~0.3 us a block: a ctypes callback per block)."""
+    """The same hooks in Python, the table a dict (a ctypes callback per block: microseconds)."""
 
     def __init__(self, cpu: Cpu, limit: int | None, track_translations: bool = True) -> None:
         self.total = 0
+        self.stopped = False
         self.decoded = 0
-        self._stopped = False
-        self._paused = False
-        self._stop_at = NO_LIMIT
         self._counts: dict[tuple[int, int], int] = {}
         super().__init__(cpu, limit)
         if track_translations:
             add_translation_hook(cpu, self._on_translated)
         add_raw_block_hook(cpu, self._on_block)
 
-    def _set_stop_at(self, value: int) -> None:
-        self._stop_at = value
-
     def _on_translated(self, pc: int, size: int, icount: int) -> None:
         self._counts[pc, size] = icount
 
     def _on_block(self, _uc: object, address: int, size: int, _ud: object) -> None:
-        if self._paused:
-            return
-        n = self._counts.get((address, size))
-        if n is None:
-            n = self._counts[address, size] = decode_count(self.cpu, address, size)
-            self.decoded += 1
-        if self.total + n > self._stop_at:
-            self._stopped = True
+        n = self._counts.get((address, size)) or self._decode_block(address, size)
+        if self.total + n > self.stop_at:
+            self.stopped = True
             self.cpu.stop()
-            return
-        self.total += n
+        else:
+            self.total += n
+
+    def _decode_block(self, address: int, size: int) -> int:
+        self.decoded += 1
+        n = self._counts[address, size] = decode_count(self.cpu, address, size)
+        return n
 
 
 def make_counter(cpu: Cpu, limit: int | None) -> InsnCounter:

@@ -162,3 +162,16 @@ def test_self_modifying_code_is_counted_as_it_now_is(impl: str, track: bool) -> 
     counter.run(CODE)
     assert cpu.mem_read(target, 5) == FIVE_NOPS
     assert counter.total - 2 == (3 + 6 if track else 3 + 2)
+
+
+def test_blocks_pushed_out_of_a_small_table_are_counted_from_their_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    if EXTENSION is None:
+        pytest.skip("the C extension is not built on this host (no compiler at install)")
+    monkeypatch.setattr(hotpath, "native", EXTENSION)
+    path = str(SAMPLES / "cpu_bound")
+    full = _run(path, [path, "300"], count_insns=True)
+    monkeypatch.setattr("emu.icount.TABLE_BUCKETS_LOG2", 1)  # 4 entries: most blocks get pushed out
+    small = _run(path, [path, "300"], count_insns=True)
+    assert isinstance(small.counter, NativeCounter) and isinstance(full.counter, NativeCounter)
+    assert small.counter.decoded > 100 * max(full.counter.decoded, 1)
+    assert small.result.insns == full.result.insns  # type: ignore[attr-defined]

@@ -33,9 +33,7 @@ struct icount_state {
     uint64_t stop_at;     /* stop before a block that would take total past this */
     uint64_t decoded;     /* blocks counted by `decode` */
     uint32_t stopped;     /* 1: this hook stopped the CPU (the next block crosses stop_at) */
-    uint32_t paused;      /* 1: count nothing (Unicorn counts exactly for the caller meanwhile) */
     uint32_t shift;       /* 64 - log2(buckets) */
-    uint32_t pad;
     struct icount_entry *table;  /* 2 entries a bucket */
     uc_emu_stop_fn emu_stop;
     icount_decode_fn decode;
@@ -69,8 +67,6 @@ static void icount_translated(uc_engine *uc, uc_tb *block, uc_tb *previous, void
 static void icount_block(uc_engine *uc, uint64_t address, uint32_t size, void *user_data)
 {
     struct icount_state *state = user_data;
-    if (state->paused)
-        return;
     struct icount_entry *way = icount_bucket(state, address, size);
     uint64_t n;
     if (way[0].pc == address && way[0].size == size) {
