@@ -25,6 +25,7 @@ import ctypes
 from typing import Protocol
 
 from emu import hotpath
+from emu.abi import PAGE_SIZE
 from emu.cpu import (
     Cpu,
     Reg,
@@ -43,7 +44,8 @@ TABLE_BUCKETS_LOG2 = 17  # 2 ways each (4 MB): python3.11 -c "print(1)" translat
 
 
 def decode_count(cpu: Cpu, address: int, size: int) -> int:
-    """Instructions in the ``size`` bytes at ``address`` (a block Unicorn translated before counting began)."""
+    """Instructions in the ``size`` bytes at ``address`` (a block translated before the counter was
+    installed, or, in C, pushed out of the table)."""
     try:
         code = cpu.mem_read(address, size)
     except Exception:
@@ -56,9 +58,12 @@ def run_count(cpu: Cpu, start: int, end: int, most: int) -> int:
     if end == start:
         return 0
     try:
-        code = cpu.mem_read(start, min(16 * most, 4096))
-    except Exception:
-        return most
+        code = cpu.mem_read(start, min(16 * most, PAGE_SIZE))
+    except Exception:  # the next page is not mapped: the instructions end on this one
+        try:
+            code = cpu.mem_read(start, PAGE_SIZE - start % PAGE_SIZE)
+        except Exception:
+            return most
     for n, (address, size, _m, _o) in enumerate(cs64().disasm_lite(code, start, most), 1):
         if address + size == end:
             return n

@@ -175,3 +175,15 @@ def test_blocks_pushed_out_of_a_small_table_are_counted_from_their_bytes(monkeyp
     assert isinstance(small.counter, NativeCounter) and isinstance(full.counter, NativeCounter)
     assert small.counter.decoded > 100 * max(full.counter.decoded, 1)
     assert small.result.insns == full.result.insns  # type: ignore[attr-defined]
+
+
+def test_a_fault_inside_the_last_block_ends_the_count_where_it_happened(impl: str, tmp_path: Path) -> None:
+    # mov eax, 1; mov ecx, 2; mov [0], eax (faults); nop; nop; exit_group(0): one block of 8
+    path = str(tmp_path / "fault")
+    write_elf(path, b"\xb8\x01\x00\x00\x00\xb9\x02\x00\x00\x00\x89\x04\x25\x00\x00\x00\x00\x90\x90"
+              b"\xb8\xe7\x00\x00\x00\x31\xff\x0f\x05", b"")
+    limited = _run(path, max_insns=5).result  # type: ignore[attr-defined]
+    assert limited.ending is Ending.KILLED and limited.insns == 2  # the two movs ran, the store did not
+    assert _run(path, max_insns=2).result.ending is Ending.INSN_LIMIT  # type: ignore[attr-defined]
+    # without a limit inside it, the block counts whole (as any block counter does)
+    assert _run(path, count_insns=True).result.insns == 8  # type: ignore[attr-defined]
