@@ -818,7 +818,12 @@ class Machine:
 
     def _run_slices(self, pc: int, timeout_us: int, start: float) -> StopReason:
         """Run the current thread until something other than a deferred kernel action (an XOL step)
-        stops the CPU; with several threads, for at most one scheduler slice of instructions."""
+        stops the CPU; with several threads, for at most one scheduler slice of instructions.
+
+        Slices are counted exactly (Unicorn's count), not per block as --json is: races are found by
+        preempting a thread inside a probe site (small quanta, tests/test_uprobe_race.py), which
+        block granularity cannot do; and a block hook in every process would cost more than the
+        count where the hooks are Python."""
         sched = self.kernel.sched
         while True:
             remaining = 0
