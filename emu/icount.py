@@ -22,6 +22,7 @@ it still counts whole, as with any block counter; single-threaded runs without f
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from typing import Protocol
 
 from emu import hotpath
@@ -220,18 +221,25 @@ class PythonCounter(_Counter):
         super().__init__(cpu, limit)
         if track_translations:
             add_translation_hook(cpu, self._on_translated)
-        add_raw_block_hook(cpu, self._on_block)
+        add_raw_block_hook(cpu, self._block_hook())
 
     def _on_translated(self, pc: int, size: int, icount: int) -> None:
         self._counts[pc, size] = icount
 
-    def _on_block(self, _uc: object, address: int, size: int, _ud: object) -> None:
-        n = self._counts.get((address, size)) or self._decode_block(address, size)
-        if self.total + n > self.stop_at:
-            self.stopped = True
-            self.cpu.stop()
-        else:
-            self.total += n
+    def _block_hook(self) -> Callable[[object, int, int, object], None]:
+        """The block hook as a closure: the table and the stop are locals (each attribute costs)."""
+        lookup, decode, stop = self._counts.get, self._decode_block, self.cpu.stop
+
+        def on_block(_uc: object, address: int, size: int, _ud: object) -> None:
+            n = lookup((address, size)) or decode(address, size)
+            total = self.total + n
+            if total > self.stop_at:
+                self.stopped = True
+                stop()
+            else:
+                self.total = total
+
+        return on_block
 
     def _decode_block(self, address: int, size: int) -> int:
         self.decoded += 1
