@@ -131,7 +131,7 @@ def test_max_insns_stops_with_124(capfd: pytest.CaptureFixture[str], tmp_path: P
     assert "1000" in line and "--max-insns" in line
     doc = json.loads(report.read_text())
     assert doc["exit_status"] == 124 and doc["signal"] is None
-    assert 1000 <= doc["insns"] < 1100  # stops at the end of the block that crossed the limit
+    assert doc["insns"] == 1000  # exactly: the block that would cross the limit runs one instruction at a time
 
 
 def test_timeout_stops_with_125(capfd: pytest.CaptureFixture[str]) -> None:

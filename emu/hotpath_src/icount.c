@@ -1,0 +1,95 @@
+/* Instruction counting per translated block; emu/icount.py explains the scheme and is the Python side.
+ *
+ * icount_translated (UC_HOOK_EDGE_GENERATED: Unicorn calls it for each block it has just translated)
+ * writes the block's instruction count into a table keyed by (address, size); icount_block
+ * (UC_HOOK_BLOCK: before each block runs) looks the count up and adds it to the total, or, when the
+ * block would take the total past stop_at, stops the CPU before the block's first instruction.
+ *
+ * The table is a fixed array of two-way buckets owned by Python. An entry is only ever replaced by
+ * a newer translation of the same key, which lands in the same bucket, so a stale count cannot
+ * survive a retranslation; a key pushed out of its bucket, or translated before the hooks were
+ * added, is counted by the Python callback `decode` and put back.
+ */
+#include "hotpath.h"
+
+/* A translated block as Unicorn reports it (unicorn.h's uc_tb). */
+typedef struct uc_tb {
+    uint64_t pc;
+    uint16_t icount;
+    uint16_t size;
+} uc_tb;
+
+struct icount_entry {
+    uint64_t pc;
+    uint32_t size;   /* 0: empty (no block is empty) */
+    uint32_t icount;
+};
+
+typedef uint32_t (*icount_decode_fn)(uint64_t address, uint32_t size);
+
+/* The counter; emu/icount.py mirrors this layout with ctypes (keep the two in step). */
+struct icount_state {
+    uint64_t total;       /* instructions of the blocks let run */
+    uint64_t stop_at;     /* stop before a block that would take total past this */
+    uint64_t decoded;     /* blocks counted by `decode` */
+    uint32_t stopped;     /* 1: this hook stopped the CPU (the next block crosses stop_at) */
+    uint32_t shift;       /* 64 - log2(buckets) */
+    struct icount_entry *table;  /* 2 entries a bucket */
+    uc_emu_stop_fn emu_stop;
+    icount_decode_fn decode;
+};
+
+static struct icount_entry *icount_bucket(const struct icount_state *state, uint64_t pc, uint32_t size)
+{
+    uint64_t hash = (pc ^ ((uint64_t)size << 52)) * 0x9E3779B97F4A7C15ull; /* Fibonacci hashing */
+    return &state->table[(hash >> state->shift) * 2];
+}
+
+static void icount_put(struct icount_state *state, uint64_t pc, uint32_t size, uint32_t icount)
+{
+    struct icount_entry *way = icount_bucket(state, pc, size);
+    if (way[0].pc == pc && way[0].size == size) {
+        way[0].icount = icount;
+    } else if (way[1].pc == pc && way[1].size == size) {
+        way[1].icount = icount;
+    } else {
+        way[1] = way[0]; /* the older entry is pushed out, if there are two */
+        way[0] = (struct icount_entry){pc, size, icount};
+    }
+}
+
+static void icount_translated(uc_engine *uc, uc_tb *block, uc_tb *previous, void *user_data)
+{
+    if (block->size != 0)
+        icount_put(user_data, block->pc, block->size, block->icount);
+}
+
+static void icount_block(uc_engine *uc, uint64_t address, uint32_t size, void *user_data)
+{
+    struct icount_state *state = user_data;
+    struct icount_entry *way = icount_bucket(state, address, size);
+    uint64_t n;
+    if (way[0].pc == address && way[0].size == size) {
+        n = way[0].icount;
+    } else if (way[1].pc == address && way[1].size == size) {
+        n = way[1].icount;
+    } else {
+        n = state->decode(address, size);
+        state->decoded++;
+        icount_put(state, address, size, (uint32_t)n);
+    }
+    if (state->total + n > state->stop_at) {
+        state->stopped = 1;
+        state->emu_stop(uc);
+        return;
+    }
+    state->total += n;
+}
+
+int hotpath_add_icount(PyObject *module)
+{
+    if (hotpath_add_address(module, "icount_block", (void *)icount_block) < 0 ||
+        hotpath_add_address(module, "icount_translated", (void *)icount_translated) < 0)
+        return -1;
+    return PyModule_AddIntConstant(module, "ICOUNT_STATE_SIZE", (long)sizeof(struct icount_state));
+}
