@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from emu import hotpath
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, Signal
 from emu.cpu import Cpu, Reg, StopReason
 from emu.designs import XOL_SLOT_BYTES, Design, ReturnTrampoline
@@ -168,6 +169,7 @@ class Uprobes:
         rewrites the code itself between runs of one process (the fuzzer)."""
         self.probes.clear()
         self.return_instances.clear()
+        hotpath.touch()
         if self.xol is not None:
             self.xol.busy[1:] = [False] * (len(self.xol.busy) - 1)
 
@@ -185,11 +187,13 @@ class Uprobes:
             self.probes[vaddr] = probe
             self._install(probe)
         probe.consumers.append(consumer)
+        hotpath.touch()  # the C hot path's tables (fastpath.py) follow the registry
         return probe
 
     def detach(self, probe: Uprobe, consumer: Consumer) -> None:
         if consumer in probe.consumers:
             probe.consumers.remove(consumer)
+            hotpath.touch()
         if not probe.consumers and self.probes.get(probe.vaddr) is probe:
             self._remove(probe)
 
@@ -208,6 +212,7 @@ class Uprobes:
             self.sites.set_orig(probe.vaddr, probe.insn.raw[0])
         self._ref_ctr(probe, -1)
         del self.probes[probe.vaddr]
+        hotpath.touch()
 
     def _ref_ctr(self, probe: Uprobe, delta: int) -> None:
         if probe.ref_ctr is None:
@@ -268,6 +273,7 @@ class Uprobes:
             self.stats.optimized += 1
         else:
             probe.optimize_failed = True
+        hotpath.touch()  # a new trampoline page or slot, or a probe that stays on INT3 for good
 
     def _emulate(self, insn: Analysis, regs: PtRegs) -> None:
         """branch_xol_ops / push_xol_ops (spec 4.2)."""
@@ -354,8 +360,7 @@ class Uprobes:
             if consumer.filter is not None and not consumer.filter(self.pid):
                 rc = UPROBE_HANDLER_REMOVE  # uprobe_perf_func: not this event's process, not counted
             elif consumer.enabled:
-                consumer.hits += 1
-                consumer.paths[path_name] = consumer.paths.get(path_name, 0) + 1
+                consumer.count(path_name)
                 if consumer.handler is not None:  # a Hit only for consumers that look at it
                     hit = Hit(regs, probe.vaddr, path, self.mem)
                     rc = consumer.handler(hit) or 0

@@ -1,0 +1,198 @@
+"""Probe hits per second as a fraction of the real kernel's, and how the cost grows with probes and hits.
+
+    python3 benchmarks/hit_rates.py [--repeat R] [--json FILE]          # the three rates against native
+    python3 benchmarks/hit_rates.py --scale [--hits N]                   # 1, 100, 10,000 probes
+    python3 benchmarks/hit_rates.py --memory [--hits N]                  # RSS over 10 million hits
+
+Rates: in one run, the real kernel here counts hits with a perf uprobe on the trig sample
+(emu/bench_native.py: CPU time per hit, two run lengths so start-up cancels) and the emulator runs
+the same sample under the design of the same kind: uprobe-nop5 and uretprobe-nop5 on linux-6.18
+(optimized nop5: call into the trampoline, syscall 336, and for the return 335), uprobe-nop on the
+int3 design (INT3 and an emulated nop; the real kernel never optimizes a one-byte nop, so it takes
+the same path). The emulator's rate is CPU seconds of two run lengths, the same difference.
+
+--scale: a program generated here with gcc, with S functions each starting with a nop5, calls them in
+turn; S probes are attached (one per function) and the run makes the same number of hits whatever S.
+--memory: the resident set size of this process, sampled while one probe takes N hits (default
+10 million): flat means the last sample is within a few MB of the one after the first tenth.
+No assertions: the numbers go into the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+
+from emu import hotpath  # noqa: E402
+from emu.bench import TRIG, WORKLOADS  # noqa: E402
+from emu.guestio import GuestIO  # noqa: E402
+from emu.kernel.uprobes.consumers import Consumer  # noqa: E402
+from emu.machine import Machine, RunOptions  # noqa: E402
+
+RATE_ROWS = (("linux-6.18", "uprobe-nop5"), ("linux-6.18", "uretprobe-nop5"), ("int3", "uprobe-nop"))
+SCALES = (1, 100, 10_000)
+TARGET = 0.25
+
+
+def _run_s(path: str, argv: list[str], design: str, specs: list[str], ret: bool) -> tuple[float, int]:
+    """CPU seconds of one emulated run and the hits its consumers counted."""
+    m = Machine(path, argv, {}, RunOptions(design=design), GuestIO.captured())
+    consumers = [Consumer() for _ in specs]
+    for spec, consumer in zip(specs, consumers, strict=True):
+        m.attach(spec, consumer)
+    start = time.process_time()
+    result = m.run()
+    elapsed = time.process_time() - start
+    if result.exit_status != 0:
+        raise SystemExit(f"{path} {argv[1:]} under {design}: {result.message or result.exit_status}")
+    return elapsed, sum(c.ret_hits if ret else c.hits for c in consumers)
+
+
+def emulated_rate(path: str, argv: list[str], n: int, design: str, specs: list[str], repeat: int) -> float:
+    """Hits per CPU second: runs of n and 3n hits (``argv`` ends with the count), start-up cancelled."""
+    ret = any(s.startswith("uretprobe") for s in specs)
+    rates = []
+    for _ in range(repeat):
+        short, h1 = _run_s(path, [*argv, str(n)], design, specs, ret)
+        long_, h3 = _run_s(path, [*argv, str(3 * n)], design, specs, ret)
+        rates.append((h3 - h1) / max(long_ - short, 1e-9))
+    return statistics.median(rates)
+
+
+def rates(repeat: int, n: int) -> list[dict[str, object]]:
+    from emu.bench_native import measure_native, unavailable_reason
+
+    reason = unavailable_reason()
+    native = {} if reason else {t.workload: 1e9 / t.ns for t in measure_native(tuple(w for _, w in RATE_ROWS), repeat)}
+    if reason:
+        print(f"native side unavailable: {reason}")
+    rows = []
+    for design, name in RATE_ROWS:
+        w = WORKLOADS[name]
+        assert w.spec is not None
+        emu = emulated_rate(TRIG, [TRIG, w.trig], n, design, [w.spec], repeat)
+        nat = native.get(name)
+        row: dict[str, object] = {"design": design, "workload": name, "emulated_hits_per_s": emu,
+                                  "native_hits_per_s": nat, "fraction": emu / nat if nat else None}
+        rows.append(row)
+        frac = f"{emu / nat:6.3f}  {'met' if emu / nat >= TARGET else 'NOT met'}" if nat else "   -"
+        print(f"{design:<11} {name:<15} {emu:>12,.0f} {nat or 0:>12,.0f}  {frac}", flush=True)
+    return rows
+
+
+SITES_SOURCE = """
+.text
+.globl main
+main:
+    push %rbx
+    push %r12
+    mov 8(%rsi), %rdi          /* argv[1]: hits */
+    call atol
+    mov %rax, %rbx
+    xor %r12d, %r12d
+1:  test %rbx, %rbx
+    jz 2f
+    lea table(%rip), %rax
+    call *(%rax,%r12,8)
+    inc %r12
+    cmp ${count}, %r12
+    jb 3f
+    xor %r12d, %r12d
+3:  dec %rbx
+    jmp 1b
+2:  xor %eax, %eax
+    pop %r12
+    pop %rbx
+    ret
+"""
+
+
+def sites_binary(count: int, where: Path) -> Path:
+    """A static program whose main calls site_0 .. site_{count-1} in turn, argv[1] calls in all; each
+    site is a nop5 then ret (the optimizable form, spec 3.1)."""
+    lines = [SITES_SOURCE.replace("{count}", str(count))]
+    for i in range(count):
+        lines.append(f".globl site_{i}\n.type site_{i},@function\nsite_{i}:\n.byte 0x0f,0x1f,0x44,0x00,0x00\nret")
+    lines.append(".section .data.rel.ro\n.align 8\ntable:")
+    lines += [f".quad site_{i}" for i in range(count)]
+    src = where / f"sites_{count}.s"
+    src.write_text("\n".join(lines) + "\n")
+    out = where / f"sites_{count}"
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(out), str(src)], check=True)
+    return out
+
+
+def scale(hits: int, repeat: int) -> list[dict[str, object]]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for count in SCALES:
+            exe = sites_binary(count, Path(tmp))
+            specs = [f"uprobe:site_{i}" for i in range(count)]
+            rate = emulated_rate(str(exe), [str(exe)], max(hits, count), "linux-6.18", specs, repeat)
+            rows.append({"probes": count, "hits_per_s": rate})
+            print(f"{count:>6} probes: {rate:>12,.0f} hits/s  ({rate / float(rows[0]['hits_per_s']):.2f}x of 1 probe)",  # type: ignore[arg-type]
+                  flush=True)
+    return rows
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def memory(hits: int) -> dict[str, object]:
+    w = WORKLOADS["uprobe-nop5"]
+    assert w.spec is not None
+    samples: list[float] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.25):
+            samples.append(_rss_mb())
+
+    sampler = threading.Thread(target=sample, daemon=True)  # emu_start releases the GIL: this runs meanwhile
+    sampler.start()
+    elapsed, counted = _run_s(TRIG, [TRIG, w.trig, str(hits)], "linux-6.18", [w.spec], False)
+    done.set()
+    sampler.join()
+    early = samples[max(0, len(samples) // 10)] if samples else _rss_mb()
+    last = samples[-1] if samples else _rss_mb()
+    print(f"{counted:,} hits in {elapsed:.1f} CPU s; RSS {early:.1f} MB after a tenth, {last:.1f} MB at the end "
+          f"(+{last - early:.1f} MB), {len(samples)} samples")
+    return {"hits": counted, "rss_mb_early": early, "rss_mb_end": last, "samples": samples}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=20000, help="hits of the shorter emulated run")
+    ap.add_argument("--scale", action="store_true")
+    ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--hits", type=int, default=0, help="--scale: hits per run (default 20000); --memory: 10 M")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    print(hotpath.implementation())
+    out: dict[str, object] = {"hot_path": hotpath.implementation()}
+    if args.scale:
+        out["scale"] = scale(args.hits or 20000, args.repeat)
+    elif args.memory:
+        out["memory"] = memory(args.hits or 10_000_000)
+    else:
+        print(f"{'design':<11} {'workload':<15} {'emulated/s':>12} {'native/s':>12}  fraction (target {TARGET})")
+        out["rates"] = rates(args.repeat, args.iterations)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
