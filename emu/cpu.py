@@ -249,6 +249,7 @@ class Cpu:
         for i in range(len(ext_ids)):
             self._ext_batch.ptrs[i] = base + (8 * i if i < 3 else 24 + 16 * (i - 3))
         self.fast_front: Any = None  # the C syscall and interrupt front (_fast_front), made with the first hook
+        self.fast_take_over: Callable[[], None] | None = None  # moves the front's state to Python (fastpath.py)
         self._counting = False  # the last run counted instructions (translated code carries the count hook)
         self.last_bad_access: BadAccess | None = None
         self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
@@ -504,9 +505,12 @@ class Cpu:
         ``after_syscall`` after, in the same frame, whether it returned or raised (a raw hook of
         their own would cost a C callback per syscall)."""
         before, after = self.before_syscall, self.after_syscall
+        front = self._fast_front()
 
         def on_syscall(_uc: object, _ud: object) -> None:  # one Python frame: the syscall hot path
             try:
+                if front is not None and front.pending:
+                    self._take_over()
                 for observer in before:
                     observer()
                 callback()
@@ -516,7 +520,6 @@ class Cpu:
                 observer()
 
         cfunc = _SYSCALL_CB(on_syscall)
-        front = self._fast_front()
         if front is None:
             return self._add_hook(unicorn.UC_HOOK_INSN, cfunc, 1, 0, x86.UC_X86_INS_SYSCALL)
         # the C hook in front (emu/hotpath_src/fastsys.c) calls on_syscall for what it does not handle
@@ -524,6 +527,11 @@ class Cpu:
         self._keep.append(cfunc)
         return self._add_hook(unicorn.UC_HOOK_INSN, ctypes.c_void_p(_hotpath_native().fastsys_syscall_hook), 1, 0,
                               x86.UC_X86_INS_SYSCALL, user_data=front.user_data)
+
+    def _take_over(self) -> None:
+        """The C front holds state Python must have before it handles anything (return instances)."""
+        if self.fast_take_over is not None:
+            self.fast_take_over()
 
     def _fast_front(self) -> Any:
         """The C hot path's FastSys in front of the syscall and interrupt hooks (one per CPU), or None
@@ -533,7 +541,8 @@ class Cpu:
             return None
         if self.fast_front is None:
             functions = tuple(native_function(name) for name in (
-                "uc_reg_read_batch", "uc_reg_write_batch", "uc_reg_read", "uc_reg_write", "uc_mem_read"))
+                "uc_reg_read_batch", "uc_reg_write_batch", "uc_reg_read", "uc_reg_write", "uc_mem_read",
+                "uc_mem_write"))
             ids = (Reg.RAX, Reg.RIP, Reg.RFLAGS, Reg.RSP, Reg.RCX, Reg.R11)
             self.fast_front = native.FastSys(ctypes.cast(self._uch, ctypes.c_void_p).value, functions,
                                              tuple(int(i) for i in ids))
@@ -560,9 +569,12 @@ class Cpu:
     def add_interrupt_hook(self, callback: Callable[[int], None]) -> HookHandle:
         """As add_syscall_hook, with ``before_interrupt`` and ``after_interrupt``."""
         before, after = self.before_interrupt, self.after_interrupt
+        front = self._fast_front()
 
         def on_interrupt(_uc: object, intno: int, _ud: object) -> None:
             try:
+                if front is not None and front.pending:
+                    self._take_over()
                 for observer in before:
                     observer(intno)
                 callback(intno)
@@ -572,7 +584,6 @@ class Cpu:
                 observer(intno)
 
         cfunc = _INTR_CB(on_interrupt)
-        front = self._fast_front()
         if front is None:
             return self._add_hook(unicorn.UC_HOOK_INTR, cfunc, 1, 0)
         front.set_fallback(0, ctypes.cast(cfunc, ctypes.c_void_p).value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from emu import hotpath
 from emu.guestio import GuestIO
-from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, NATIVE_RETURN, Consumer
 from emu.machine import Machine, RunOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,13 +33,15 @@ CASES = [  # (design, trig workload, probe)
 needs_c = pytest.mark.skipif(hotpath.native is None, reason=f"the C hot path is not in use: {hotpath.why_python}")
 
 
-def _cli_run(tmp_path: Path, design: str, workload: str, spec: str, pure: bool) -> tuple[dict[str, Any], str]:
+def _cli_run(tmp_path: Path, design: str, workload: str, spec: str, pure: bool, exe: str = TRIG,
+             n: int = N) -> tuple[dict[str, Any], str]:
     out = tmp_path / f"{'py' if pure else 'c'}.json"
     env = {k: v for k, v in os.environ.items() if k != hotpath.FORCE_PYTHON_VARIABLE}
     if pure:
         env[hotpath.FORCE_PYTHON_VARIABLE] = "1"
-    proc = subprocess.run([sys.executable, "-m", "emu", "run", "--clear-env", "--kernel", design, "--json", str(out), "-p", spec,
-                           TRIG, workload, str(N)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "emu", "run", "--clear-env", "--kernel", design, "--json", str(out),
+                           "-p", spec, exe, workload, str(n)], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     del result["wall_s"]
@@ -169,3 +172,48 @@ def test_hits_add_what_c_counted() -> None:
     assert consumer.paths == {"call": 6, "int3": 1}
     consumer.hits += 1  # a setter that keeps the C part
     assert consumer.hits == 8
+
+
+@pytest.fixture(scope="module")
+def uret_nop5(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """fixtures/uret_edge.c with a nop5 at each C function's entry (gcc's -mnop-mcount), so that its
+    uretprobes take the optimized entry: the corner cases of spec 5 on the C path."""
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build the nop5 variant of uret_edge")
+    where = tmp_path_factory.mktemp("uret")
+    obj, exe = where / "uret_edge.o", where / "uret_edge_nop5"
+    subprocess.run(["gcc", "-O2", "-fno-pie", "-pg", "-mfentry", "-mnop-mcount", "-fno-optimize-sibling-calls",
+                    "-Wno-infinite-recursion", "-c", "-o", str(obj), str(ROOT / "fixtures" / "uret_edge.c")], check=True)
+    subprocess.run(["gcc", "-static", "-no-pie", "-o", str(exe), str(obj)], check=True)
+    return str(exe)
+
+
+# depth 30: every return in C; depth 100: the 65th entry meets MAX_URETPROBE_DEPTH, handled in Python
+# with the 64 instances the C side pushed; longjmp: the skipped frames' instances dropped without handlers
+URET_CASES = [("depth", 30, "uretprobe:rec"), ("depth", 100, "uretprobe:rec"), ("longjmp", 20, "uretprobe:lj")]
+
+
+@pytest.mark.parametrize("mode,n,spec", URET_CASES)
+def test_uretprobe_corner_cases_same_both_ways(tmp_path: Path, uret_nop5: str, mode: str, n: int, spec: str) -> None:
+    c_result, c_out = _cli_run(tmp_path, "linux-6.18", mode, spec, pure=False, exe=uret_nop5, n=n)
+    py_result, py_out = _cli_run(tmp_path, "linux-6.18", mode, spec, pure=True, exe=uret_nop5, n=n)
+    assert c_result == py_result
+    assert c_out == py_out
+
+
+@needs_c
+@pytest.mark.parametrize("mode,n,spec,returns", [("depth", 30, "uretprobe:rec", 31), ("depth", 100, "uretprobe:rec", 64),
+                                                 ("longjmp", 20, "uretprobe:lj", 0)])
+def test_uretprobe_returns_counted_in_c(uret_nop5: str, mode: str, n: int, spec: str, returns: int) -> None:
+    consumer = Consumer()
+    m = Machine(uret_nop5, [uret_nop5, mode, str(n)], {}, RunOptions(design="linux-6.18"), GuestIO.captured())
+    m.attach(spec, consumer)
+    assert m.run().exit_status == 0
+    assert consumer.ret_hits == returns
+    native = consumer.native[NATIVE_RETURN] if consumer.native is not None else 0
+    if mode == "depth" and n < 64:
+        assert native >= returns - 2  # the first entry traps; its return, and those of the second, may be Python's
+    if mode == "depth" and n >= 64:
+        assert native == 0  # the 65th entry moved every instance to Python, whose returns they are then
+    if mode == "depth":
+        assert not m.uprobes.return_instances  # (longjmp leaves the last round's, as the kernel would)

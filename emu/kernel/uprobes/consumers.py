@@ -56,16 +56,17 @@ def count_return(hit: Hit) -> None:
 class Consumer:
     """A probe user: entry handler, return handler, or both (session: the cookie travels).
 
-    ``hits`` and ``paths`` count in Python, plus what the C hot path counted in ``native`` (one word a
-    path, in NATIVE_PATHS order) when it handled hits itself: reading them is exact at any time. Setting
-    a handler, ``enabled`` or ``filter`` tells the C hot path its tables are stale (hotpath.touch)."""
+    ``hits``, ``paths`` and ``ret_hits`` count in Python, plus what the C hot path counted in ``native``
+    (one word a path, in NATIVE_PATHS order, then the returns) when it handled hits itself: reading them
+    is exact at any time. Setting a handler, ``enabled`` or ``filter`` tells the C hot path its tables
+    are stale (hotpath.touch)."""
 
     def __init__(self, handler: Handler | None = None, ret_handler: Handler | None = None, session: bool = False,
                  enabled: bool = True, filter: Callable[[int], bool] | None = None) -> None:
         self._handler, self._ret_handler, self._enabled, self._filter = handler, ret_handler, enabled, filter
         self.session = session
         self._hits = 0
-        self.ret_hits = 0
+        self._ret_hits = 0
         self._paths: dict[str, int] = {}
         self.native: ctypes.Array[ctypes.c_uint64] | None = None  # made by the C hot path's tables (fastpath.py)
 
@@ -74,12 +75,20 @@ class Consumer:
         return {} if native is None else {name: native[i] for i, name in enumerate(NATIVE_PATHS) if native[i]}
 
     @property
+    def ret_hits(self) -> int:
+        return self._ret_hits + (self.native[NATIVE_RETURN] if self.native is not None else 0)
+
+    @ret_hits.setter
+    def ret_hits(self, value: int) -> None:
+        self._ret_hits = value - (self.native[NATIVE_RETURN] if self.native is not None else 0)
+
+    @property
     def hits(self) -> int:
-        return self._hits + (sum(self.native) if self.native is not None else 0)
+        return self._hits + (sum(self.native[:NATIVE_RETURN]) if self.native is not None else 0)
 
     @hits.setter
     def hits(self, value: int) -> None:
-        self._hits = value - (sum(self.native) if self.native is not None else 0)
+        self._hits = value - (sum(self.native[:NATIVE_RETURN]) if self.native is not None else 0)
 
     @property
     def paths(self) -> dict[str, int]:
@@ -97,13 +106,14 @@ class Consumer:
     def native_counters(self) -> int:
         """The address of the words the C hot path counts this consumer's hits in (made on first use)."""
         if self.native is None:
-            self.native = (ctypes.c_uint64 * len(NATIVE_PATHS))()
+            self.native = (ctypes.c_uint64 * (NATIVE_RETURN + 1))()
         return ctypes.addressof(self.native)
 
     @property
     def counts_only(self) -> bool:
-        """No handler that looks at a hit, no filter: the hit can be counted without a Hit or pt_regs."""
-        return self._handler is None and self._ret_handler is None and self._filter is None
+        """No handler that looks at a hit, no filter: the hit (and the return, with count_return) can be
+        counted without a Hit or pt_regs."""
+        return self._handler is None and self._ret_handler in (None, count_return) and self._filter is None
 
     @property
     def handler(self) -> Handler | None:
@@ -146,3 +156,4 @@ class Consumer:
 
 
 NATIVE_PATHS = (Path.INT3.value, Path.CALL.value, Path.JMP.value)  # fastsys.c's PATH_* order
+NATIVE_RETURN = len(NATIVE_PATHS)  # the word after them counts returns (PATH_RETURN)

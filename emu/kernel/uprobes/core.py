@@ -170,6 +170,7 @@ class Uprobes:
         self.probes.clear()
         self.return_instances.clear()
         hotpath.touch()
+        self._returns_moved()
         if self.xol is not None:
             self.xol.busy[1:] = [False] * (len(self.xol.busy) - 1)
 
@@ -344,6 +345,7 @@ class Uprobes:
     def get_xol_area(self) -> XolArea:
         if self.xol is None:
             self.xol = XolArea(self.mem, self.design.uretprobe)
+            self._returns_moved()  # the C hot path hijacks return addresses to it from now on
         return self.xol
 
     # ---------------------------------------------------------------- consumers
@@ -395,6 +397,17 @@ class Uprobes:
     # ---------------------------------------------------------------- uretprobes
     def prepare_uretprobe(self, regs: PtRegs, entries: list[tuple[Consumer, object]]) -> None:
         """Hijack the return address at [sp] (spec 5.1)."""
+        try:
+            self._prepare_uretprobe(regs, entries)
+        finally:
+            self._returns_moved()
+
+    def _returns_moved(self) -> None:
+        """The C hot path pushes its return instances over these: it must know how many, and the top."""
+        if self.fast is not None:
+            self.fast.returns_moved()
+
+    def _prepare_uretprobe(self, regs: PtRegs, entries: list[tuple[Consumer, object]]) -> None:
         tramp = self.get_xol_area().vaddr
         if len(self.return_instances) >= MAX_URETPROBE_DEPTH:
             import logging  # loaded here, not at start-up: the only message this package logs
@@ -434,6 +447,12 @@ class Uprobes:
 
     def handle_trampoline(self, regs: PtRegs) -> None:
         """uprobe_handle_trampoline (spec 5.2): run every handler of the returning chain."""
+        try:
+            self._handle_trampoline(regs)
+        finally:
+            self._returns_moved()
+
+    def _handle_trampoline(self, regs: PtRegs) -> None:
         if not self.return_instances:
             raise GuestKilled(Signal.SIGILL, regs.ip, "uretprobe trampoline hit with no pending return")
         while True:

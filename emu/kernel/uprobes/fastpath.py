@@ -6,10 +6,13 @@ What remains observable is: the hit, the saved words read from the stack, and th
 the trampoline (rax = 0, rcx = ip, r11 = flags) for the 'trampoline' exit, or straight to the site's
 next instruction with the saved registers and rsp restored (IRET; SYSRET also sets rcx and r11).
 An INT3 hit on a probed NOP that is never optimized is a count and ip += length (spec 4.2).
+A uretprobe whose return handlers only count (consumers.count_return) adds, on the syscall path,
+prepare_uretprobe at the entry (spec 5.1) and sys_uretprobe's 'trampoline' exit at the return (2.2).
 
 Two implementations of the same thing. With the C extension, the CPU's syscall and interrupt hooks
 go through a FastSys (emu/hotpath_src/fastsys.c) that handles these hits without entering Python;
-this module keeps its tables (sync) and adds what it counted to the statistics (fold). Without it,
+this module keeps its tables (sync), adds what it counted to the statistics (fold) and moves the
+return instances it pushed to the task's list before Python handles anything (take_over). Without it,
 or whenever the C side hands a hit over, :meth:`FastPaths.uprobe` does the same in Python, and
 returns False whenever the full path is needed (an error, a fault, a consumer that looks at registers).
 Nothing in Python may need to see the hit for the C side to take it: no chain or step observer (the
@@ -25,8 +28,8 @@ from typing import Any
 from emu import hotpath
 from emu.abi import PAGE_SIZE
 from emu.cpu import Reg
-from emu.kernel.uprobes.consumers import NATIVE_PATHS, Path
-from emu.kernel.uprobes.core import Uprobe, Uprobes
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer, Path
+from emu.kernel.uprobes.core import ReturnInstance, Uprobe, Uprobes
 from emu.kernel.uprobes.insn import Kind
 from emu.memory import UserFault
 
@@ -42,6 +45,7 @@ class FastPaths:
         self.up = up
         self.traced = False  # strace is on: every syscall must reach the dispatcher (set by sync)
         self._configured = False  # the C front has this design's handler
+        self._entries: list[list[tuple[Consumer, object]]] = []  # each published probe's return consumers
         hotpath.touch()  # a new registry (a new process, or exec): the front's tables are of the old one
         handler, patch = up.design.handler, up.design.patch
         self.enabled = handler is not None and patch is not None and "flags" not in handler.saved
@@ -73,7 +77,9 @@ class FastPaths:
             self._configure(front)
         front.open = self._unobserved()
         if front.open and not front.current:
+            self.take_over()  # (none: sync comes at a slice's start or from Python) they index the old table
             self._publish(front)
+        self.returns_moved()
 
     def _unobserved(self) -> bool:
         up, cpu = self.up, self.up.cpu
@@ -82,6 +88,10 @@ class FastPaths:
 
     def _configure(self, front: Any) -> None:
         self._configured = True
+        self.up.cpu.fast_take_over = self.take_over
+        ret = self.up.design.uretprobe
+        if ret.nr is not None and ret.exit == "trampoline":
+            front.set_uretprobe(ret.nr, tuple(int(SAVED_REG[n]) for n in ret.saved), ret.syscall_return)
         if not self.enabled:
             return  # INT3 hits only
         h = self.handler
@@ -92,8 +102,17 @@ class FastPaths:
 
     def _publish(self, front: Any) -> None:
         up = self.up
-        probes = [(vaddr, self._int3_length(probe), tuple(c.native_counters() for c in probe.consumers if c.enabled))
-                  for vaddr, probe in up.probes.items() if all(c.counts_only for c in probe.consumers)]
+        probes = []
+        self._entries = []
+        for vaddr, probe in sorted(up.probes.items()):
+            consumers = probe.consumers
+            if not all(c.counts_only for c in consumers):
+                continue
+            returning = [c for c in consumers if c.ret_handler is not None]
+            self._entries.append([(c, None) for c in returning])  # handler_chain's entries: every one, enabled or not
+            probes.append((vaddr, 0 if returning else self._int3_length(probe),
+                           tuple(c.native_counters() for c in consumers if c.enabled), bool(returning),
+                           tuple(c.native_counters() for c in returning if c.enabled)))
         sites = up.sites
         pages = [(page, page + PAGE_SIZE) for page in sites.trampolines]
         slots: list[tuple[int, int]] = []
@@ -109,16 +128,42 @@ class FastPaths:
         stays = not probe.can_optimize or probe.optimize_failed
         return probe.insn.length if stays and probe.insn.kind is Kind.NOP else 0
 
+    def returns_moved(self) -> None:
+        """Tell the C front where the XOL page is and what return instances Python holds (it pushes over them)."""
+        front = self.up.cpu.fast_front
+        if front is None:
+            return
+        pending = self.up.return_instances
+        xol = self.up.xol.vaddr if self.up.xol is not None else 0
+        front.set_python_returns(xol, len(pending), pending[-1].stack if pending else 0)
+
+    def take_over(self) -> None:
+        """The return instances the C front pushed, onto the task's list (oldest first), before Python
+        looks at that list: any Python handling mid-slice, the end of a slice, a rebuild of the tables."""
+        front = self.up.cpu.fast_front
+        if front is None or not front.pending:
+            return
+        pending = self.up.return_instances
+        for func, stack, orig, chained, index in front.take_returns():
+            pending.append(ReturnInstance(func, stack, orig, chained, list(self._entries[index])))
+        self.returns_moved()
+
     def fold(self, counts: Counter[int]) -> None:
         """Add what the C front counted since the last fold to the statistics, and its sys_uprobe calls
         to the kernel's syscall ``counts`` (after each run slice, and before the Uprobes is replaced)."""
         front = self.up.cpu.fast_front
         if front is None:
             return
-        calls, locks, copied, sysret, iret, traps, emulated = front.take_stats()
+        self.take_over()
+        calls, locks, copied, sysret, iret, traps, emulated, ret_calls, ret_hits = front.take_stats()
         stats = self.up.stats
         if calls:
             counts[self.handler.nr] += calls
+        if ret_calls:
+            ret_nr = self.up.design.uretprobe.nr
+            assert ret_nr is not None
+            counts[ret_nr] += ret_calls
+        stats.ret_hits += ret_hits
         stats.mmap_locks += locks
         stats.copied += copied
         stats.traps += traps
@@ -137,8 +182,8 @@ class FastPaths:
         probe = up.probes.get(vaddr)
         if probe is None:
             return True  # no uprobe there any more: the trampoline just returns (spec 3.6)
-        if not all(consumer.counts_only for consumer in probe.consumers):
-            return False
+        if not all(c.counts_only and c.ret_handler is None for c in probe.consumers):
+            return False  # a return handler needs prepare_uretprobe: the full path
         for observer in up.chain_observers:
             observer(probe, None, path, False)
         for consumer in probe.consumers:
