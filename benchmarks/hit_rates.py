@@ -128,8 +128,18 @@ def sites_binary(count: int, where: Path) -> Path:
     src = where / f"sites_{count}.s"
     src.write_text("\n".join(lines) + "\n")
     out = where / f"sites_{count}"
-    subprocess.run(["gcc", "-static", "-O1", "-o", str(out), str(src)], check=True)
+    subprocess.run(["gcc", "-static", "-O1", "-Wa,--noexecstack", "-o", str(out), str(src)], check=True)
     return out
+
+
+def _calls_per_s(exe: str, n: int, repeat: int) -> float:
+    """The same program with no probe: calls per CPU second (the emulator's own cost of more code)."""
+    rates = []
+    for _ in range(repeat):
+        short, _ = _run_s(exe, [exe, str(n)], "linux-6.18", [], False)
+        long_, _ = _run_s(exe, [exe, str(3 * n)], "linux-6.18", [], False)
+        rates.append(2 * n / max(long_ - short, 1e-9))
+    return statistics.median(rates)
 
 
 def scale(hits: int, repeat: int) -> list[dict[str, object]]:
@@ -138,10 +148,15 @@ def scale(hits: int, repeat: int) -> list[dict[str, object]]:
         for count in SCALES:
             exe = sites_binary(count, Path(tmp))
             specs = [f"uprobe:site_{i}" for i in range(count)]
-            rate = emulated_rate(str(exe), [str(exe)], max(hits, count), "linux-6.18", specs, repeat)
-            rows.append({"probes": count, "hits_per_s": rate})
-            print(f"{count:>6} probes: {rate:>12,.0f} hits/s  ({rate / float(rows[0]['hits_per_s']):.2f}x of 1 probe)",  # type: ignore[arg-type]
-                  flush=True)
+            n = max(hits, count)
+            rate = emulated_rate(str(exe), [str(exe)], n, "linux-6.18", specs, repeat)
+            calls = _calls_per_s(str(exe), n, repeat)
+            probe_us = (1 / rate - 1 / calls) * 1e6  # what a hit adds to the unprobed call
+            rows.append({"probes": count, "hits_per_s": rate, "unprobed_calls_per_s": calls, "probe_us": probe_us})
+            first = rows[0]
+            print(f"{count:>6} probes: {rate:>12,.0f} hits/s ({rate / first['hits_per_s']:.2f}x of 1 probe); "  # type: ignore[operator]
+                  f"unprobed {calls:>12,.0f} calls/s ({calls / first['unprobed_calls_per_s']:.2f}x); "  # type: ignore[operator]
+                  f"a hit adds {probe_us:.3f} us ({probe_us / first['probe_us']:.2f}x)", flush=True)  # type: ignore[operator]
     return rows
 
 

@@ -270,11 +270,14 @@ class Uprobes:
             return
         if self.mem.read(probe.vaddr, 1) != INT3:
             return
-        if self.sites.optimize(probe.vaddr):
+        sites = self.sites
+        places = len(sites.trampolines), len(sites.slot_of)
+        if sites.optimize(probe.vaddr):
             self.stats.optimized += 1
         else:
             probe.optimize_failed = True
-        hotpath.touch()  # a new trampoline page or slot, or a probe that stays on INT3 for good
+        if probe.optimize_failed or places != (len(sites.trampolines), len(sites.slot_of)):
+            hotpath.touch()  # a new trampoline page or slot, or a probe that stays on INT3 for good
 
     def _emulate(self, insn: Analysis, regs: PtRegs) -> None:
         """branch_xol_ops / push_xol_ops (spec 4.2)."""
