@@ -11,8 +11,10 @@ the same sample under the design of the same kind: uprobe-nop5 and uretprobe-nop
 int3 design (INT3 and an emulated nop; the real kernel never optimizes a one-byte nop, so it takes
 the same path). The emulator's rate is CPU seconds of two run lengths, the same difference.
 
---scale: a program generated here with gcc, with S functions each starting with a nop5, calls them in
-turn; S probes are attached (one per function) and the run makes the same number of hits whatever S.
+--scale: a program generated here with gcc, with S functions each starting with a nop5 and S probes
+attached (one per function), calls all S in turn, then one of them only (the probes' tables alone);
+each also unprobed, which shows what more distinct code costs the emulator itself (Unicorn's
+translated-block lookups), and what a hit adds to a call.
 --memory: the resident set size of this process, sampled while one probe takes N hits (default
 10 million): flat means the last sample is within a few MB of the one after the first tenth.
 No assertions: the numbers go into the README.
@@ -58,15 +60,21 @@ def _run_s(path: str, argv: list[str], design: str, specs: list[str], ret: bool)
     return elapsed, sum(c.ret_hits if ret else c.hits for c in consumers)
 
 
-def emulated_rate(path: str, argv: list[str], n: int, design: str, specs: list[str], repeat: int) -> float:
-    """Hits per CPU second: runs of n and 3n hits (``argv`` ends with the count), start-up cancelled."""
+def emulated_rate(path: str, argv: list[str], n: int, design: str, specs: list[str], repeat: int,
+                  at: int = -1) -> float:
+    """Hits per CPU second: runs of n and 3n hits (the count goes into ``argv`` at ``at``; -1: at the
+    end), start-up cancelled."""
     ret = any(s.startswith("uretprobe") for s in specs)
     rates = []
     for _ in range(repeat):
-        short, h1 = _run_s(path, [*argv, str(n)], design, specs, ret)
-        long_, h3 = _run_s(path, [*argv, str(3 * n)], design, specs, ret)
+        short, h1 = _run_s(path, _with_count(argv, n, at), design, specs, ret)
+        long_, h3 = _run_s(path, _with_count(argv, 3 * n, at), design, specs, ret)
         rates.append((h3 - h1) / max(long_ - short, 1e-9))
     return statistics.median(rates)
+
+
+def _with_count(argv: list[str], n: int, at: int) -> list[str]:
+    return [*argv, str(n)] if at == -1 else [*argv[:at], str(n), *argv[at:]]
 
 
 def rates(repeat: int, n: int) -> list[dict[str, object]]:
@@ -96,7 +104,12 @@ SITES_SOURCE = """
 main:
     push %rbx
     push %r12
-    mov 8(%rsi), %rdi          /* argv[1]: hits */
+    push %r13
+    mov %rsi, %r12
+    mov 16(%r12), %rdi         /* argv[2]: how many of the sites to call in turn */
+    call atol
+    mov %rax, %r13
+    mov 8(%r12), %rdi          /* argv[1]: calls */
     call atol
     mov %rax, %rbx
     xor %r12d, %r12d
@@ -105,12 +118,13 @@ main:
     lea table(%rip), %rax
     call *(%rax,%r12,8)
     inc %r12
-    cmp ${count}, %r12
+    cmp %r13, %r12
     jb 3f
     xor %r12d, %r12d
 3:  dec %rbx
     jmp 1b
 2:  xor %eax, %eax
+    pop %r13
     pop %r12
     pop %rbx
     ret
@@ -118,9 +132,9 @@ main:
 
 
 def sites_binary(count: int, where: Path) -> Path:
-    """A static program whose main calls site_0 .. site_{count-1} in turn, argv[1] calls in all; each
-    site is a nop5 then ret (the optimizable form, spec 3.1)."""
-    lines = [SITES_SOURCE.replace("{count}", str(count))]
+    """A static program with ``count`` sites, each a nop5 then ret (the optimizable form, spec 3.1); its
+    main makes argv[1] calls, to site_0 .. site_{argv[2]-1} in turn."""
+    lines = [SITES_SOURCE]
     for i in range(count):
         lines.append(f".globl site_{i}\n.type site_{i},@function\nsite_{i}:\n.byte 0x0f,0x1f,0x44,0x00,0x00\nret")
     lines.append(".section .data.rel.ro\n.align 8\ntable:")
@@ -132,12 +146,12 @@ def sites_binary(count: int, where: Path) -> Path:
     return out
 
 
-def _calls_per_s(exe: str, n: int, repeat: int) -> float:
+def _calls_per_s(exe: str, argv: list[str], n: int, repeat: int) -> float:
     """The same program with no probe: calls per CPU second (the emulator's own cost of more code)."""
     rates = []
     for _ in range(repeat):
-        short, _ = _run_s(exe, [exe, str(n)], "linux-6.18", [], False)
-        long_, _ = _run_s(exe, [exe, str(3 * n)], "linux-6.18", [], False)
+        short, _ = _run_s(exe, [argv[0], str(n), *argv[1:]], "linux-6.18", [], False)
+        long_, _ = _run_s(exe, [argv[0], str(3 * n), *argv[1:]], "linux-6.18", [], False)
         rates.append(2 * n / max(long_ - short, 1e-9))
     return statistics.median(rates)
 
@@ -149,14 +163,20 @@ def scale(hits: int, repeat: int) -> list[dict[str, object]]:
             exe = sites_binary(count, Path(tmp))
             specs = [f"uprobe:site_{i}" for i in range(count)]
             n = max(hits, count)
-            rate = emulated_rate(str(exe), [str(exe)], n, "linux-6.18", specs, repeat)
-            calls = _calls_per_s(str(exe), n, repeat)
-            probe_us = (1 / rate - 1 / calls) * 1e6  # what a hit adds to the unprobed call
-            rows.append({"probes": count, "hits_per_s": rate, "unprobed_calls_per_s": calls, "probe_us": probe_us})
+            row: dict[str, float] = {"probes": count}
+            for called in ("all", "one"):  # every site in turn, or one hot site among the probed ones
+                argv = [str(exe), str(count if called == "all" else 1)]
+                rate = emulated_rate(str(exe), argv, n, "linux-6.18", specs, repeat, at=1)
+                calls = _calls_per_s(str(exe), argv, n, repeat)
+                row |= {f"{called}_hits_per_s": rate, f"{called}_unprobed_calls_per_s": calls,
+                        f"{called}_probe_us": (1 / rate - 1 / calls) * 1e6}  # what a hit adds to the call
+            rows.append(row)
             first = rows[0]
-            print(f"{count:>6} probes: {rate:>12,.0f} hits/s ({rate / first['hits_per_s']:.2f}x of 1 probe); "  # type: ignore[operator]
-                  f"unprobed {calls:>12,.0f} calls/s ({calls / first['unprobed_calls_per_s']:.2f}x); "  # type: ignore[operator]
-                  f"a hit adds {probe_us:.3f} us ({probe_us / first['probe_us']:.2f}x)", flush=True)  # type: ignore[operator]
+            print(f"{count:>6} probes:" + "".join(
+                f"  {called} sites: {row[f'{called}_hits_per_s']:>10,.0f} hits/s "
+                f"({row[f'{called}_hits_per_s'] / first[f'{called}_hits_per_s']:.2f}x), unprobed "
+                f"{row[f'{called}_unprobed_calls_per_s'] / first[f'{called}_unprobed_calls_per_s']:.2f}x, "
+                f"a hit adds {row[f'{called}_probe_us']:.3f} us" for called in ("all", "one")), flush=True)
     return rows
 
 
