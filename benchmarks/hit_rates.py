@@ -13,8 +13,9 @@ the same path). The emulator's rate is CPU seconds of two run lengths, the same 
 
 --scale: a program generated here with gcc, with S functions each starting with a nop5 and S probes
 attached (one per function), calls all S in turn, then one of them only (the probes' tables alone);
-each also unprobed, which shows what more distinct code costs the emulator itself (Unicorn's
-translated-block lookups), and what a hit adds to a call.
+the CPU time counted is that between two getpid calls the program makes once every site has been hit
+twice (optimized). Each also runs unprobed, which shows what more distinct code costs the emulator
+itself (Unicorn's translated-block lookups), and so what a hit adds to a call.
 --memory: the resident set size of this process, sampled while one probe takes N hits (default
 10 million): flat means the last sample is within a few MB of the one after the first tenth.
 No assertions: the numbers go into the README.
@@ -112,7 +113,16 @@ main:
     mov 8(%r12), %rdi          /* argv[1]: calls */
     call atol
     mov %rax, %rbx
-    xor %r12d, %r12d
+    lea (%r13,%r13), %r12      /* twice round the sites first: the first hits trap and optimize */
+4:  mov %r12, %rax
+    xor %edx, %edx
+    div %r13
+    lea table(%rip), %rax
+    call *(%rax,%rdx,8)
+    dec %r12
+    jnz 4b
+    mov $39, %eax              /* getpid: the timed part starts */
+    syscall
 1:  test %rbx, %rbx
     jz 2f
     lea table(%rip), %rax
@@ -123,7 +133,9 @@ main:
     xor %r12d, %r12d
 3:  dec %rbx
     jmp 1b
-2:  xor %eax, %eax
+2:  mov $39, %eax              /* getpid: it ends */
+    syscall
+    xor %eax, %eax
     pop %r13
     pop %r12
     pop %rbx
@@ -146,37 +158,50 @@ def sites_binary(count: int, where: Path) -> Path:
     return out
 
 
-def _calls_per_s(exe: str, argv: list[str], n: int, repeat: int) -> float:
-    """The same program with no probe: calls per CPU second (the emulator's own cost of more code)."""
+def steady_rate(exe: str, calls: int, sites: int, specs: list[str], repeat: int) -> float:
+    """Calls per CPU second between the program's two getpid calls (every site already optimized),
+    with ``specs`` attached: the median of ``repeat`` runs."""
+    from emu.kernel.table import Row
+
     rates = []
     for _ in range(repeat):
-        short, _ = _run_s(exe, [argv[0], str(n), *argv[1:]], "linux-6.18", [], False)
-        long_, _ = _run_s(exe, [argv[0], str(3 * n), *argv[1:]], "linux-6.18", [], False)
-        rates.append(2 * n / max(long_ - short, 1e-9))
+        m = Machine(exe, [exe, str(calls), str(sites)], {}, RunOptions(design="linux-6.18"), GuestIO.captured())
+        for spec in specs:
+            m.attach(spec, Consumer())
+        marks: list[float] = []
+
+        def mark(_k: object, *_args: int, marks: list[float] = marks) -> int:
+            marks.append(time.process_time())
+            return 1
+
+        m.kernel.add_rows((Row(39, "getpid", mark, ()),))
+        result = m.run()
+        if result.exit_status != 0 or len(marks) != 2:
+            raise SystemExit(f"{exe}: {result.message or result.exit_status}")
+        rates.append(calls / max(marks[1] - marks[0], 1e-9))
     return statistics.median(rates)
 
 
 def scale(hits: int, repeat: int) -> list[dict[str, object]]:
-    rows = []
+    rows: list[dict[str, object]] = []
+    first: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for count in SCALES:
-            exe = sites_binary(count, Path(tmp))
+            exe = str(sites_binary(count, Path(tmp)))
             specs = [f"uprobe:site_{i}" for i in range(count)]
-            n = max(hits, count)
-            row: dict[str, float] = {"probes": count}
-            for called in ("all", "one"):  # every site in turn, or one hot site among the probed ones
-                argv = [str(exe), str(count if called == "all" else 1)]
-                rate = emulated_rate(str(exe), argv, n, "linux-6.18", specs, repeat, at=1)
-                calls = _calls_per_s(str(exe), argv, n, repeat)
-                row |= {f"{called}_hits_per_s": rate, f"{called}_unprobed_calls_per_s": calls,
-                        f"{called}_probe_us": (1 / rate - 1 / calls) * 1e6}  # what a hit adds to the call
+            row: dict[str, object] = {"probes": count}
+            line = f"{count:>6} probes:"
+            for called, sites in (("all", count), ("one", 1)):  # every site in turn, or one hot site
+                rate = steady_rate(exe, hits, sites, specs, repeat)
+                calls = steady_rate(exe, hits, sites, [], repeat)
+                probe_us = (1 / rate - 1 / calls) * 1e6  # what a hit adds to the call
+                row |= {f"{called}_hits_per_s": rate, f"{called}_unprobed_calls_per_s": calls, f"{called}_probe_us": probe_us}
+                first.setdefault(called, rate)
+                first.setdefault(f"{called} unprobed", calls)
+                line += (f"  {called} sites: {rate:>10,.0f} hits/s ({rate / first[called]:.2f}x), unprobed "
+                         f"{calls:>10,.0f}/s ({calls / first[f'{called} unprobed']:.2f}x), a hit adds {probe_us:.3f} us")
             rows.append(row)
-            first = rows[0]
-            print(f"{count:>6} probes:" + "".join(
-                f"  {called} sites: {row[f'{called}_hits_per_s']:>10,.0f} hits/s "
-                f"({row[f'{called}_hits_per_s'] / first[f'{called}_hits_per_s']:.2f}x), unprobed "
-                f"{row[f'{called}_unprobed_calls_per_s'] / first[f'{called}_unprobed_calls_per_s']:.2f}x, "
-                f"a hit adds {row[f'{called}_probe_us']:.3f} us" for called in ("all", "one")), flush=True)
+            print(line, flush=True)
     return rows
 
 
@@ -213,13 +238,13 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=20000, help="hits of the shorter emulated run")
     ap.add_argument("--scale", action="store_true")
     ap.add_argument("--memory", action="store_true")
-    ap.add_argument("--hits", type=int, default=0, help="--scale: hits per run (default 20000); --memory: 10 M")
+    ap.add_argument("--hits", type=int, default=0, help="--scale: timed hits per run (default 200000); --memory: 10 M")
     ap.add_argument("--json")
     args = ap.parse_args()
     print(hotpath.implementation())
     out: dict[str, object] = {"hot_path": hotpath.implementation()}
     if args.scale:
-        out["scale"] = scale(args.hits or 20000, args.repeat)
+        out["scale"] = scale(args.hits or 200_000, args.repeat)
     elif args.memory:
         out["memory"] = memory(args.hits or 10_000_000)
     else:
