@@ -45,6 +45,7 @@ class FastPaths:
         self.up = up
         self.traced = False  # strace is on: every syscall must reach the dispatcher (set by sync)
         self._configured = False  # the C front has this design's handler
+        self._ret_configured = False  # and its uretprobe trampoline
         self._entries: list[list[tuple[Consumer, object]]] = []  # each published probe's return consumers
         hotpath.touch()  # a new registry (a new process, or exec): the front's tables are of the old one
         handler, patch = up.design.handler, up.design.patch
@@ -88,17 +89,26 @@ class FastPaths:
 
     def _configure(self, front: Any) -> None:
         self._configured = True
+        self._ret_configured = False
         self.up.cpu.fast_take_over = self.take_over
+        self._set_handler(front)
+
+    def _set_handler(self, front: Any) -> None:
+        """The design's sys_uprobe. A slot design's slot code is assembled only once there are slots
+        (a plain run assembles nothing), so its syscall's offset is told when they come (_publish)."""
+        if not self.enabled:
+            return  # INT3 hits only
+        h, sites = self.handler, self.up.sites
+        front.set_handler(h.nr, int(self.by_slot), EXIT_KINDS.index(h.exit), NATIVE_PATHS.index(self.path.value),
+                          tuple(int(SAVED_REG[n]) for n in h.saved), h.saved_offset, h.sp_skip, self.branch_end,
+                          self.patch.length, sites.trampoline.syscall_return if sites.slot_pages else 0)
+
+    def _set_uretprobe(self, front: Any) -> None:
+        """The design's sys_uretprobe, once the XOL page (and so its assembled trampoline) exists."""
+        self._ret_configured = True
         ret = self.up.design.uretprobe
         if ret.nr is not None and ret.exit == "trampoline":
             front.set_uretprobe(ret.nr, tuple(int(SAVED_REG[n]) for n in ret.saved), ret.syscall_return)
-        if not self.enabled:
-            return  # INT3 hits only
-        h = self.handler
-        front.set_handler(h.nr, int(self.by_slot), EXIT_KINDS.index(h.exit), NATIVE_PATHS.index(self.path.value),
-                          tuple(int(SAVED_REG[n]) for n in h.saved), h.saved_offset, h.sp_skip, self.branch_end,
-                          self.patch.length, self.up.design.trampoline.syscall_return if self.by_slot and
-                          self.up.design.trampoline is not None else 0)
 
     def _publish(self, front: Any) -> None:
         up = self.up
@@ -116,7 +126,8 @@ class FastPaths:
         sites = up.sites
         pages = [(page, page + PAGE_SIZE) for page in sites.trampolines]
         slots: list[tuple[int, int]] = []
-        if sites.slot_pages:
+        if sites.slot_pages and self.by_slot:
+            self._set_handler(front)
             size = sites.trampoline.slot_size
             slots = [(page.start + i * size, owner) for page in sites.slot_pages
                      for i, owner in enumerate(page.owners) if owner is not None]
@@ -135,6 +146,8 @@ class FastPaths:
             return
         pending = self.up.return_instances
         xol = self.up.xol.vaddr if self.up.xol is not None else 0
+        if xol and self._configured and not self._ret_configured:
+            self._set_uretprobe(front)
         front.set_python_returns(xol, len(pending), pending[-1].stack if pending else 0)
 
     def take_over(self) -> None:
