@@ -248,6 +248,8 @@ class Cpu:
         base = ctypes.addressof(self._ext_buf)
         for i in range(len(ext_ids)):
             self._ext_batch.ptrs[i] = base + (8 * i if i < 3 else 24 + 16 * (i - 3))
+        self.fast_front: Any = None  # the C syscall and interrupt front (_fast_front), made with the first hook
+        self.fast_take_over: Callable[[], None] | None = None  # moves the front's state to Python (fastpath.py)
         self._counting = False  # the last run counted instructions (translated code carries the count hook)
         self.last_bad_access: BadAccess | None = None
         self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
@@ -503,9 +505,12 @@ class Cpu:
         ``after_syscall`` after, in the same frame, whether it returned or raised (a raw hook of
         their own would cost a C callback per syscall)."""
         before, after = self.before_syscall, self.after_syscall
+        front = self._fast_front()
 
         def on_syscall(_uc: object, _ud: object) -> None:  # one Python frame: the syscall hot path
             try:
+                if front is not None and front.pending:
+                    self._take_over()
                 for observer in before:
                     observer()
                 callback()
@@ -514,7 +519,34 @@ class Cpu:
             for observer in after:
                 observer()
 
-        return self._add_hook(unicorn.UC_HOOK_INSN, _SYSCALL_CB(on_syscall), 1, 0, x86.UC_X86_INS_SYSCALL)
+        cfunc = _SYSCALL_CB(on_syscall)
+        if front is None:
+            return self._add_hook(unicorn.UC_HOOK_INSN, cfunc, 1, 0, x86.UC_X86_INS_SYSCALL)
+        # the C hook in front (emu/hotpath_src/fastsys.c) calls on_syscall for what it does not handle
+        front.set_fallback(ctypes.cast(cfunc, ctypes.c_void_p).value, 0)
+        self._keep.append(cfunc)
+        return self._add_hook(unicorn.UC_HOOK_INSN, ctypes.c_void_p(_hotpath_native().fastsys_syscall_hook), 1, 0,
+                              x86.UC_X86_INS_SYSCALL, user_data=front.user_data)
+
+    def _take_over(self) -> None:
+        """The C front holds state Python must have before it handles anything (return instances)."""
+        if self.fast_take_over is not None:
+            self.fast_take_over()
+
+    def _fast_front(self) -> Any:
+        """The C hot path's FastSys in front of the syscall and interrupt hooks (one per CPU), or None
+        with the pure-Python hot path. emu/kernel/uprobes/fastpath.py fills its tables."""
+        native = _hotpath_native()
+        if native is None:
+            return None
+        if self.fast_front is None:
+            functions = tuple(native_function(name) for name in (
+                "uc_reg_read_batch", "uc_reg_write_batch", "uc_reg_read", "uc_reg_write", "uc_mem_read",
+                "uc_mem_write"))
+            ids = (Reg.RAX, Reg.RIP, Reg.RFLAGS, Reg.RSP, Reg.RCX, Reg.R11)
+            self.fast_front = native.FastSys(ctypes.cast(self._uch, ctypes.c_void_p).value, functions,
+                                             tuple(int(i) for i in ids))
+        return self.fast_front
 
     def add_cpuid_hook(self, answer: Callable[[int, int], tuple[int, int, int, int]]) -> HookHandle:
         """Answer every CPUID instruction with ``answer(eax, ecx)`` -> eax, ebx, ecx, edx (zero-extended
@@ -537,9 +569,12 @@ class Cpu:
     def add_interrupt_hook(self, callback: Callable[[int], None]) -> HookHandle:
         """As add_syscall_hook, with ``before_interrupt`` and ``after_interrupt``."""
         before, after = self.before_interrupt, self.after_interrupt
+        front = self._fast_front()
 
         def on_interrupt(_uc: object, intno: int, _ud: object) -> None:
             try:
+                if front is not None and front.pending:
+                    self._take_over()
                 for observer in before:
                     observer(intno)
                 callback(intno)
@@ -548,7 +583,13 @@ class Cpu:
             for observer in after:
                 observer(intno)
 
-        return self._add_hook(unicorn.UC_HOOK_INTR, _INTR_CB(on_interrupt), 1, 0)
+        cfunc = _INTR_CB(on_interrupt)
+        if front is None:
+            return self._add_hook(unicorn.UC_HOOK_INTR, cfunc, 1, 0)
+        front.set_fallback(0, ctypes.cast(cfunc, ctypes.c_void_p).value)
+        self._keep.append(cfunc)
+        return self._add_hook(unicorn.UC_HOOK_INTR, ctypes.c_void_p(_hotpath_native().fastsys_interrupt_hook), 1, 0,
+                              user_data=front.user_data)
 
     def add_code_hook(self, callback: Callable[[int, int], None], begin: int, end: int) -> HookHandle:
         """Fires before each instruction in [begin, end] (inclusive; Unicorn's convention)."""
@@ -798,6 +839,13 @@ def raw_code_hook_address(cpu: Cpu, callback: RawCodeHook) -> int:
 def cpu_handle(cpu: Cpu) -> Any:
     """The ``uc_engine *`` of ``cpu``, as a ctypes object (for a call into machine code)."""
     return cpu._uch
+
+
+def _hotpath_native() -> Any:
+    """The C extension, or None (emu.hotpath loads it on first use: a run without hooks never does)."""
+    from emu import hotpath
+
+    return hotpath.native
 
 
 def native_function(name: str) -> int:

@@ -41,3 +41,9 @@ def implementation() -> str:
         return "hot path: C extension (emu._hotpath)"
     return f"hot path: pure Python ({why_python})"
 
+
+
+def touch() -> None:
+    """A probe, a consumer or a trampoline changed: the C hot path's tables are stale until rebuilt."""
+    if native is not None:
+        native.fastsys_touch()

@@ -30,7 +30,7 @@ from emu.kernel.fork import Family, exec_kernel_state, fork_kernel_state, inheri
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.sched import DEFAULT_QUANTUM
 from emu.kernel.signal import deliver, deliver_pending, handles
-from emu.kernel.uprobes.consumers import Consumer
+from emu.kernel.uprobes.consumers import Consumer, count_return
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.uprobes.syscalls import uprobe_rows
@@ -313,6 +313,7 @@ class Machine:
         self.exe, self.interp = self._load(plan)
         self.vdso = map_vdso(self.mem, self.kernel.clock)
         self.entry_sp = self._build_stack([os.fsdecode(a) for a in argv], [os.fsdecode(e) for e in envp])
+        self._fold_fast()  # the old image's hits, before its statistics go
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.uprobes.task = self.kernel.task.uprobe
         self.uprobes.pid = self.kernel.ident.pid
@@ -425,7 +426,7 @@ class Machine:
         parsed = parse_spec(spec) if isinstance(spec, str) else spec
         consumer = consumer or Consumer()
         if parsed.kind is ProbeKind.URETPROBE and consumer.ret_handler is None:
-            consumer.ret_handler = lambda hit: None
+            consumer.ret_handler = count_return
         if parsed.path is not None and not self._is_exe(parsed.path):
             return self.libraries.add(parsed, consumer)
         resolved = self.resolver.resolve(dataclasses.replace(parsed, path=None))
@@ -835,8 +836,14 @@ class Machine:
             if self._process_slice:
                 count = PROCESS_QUANTUM
             self._counted = count > 0
+            fast = self.uprobes.fast
+            if fast is not None:  # the C hot path takes counting-only hits while nothing watches them
+                fast.sync(self.kernel.tracer is not None)
             run = self.cpu.run if self.counter is None else self.counter.run
-            reason = run(pc, timeout_us=remaining, count=count)
+            try:
+                reason = run(pc, timeout_us=remaining, count=count)
+            finally:
+                self._fold_fast()
             sched.current.pc = self.cpu.read(Reg.RIP)
             if not self.kernel.deferred or reason is not StopReason.FINISHED or self._at_limit():
                 return reason
@@ -847,6 +854,11 @@ class Machine:
 
     def _at_limit(self) -> bool:
         return self.counter is not None and self.counter.hit_limit
+
+    def _fold_fast(self) -> None:
+        """What the C hot path counted goes into the statistics and the syscall counts (fastpath.py)."""
+        if self.uprobes.fast is not None:
+            self.uprobes.fast.fold(self.kernel.counts)
 
     def _run_deferred(self) -> None:
         while self.kernel.deferred:

@@ -16,6 +16,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from emu import hotpath
 from emu.designs import Design
 from emu.errors import UsageError
 from emu.guestio import GuestIO
@@ -76,6 +77,7 @@ class Bookkeeping:
         for page, owners in self.slot_pages:
             page.owners = list(owners)
         sites.trampolines = list(self.trampolines)
+        hotpath.touch()  # the C hot path's tables (emu/kernel/uprobes/fastpath.py) follow the registry
 
 
 @dataclass(frozen=True)

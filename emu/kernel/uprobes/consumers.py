@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from emu import hotpath
 from emu.kernel.uprobes.regs import PtRegs
 
 if TYPE_CHECKING:
@@ -46,18 +48,112 @@ class Hit:
 Handler = Callable[[Hit], "int | None"]
 
 
-@dataclass(eq=False)
-class Consumer:
-    """A probe user: entry handler, return handler, or both (session: the cookie travels)."""
+def count_return(hit: Hit) -> None:
+    """The return handler of a uretprobe that only counts (machine.attach gives one to a consumer without)."""
+    return None
 
-    handler: Handler | None = None
-    ret_handler: Handler | None = None
-    session: bool = False
-    hits: int = 0
-    ret_hits: int = 0
-    enabled: bool = True
-    paths: dict[str, int] = field(default_factory=dict)
+
+class Consumer:
+    """A probe user: entry handler, return handler, or both (session: the cookie travels).
+
+    ``hits``, ``paths`` and ``ret_hits`` count in Python, plus what the C hot path counted in ``native``
+    (one word a path, in NATIVE_PATHS order, then the returns) when it handled hits itself: reading them
+    is exact at any time. Setting a handler, ``enabled`` or ``filter`` tells the C hot path its tables
+    are stale (hotpath.touch)."""
+
+    def __init__(self, handler: Handler | None = None, ret_handler: Handler | None = None, session: bool = False,
+                 enabled: bool = True, filter: Callable[[int], bool] | None = None) -> None:
+        self._handler, self._ret_handler, self._enabled, self._filter = handler, ret_handler, enabled, filter
+        self.session = session
+        self._hits = 0
+        self._ret_hits = 0
+        self._paths: dict[str, int] = {}
+        self.native: ctypes.Array[ctypes.c_uint64] | None = None  # made by the C hot path's tables (fastpath.py)
+
+    def _native_paths(self) -> dict[str, int]:
+        native = self.native
+        return {} if native is None else {name: native[i] for i, name in enumerate(NATIVE_PATHS) if native[i]}
+
+    @property
+    def ret_hits(self) -> int:
+        return self._ret_hits + (self.native[NATIVE_RETURN] if self.native is not None else 0)
+
+    @ret_hits.setter
+    def ret_hits(self, value: int) -> None:
+        self._ret_hits = value - (self.native[NATIVE_RETURN] if self.native is not None else 0)
+
+    @property
+    def hits(self) -> int:
+        return self._hits + (sum(self.native[:NATIVE_RETURN]) if self.native is not None else 0)
+
+    @hits.setter
+    def hits(self, value: int) -> None:
+        self._hits = value - (sum(self.native[:NATIVE_RETURN]) if self.native is not None else 0)
+
+    @property
+    def paths(self) -> dict[str, int]:
+        """Hits by Path value (a copy: count() adds one)."""
+        merged = dict(self._paths)
+        for name, n in self._native_paths().items():
+            merged[name] = merged.get(name, 0) + n
+        return merged
+
+    def count(self, path: str) -> None:
+        """One more hit, reached by ``path`` (a Path value)."""
+        self._hits += 1
+        self._paths[path] = self._paths.get(path, 0) + 1
+
+    def native_counters(self) -> int:
+        """The address of the words the C hot path counts this consumer's hits in (made on first use)."""
+        if self.native is None:
+            self.native = (ctypes.c_uint64 * (NATIVE_RETURN + 1))()
+        return ctypes.addressof(self.native)
+
+    @property
+    def counts_only(self) -> bool:
+        """No handler that looks at a hit, no filter: the hit (and the return, with count_return) can be
+        counted without a Hit or pt_regs."""
+        return self._handler is None and self._ret_handler in (None, count_return) and self._filter is None
+
+    @property
+    def handler(self) -> Handler | None:
+        return self._handler
+
+    @handler.setter
+    def handler(self, value: Handler | None) -> None:
+        self._handler = value
+        hotpath.touch()
+
+    @property
+    def ret_handler(self) -> Handler | None:
+        return self._ret_handler
+
+    @ret_handler.setter
+    def ret_handler(self, value: Handler | None) -> None:
+        self._ret_handler = value
+        hotpath.touch()
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self._enabled = value
+        hotpath.touch()
+
     # uprobe_consumer.filter: does this consumer want hits in the process with this pid? None: every
     # process (a probe attached from outside, like a system-wide one). A hit in a process no consumer
     # wants takes the breakpoint out of that process only (spec 2.3, handler_chain + filter_chain).
-    filter: Callable[[int], bool] | None = None
+    @property
+    def filter(self) -> Callable[[int], bool] | None:
+        return self._filter
+
+    @filter.setter
+    def filter(self, value: Callable[[int], bool] | None) -> None:
+        self._filter = value
+        hotpath.touch()
+
+
+NATIVE_PATHS = (Path.INT3.value, Path.CALL.value, Path.JMP.value)  # fastsys.c's PATH_* order
+NATIVE_RETURN = len(NATIVE_PATHS)  # the word after them counts returns (PATH_RETURN)

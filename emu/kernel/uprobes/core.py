@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from emu import hotpath
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, Signal
 from emu.cpu import Cpu, Reg, StopReason
 from emu.designs import XOL_SLOT_BYTES, Design, ReturnTrampoline
@@ -168,6 +169,8 @@ class Uprobes:
         rewrites the code itself between runs of one process (the fuzzer)."""
         self.probes.clear()
         self.return_instances.clear()
+        hotpath.touch()
+        self._returns_moved()
         if self.xol is not None:
             self.xol.busy[1:] = [False] * (len(self.xol.busy) - 1)
 
@@ -185,11 +188,13 @@ class Uprobes:
             self.probes[vaddr] = probe
             self._install(probe)
         probe.consumers.append(consumer)
+        hotpath.touch()  # the C hot path's tables (fastpath.py) follow the registry
         return probe
 
     def detach(self, probe: Uprobe, consumer: Consumer) -> None:
         if consumer in probe.consumers:
             probe.consumers.remove(consumer)
+            hotpath.touch()
         if not probe.consumers and self.probes.get(probe.vaddr) is probe:
             self._remove(probe)
 
@@ -208,6 +213,7 @@ class Uprobes:
             self.sites.set_orig(probe.vaddr, probe.insn.raw[0])
         self._ref_ctr(probe, -1)
         del self.probes[probe.vaddr]
+        hotpath.touch()
 
     def _ref_ctr(self, probe: Uprobe, delta: int) -> None:
         if probe.ref_ctr is None:
@@ -264,10 +270,14 @@ class Uprobes:
             return
         if self.mem.read(probe.vaddr, 1) != INT3:
             return
-        if self.sites.optimize(probe.vaddr):
+        sites = self.sites
+        places = len(sites.trampolines), len(sites.slot_of)
+        if sites.optimize(probe.vaddr):
             self.stats.optimized += 1
         else:
             probe.optimize_failed = True
+        if probe.optimize_failed or places != (len(sites.trampolines), len(sites.slot_of)):
+            hotpath.touch()  # a new trampoline page or slot, or a probe that stays on INT3 for good
 
     def _emulate(self, insn: Analysis, regs: PtRegs) -> None:
         """branch_xol_ops / push_xol_ops (spec 4.2)."""
@@ -338,6 +348,7 @@ class Uprobes:
     def get_xol_area(self) -> XolArea:
         if self.xol is None:
             self.xol = XolArea(self.mem, self.design.uretprobe)
+            self._returns_moved()  # the C hot path hijacks return addresses to it from now on
         return self.xol
 
     # ---------------------------------------------------------------- consumers
@@ -354,8 +365,7 @@ class Uprobes:
             if consumer.filter is not None and not consumer.filter(self.pid):
                 rc = UPROBE_HANDLER_REMOVE  # uprobe_perf_func: not this event's process, not counted
             elif consumer.enabled:
-                consumer.hits += 1
-                consumer.paths[path_name] = consumer.paths.get(path_name, 0) + 1
+                consumer.count(path_name)
                 if consumer.handler is not None:  # a Hit only for consumers that look at it
                     hit = Hit(regs, probe.vaddr, path, self.mem)
                     rc = consumer.handler(hit) or 0
@@ -390,6 +400,17 @@ class Uprobes:
     # ---------------------------------------------------------------- uretprobes
     def prepare_uretprobe(self, regs: PtRegs, entries: list[tuple[Consumer, object]]) -> None:
         """Hijack the return address at [sp] (spec 5.1)."""
+        try:
+            self._prepare_uretprobe(regs, entries)
+        finally:
+            self._returns_moved()
+
+    def _returns_moved(self) -> None:
+        """The C hot path pushes its return instances over these: it must know how many, and the top."""
+        if self.fast is not None:
+            self.fast.returns_moved()
+
+    def _prepare_uretprobe(self, regs: PtRegs, entries: list[tuple[Consumer, object]]) -> None:
         tramp = self.get_xol_area().vaddr
         if len(self.return_instances) >= MAX_URETPROBE_DEPTH:
             import logging  # loaded here, not at start-up: the only message this package logs
@@ -429,6 +450,12 @@ class Uprobes:
 
     def handle_trampoline(self, regs: PtRegs) -> None:
         """uprobe_handle_trampoline (spec 5.2): run every handler of the returning chain."""
+        try:
+            self._handle_trampoline(regs)
+        finally:
+            self._returns_moved()
+
+    def _handle_trampoline(self, regs: PtRegs) -> None:
         if not self.return_instances:
             raise GuestKilled(Signal.SIGILL, regs.ip, "uretprobe trampoline hit with no pending return")
         while True:

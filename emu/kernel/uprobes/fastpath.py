@@ -1,33 +1,53 @@
-"""The optimized-site syscall when nothing can change a register.
+"""Probe hits when nothing can change a register: every consumer only counts, nothing in Python watches.
 
-When every consumer of the probe only counts (no handler, no ret_handler) and no
-shadow stack is modelled, sys_uprobe's pt_regs round trip (spec 2.1) writes
-back exactly what it read. What remains observable is: the hit, the saved words read
-from the stack, and the exit: SYSRET into the trampoline (rax = 0, rcx = ip, r11 = flags)
-for the 'trampoline' exit, or straight to the site's next instruction with the saved
-registers and rsp restored (IRET; SYSRET also sets rcx and r11). This does only that, and
-returns False whenever the full path is needed (an error, a fault, a consumer that looks
-at registers).
+When every consumer of the probe only counts (no handler, no ret_handler, no filter) and no shadow
+stack is modelled, sys_uprobe's pt_regs round trip (spec 2.1) writes back exactly what it read.
+What remains observable is: the hit, the saved words read from the stack, and the exit: SYSRET into
+the trampoline (rax = 0, rcx = ip, r11 = flags) for the 'trampoline' exit, or straight to the site's
+next instruction with the saved registers and rsp restored (IRET; SYSRET also sets rcx and r11).
+An INT3 hit on a probed NOP that is never optimized is a count and ip += length (spec 4.2).
+A uretprobe whose return handlers only count (consumers.count_return) adds, on the syscall path,
+prepare_uretprobe at the entry (spec 5.1) and sys_uretprobe's 'trampoline' exit at the return (2.2).
+
+Two implementations of the same thing. With the C extension, the CPU's syscall and interrupt hooks
+go through a FastSys (emu/hotpath_src/fastsys.c) that handles these hits without entering Python;
+this module keeps its tables (sync), adds what it counted to the statistics (fold) and moves the
+return instances it pushed to the task's list before Python handles anything (take_over). Without it,
+or whenever the C side hands a hit over, :meth:`FastPaths.uprobe` does the same in Python, and
+returns False whenever the full path is needed (an error, a fault, a consumer that looks at registers).
+Nothing in Python may need to see the hit for the C side to take it: no chain or step observer (the
+verifiers, the hit-path report), no syscall or interrupt observer, no strace, no shadow stack.
 """
 
 from __future__ import annotations
 
 import struct
+from collections import Counter
+from typing import Any
 
+from emu import hotpath
+from emu.abi import PAGE_SIZE
 from emu.cpu import Reg
-from emu.kernel.uprobes.consumers import Path
-from emu.kernel.uprobes.core import Uprobes
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer, Path
+from emu.kernel.uprobes.core import ReturnInstance, Uprobe, Uprobes
+from emu.kernel.uprobes.insn import Kind
 from emu.memory import UserFault
 
 U64 = (1 << 64) - 1
 SAVED_REG = {name: Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit() else name.upper()]
              for name in ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14",
                           "r15")}
+EXIT_KINDS = ("trampoline", "iret", "sysret")  # fastsys.c's EXIT_* order
 
 
 class FastPaths:
     def __init__(self, up: Uprobes) -> None:
         self.up = up
+        self.traced = False  # strace is on: every syscall must reach the dispatcher (set by sync)
+        self._configured = False  # the C front has this design's handler
+        self._ret_configured = False  # and its uretprobe trampoline
+        self._entries: list[list[tuple[Consumer, object]]] = []  # each published probe's return consumers
+        hotpath.touch()  # a new registry (a new process, or exec): the front's tables are of the old one
         handler, patch = up.design.handler, up.design.patch
         self.enabled = handler is not None and patch is not None and "flags" not in handler.saved
         if handler is None or patch is None or not self.enabled:
@@ -44,6 +64,128 @@ class FastPaths:
             direct += [Reg.RCX, Reg.R11]  # written last: SYSRET's rcx and r11 win over the restored ones
         self.write_direct = up.cpu.batch_writer(direct)
 
+    # ------------------------------------------------------------ the C front
+    def sync(self, traced: bool | None = None) -> None:
+        """Let the C front take hits only while nothing in Python needs to see them, with tables of the
+        current probes (rebuilt when a probe, consumer or site changed since). Called before each run
+        slice and whenever the front hands a sys_uprobe over."""
+        if traced is not None:
+            self.traced = traced
+        front = self.up.cpu.fast_front
+        if front is None:
+            return
+        if not self._configured:
+            self._configure(front)
+        front.open = self._unobserved()
+        if front.open and not front.current:
+            self.take_over()  # (none: sync comes at a slice's start or from Python) they index the old table
+            self._publish(front)
+        self.returns_moved()
+
+    def _unobserved(self) -> bool:
+        up, cpu = self.up, self.up.cpu
+        return not (self.traced or up.shadow_stack is not None or up.chain_observers or up.step_observers
+                    or cpu.before_syscall or cpu.after_syscall or cpu.before_interrupt or cpu.after_interrupt)
+
+    def _configure(self, front: Any) -> None:
+        self._configured = True
+        self._ret_configured = False
+        self.up.cpu.fast_take_over = self.take_over
+        self._set_handler(front)
+
+    def _set_handler(self, front: Any) -> None:
+        """The design's sys_uprobe. A slot design's slot code is assembled only once there are slots
+        (a plain run assembles nothing), so its syscall's offset is told when they come (_publish)."""
+        if not self.enabled:
+            return  # INT3 hits only
+        h, sites = self.handler, self.up.sites
+        front.set_handler(h.nr, int(self.by_slot), EXIT_KINDS.index(h.exit), NATIVE_PATHS.index(self.path.value),
+                          tuple(int(SAVED_REG[n]) for n in h.saved), h.saved_offset, h.sp_skip, self.branch_end,
+                          self.patch.length, sites.trampoline.syscall_return if sites.slot_pages else 0)
+
+    def _set_uretprobe(self, front: Any) -> None:
+        """The design's sys_uretprobe, once the XOL page (and so its assembled trampoline) exists."""
+        self._ret_configured = True
+        ret = self.up.design.uretprobe
+        if ret.nr is not None and ret.exit == "trampoline":
+            front.set_uretprobe(ret.nr, tuple(int(SAVED_REG[n]) for n in ret.saved), ret.syscall_return)
+
+    def _publish(self, front: Any) -> None:
+        up = self.up
+        probes = []
+        self._entries = []
+        for vaddr, probe in sorted(up.probes.items()):
+            consumers = probe.consumers
+            if not all(c.counts_only for c in consumers):
+                continue
+            returning = [c for c in consumers if c.ret_handler is not None]
+            self._entries.append([(c, None) for c in returning])  # handler_chain's entries: every one, enabled or not
+            probes.append((vaddr, 0 if returning else self._int3_length(probe),
+                           tuple(c.native_counters() for c in consumers if c.enabled), bool(returning),
+                           tuple(c.native_counters() for c in returning if c.enabled)))
+        sites = up.sites
+        pages = [(page, page + PAGE_SIZE) for page in sites.trampolines]
+        slots: list[tuple[int, int]] = []
+        if sites.slot_pages and self.by_slot:
+            self._set_handler(front)
+            size = sites.trampoline.slot_size
+            slots = [(page.start + i * size, owner) for page in sites.slot_pages
+                     for i, owner in enumerate(page.owners) if owner is not None]
+        front.set_tables(probes, pages, slots)
+
+    @staticmethod
+    def _int3_length(probe: Uprobe) -> int:
+        """A NOP on the INT3 path for good (never optimized: optimize_now would patch it on this hit)."""
+        stays = not probe.can_optimize or probe.optimize_failed
+        return probe.insn.length if stays and probe.insn.kind is Kind.NOP else 0
+
+    def returns_moved(self) -> None:
+        """Tell the C front where the XOL page is and what return instances Python holds (it pushes over them)."""
+        front = self.up.cpu.fast_front
+        if front is None:
+            return
+        pending = self.up.return_instances
+        xol = self.up.xol.vaddr if self.up.xol is not None else 0
+        if xol and self._configured and not self._ret_configured:
+            self._set_uretprobe(front)
+        front.set_python_returns(xol, len(pending), pending[-1].stack if pending else 0)
+
+    def take_over(self) -> None:
+        """The return instances the C front pushed, onto the task's list (oldest first), before Python
+        looks at that list: any Python handling mid-slice, the end of a slice, a rebuild of the tables."""
+        front = self.up.cpu.fast_front
+        if front is None or not front.pending:
+            return
+        pending = self.up.return_instances
+        for func, stack, orig, chained, index in front.take_returns():
+            pending.append(ReturnInstance(func, stack, orig, chained, list(self._entries[index])))
+        self.returns_moved()
+
+    def fold(self, counts: Counter[int]) -> None:
+        """Add what the C front counted since the last fold to the statistics, and its sys_uprobe calls
+        to the kernel's syscall ``counts`` (after each run slice, and before the Uprobes is replaced)."""
+        front = self.up.cpu.fast_front
+        if front is None:
+            return
+        self.take_over()
+        calls, locks, copied, sysret, iret, traps, emulated, ret_calls, ret_hits = front.take_stats()
+        stats = self.up.stats
+        if calls:
+            counts[self.handler.nr] += calls
+        if ret_calls:
+            ret_nr = self.up.design.uretprobe.nr
+            assert ret_nr is not None
+            counts[ret_nr] += ret_calls
+        stats.ret_hits += ret_hits
+        stats.mmap_locks += locks
+        stats.copied += copied
+        stats.traps += traps
+        stats.emulated += emulated
+        for name, n in (("sysret", sysret), ("iret", iret)):
+            if n:  # no zero entries: the exits dict is reported as it is
+                stats.exits[name] += n
+
+    # --------------------------------------------------------- the Python path
     def _counting_only(self, vaddr: int, path: Path) -> bool:
         """Count the hit if no consumer can change a register; observers hear of it with regs=None
         (nothing changed). False: the full path must run."""
@@ -53,15 +195,13 @@ class FastPaths:
         probe = up.probes.get(vaddr)
         if probe is None:
             return True  # no uprobe there any more: the trampoline just returns (spec 3.6)
-        for consumer in probe.consumers:
-            if consumer.handler is not None or consumer.ret_handler is not None:
-                return False
+        if not all(c.counts_only and c.ret_handler is None for c in probe.consumers):
+            return False  # a return handler needs prepare_uretprobe: the full path
         for observer in up.chain_observers:
             observer(probe, None, path, False)
         for consumer in probe.consumers:
             if consumer.enabled:
-                consumer.hits += 1
-                consumer.paths[path.value] = consumer.paths.get(path.value, 0) + 1
+                consumer.count(path.value)
         for observer in up.chain_observers:
             observer(probe, None, path, True)
         return True
@@ -70,6 +210,9 @@ class FastPaths:
         """sys_uprobe on the fast path. ``entry``: the dispatcher's register snapshot (rip, flags, sp at 7-9)."""
         if not self.enabled:
             return False
+        front = self.up.cpu.fast_front
+        if front is not None and not front.current:
+            self.sync()  # the C front handed it over for stale tables: this hit here, the next ones there
         up, handler, words = self.up, self.handler, self.words
         rip, flags, sp = entry[7], entry[8], entry[9]
         ip = rip + 2
