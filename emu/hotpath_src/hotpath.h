@@ -31,6 +31,8 @@ typedef void (*hook_intr_fn)(uc_engine *uc, uint32_t intno, void *user_data);
 
 /* Each part of the hot path adds its functions and constants to the module (module.c calls them). */
 int hotpath_add_base(PyObject *module);
+int hotpath_add_writelog(PyObject *module);
+int hotpath_add_edges(PyObject *module);
 
 /* Helper for the parts: add a C function's address to the module as an int constant. */
 int hotpath_add_address(PyObject *module, const char *name, void *function);

@@ -28,7 +28,9 @@ PyMODINIT_FUNC PyInit__hotpath(void)
     PyObject *module = PyModule_Create(&hotpath_module);
     if (module == NULL)
         return NULL;
-    if (hotpath_add_base(module) < 0) {
+    if (hotpath_add_base(module) < 0
+        || hotpath_add_writelog(module) < 0
+        || hotpath_add_edges(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }
