@@ -57,8 +57,10 @@ static int writelog_hook(uc_engine *uc, int type, uint64_t address, int size, in
     struct write_log *log = user_data;
     if (!log->open)
         return 1;
-    uint64_t base = log->base;
-    if (address + (uint64_t)size <= base) { /* below the red zone: the scratch, or outside */
+    uint64_t base = log->base, end = address + (uint64_t)size;
+    if (end < address) { /* past the top of the address space: outside (emu/verify/write_log.py's classify) */
+        log_outside(uc, log, address, size, value);
+    } else if (end <= base) { /* below the red zone: the scratch, or outside */
         if (base < log->scratch || address >= base - log->scratch)
             return 1;
         log_outside(uc, log, address, size, value);

@@ -52,6 +52,9 @@ class VerifySession:
         """``shstk`` (or Verifier.SHSTK) adds a shadow stack; ``rsb`` an RSB model of that depth."""
         self.machine = machine
         self.enabled = frozenset(verifiers) | ({Verifier.SHSTK} if shstk else frozenset())
+        # Looked at on every checked hit: plain bools (an Enum's hash is a Python call).
+        self._redzone, self._regs, self._resume, self._memory = (
+            v in self.enabled for v in (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME, Verifier.MEMORY))
         self.violations: list[Violation] = []
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
@@ -122,20 +125,20 @@ class VerifySession:
 
     def _finished(self, tx: Transaction) -> None:
         effect = None if tx.prepared is None else tx.prepared.effect
-        if Verifier.RESUME in self.enabled:
+        if self._resume:
             self.violations += check_fired(tx)
         if tx.chain is None and effect is not None and not tx.outside and effect.settles(tx):
             return  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
-        if Verifier.MEMORY in self.enabled:
+        if self._memory:
             self.violations += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self.machine.describe_insn)
-        if Verifier.REGS in self.enabled:
+        if self._regs:
             self.violations += check_consumer_view(tx)
         if matches_exactly(tx, exp):
             return
-        if Verifier.REGS in self.enabled:
+        if self._regs:
             self.violations += check_regs(tx, exp)
-        if Verifier.RESUME in self.enabled:
+        if self._resume:
             self.violations += check_resume(tx, exp)
-        if Verifier.REDZONE in self.enabled:
+        if self._redzone:
             self.violations += check_redzone(tx, exp, self.machine.describe_insn)
