@@ -6,6 +6,7 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from emu.disasm import insn_text
 from emu.errors import UsageError
 from emu.verify.checks import check_consumer_view, check_fired, check_memory, check_redzone, check_regs, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
@@ -115,6 +116,13 @@ class VerifySession:
         raw = start_raw if tx is None or tx.chain is None else reference_input(tx)
         return None if raw is None else self.references.prepare(at.address, at.original, raw)
 
+    def _describe(self, pc: int) -> str:
+        """Machine.describe_insn, reading the code in one C call (a design that breaks something
+        does it on every hit, and each violation names its writer)."""
+        code = self.tracker.raw.mem(pc, 16)
+        text = None if code is None else insn_text(code, pc)
+        return self.machine.describe_insn(pc) if text is None else text
+
     def _allowed(self, tx: Transaction, addr: int, size: int) -> bool:
         """A write there is the hit's right: the kernel's own pages, or the design's scratch deeper
         than the write log's SCRATCH below the red zone, on the interrupted thread's own stack."""
@@ -131,7 +139,7 @@ class VerifySession:
             return  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
         if self._memory:
-            self.violations += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self.machine.describe_insn)
+            self.violations += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self._describe)
         if self._regs:
             self.violations += check_consumer_view(tx)
         if matches_exactly(tx, exp):
@@ -141,4 +149,4 @@ class VerifySession:
         if self._resume:
             self.violations += check_resume(tx, exp)
         if self._redzone:
-            self.violations += check_redzone(tx, exp, self.machine.describe_insn)
+            self.violations += check_redzone(tx, exp, self._describe)
