@@ -230,7 +230,7 @@ class Cpu:
         _Engines.adopt(self, self._uc)
         self._uch = self._uc._uch
         self._callbacks: dict[int, object] = {}
-        self._keep: list[object] = []  # C callbacks handed to machine code (raw_code_hook_address)
+        self._keep: list[object] = []  # C callbacks handed to C hooks (raw_code_hook_address)
         self._hook_error: BaseException | None = None
         self._one = ctypes.c_uint64()
         self._one_ref = ctypes.byref(self._one)
@@ -816,8 +816,8 @@ def add_raw_mem_write_hook(cpu: Cpu, callback: RawWriteHook, begin: int, end: in
 
 
 def add_native_mem_write_hook(cpu: Cpu, function: int, user_data: int, begin: int, end: int) -> HookHandle:
-    """A write hook whose callback is machine code at ``function`` (Unicorn's signature), called
-    with ``user_data``: it never enters Python."""
+    """A write hook whose callback is the C function at ``function`` (Unicorn's signature; the C
+    extension's, emu.hotpath), called with ``user_data``: it never enters Python."""
     return cpu._add_hook(unicorn.UC_HOOK_MEM_WRITE, ctypes.c_void_p(function), begin, end, user_data=user_data)
 
 
@@ -827,7 +827,7 @@ def add_native_code_hook(cpu: Cpu, function: int, user_data: int, begin: int, en
 
 
 def raw_code_hook_address(cpu: Cpu, callback: RawCodeHook) -> int:
-    """A C function pointer that calls ``callback`` (for machine code that hands a hit to Python);
+    """A C function pointer that calls ``callback`` (for a C hook that hands a hit to Python);
     it lives as long as ``cpu``."""
     cfunc = _CODE_CB(callback)
     cpu._keep.append(cfunc)
@@ -837,7 +837,7 @@ def raw_code_hook_address(cpu: Cpu, callback: RawCodeHook) -> int:
 
 
 def cpu_handle(cpu: Cpu) -> Any:
-    """The ``uc_engine *`` of ``cpu``, as a ctypes object (for a call into machine code)."""
+    """The ``uc_engine *`` of ``cpu``, as a ctypes object (for a call into C)."""
     return cpu._uch
 
 
@@ -849,7 +849,7 @@ def _hotpath_native() -> Any:
 
 
 def native_function(name: str) -> int:
-    """The address of one of libunicorn's functions (for machine code that calls it)."""
+    """The address of one of libunicorn's public functions (for C that calls it)."""
     address = ctypes.cast(getattr(_raw, name), ctypes.c_void_p).value
     assert address is not None
     return address
@@ -865,43 +865,6 @@ def hook_raised(cpu: Cpu, exc: BaseException) -> None:
     if cpu._hook_error is None:
         cpu._hook_error = exc
     uclib.uc_emu_stop(cpu._uch)
-
-
-class HookRange:
-    """Moves the address range of a memory hook while the CPU runs, so that a hook needed only now
-    and then costs nothing the rest of the time (adding and removing one per use costs ~39 us).
-
-    Unicorn checks a memory hook's range on every access, so a new range takes effect at once.
-    It has no API for this: the handle is the address of its ``struct hook``, whose ``begin`` and
-    ``end`` (uint64) follow five ints and a bool (uc_priv.h, Unicorn 2.1.4). The layout is checked
-    against the range the hook was added with: :func:`hook_range` returns None if it does not
-    match, and the hook keeps its whole range (its callback must filter in Python then).
-    """
-
-    _BEGIN_OFFSET = 24
-
-    def __init__(self, hook: HookHandle) -> None:
-        self.address = hook.value + self._BEGIN_OFFSET  # where begin and end lie (for machine code that moves them)
-        self._range = memoryview((ctypes.c_char * 16).from_address(self.address)).cast("B").cast("Q")
-
-    def set(self, begin: int, end: int) -> None:
-        """Fire for accesses starting in [begin, end] (inclusive; begin <= end)."""
-        self._range[0] = begin
-        self._range[1] = end
-
-    def close(self) -> None:
-        """Fire for (almost) nothing: only an access at address 0, a null-pointer store that faults."""
-        self._range[0] = self._range[1] = 0
-
-    @property
-    def range(self) -> tuple[int, int]:
-        return self._range[0], self._range[1]
-
-
-def hook_range(hook: HookHandle, begin: int, end: int) -> HookRange | None:
-    """A HookRange for ``hook``, added with [begin, end]; None where the layout is not the expected one."""
-    window = HookRange(hook)
-    return window if window.range == (begin, end) else None
 
 
 # Block counting (emu/icount.py): a block hook, and a hook on each new translation (UC_HOOK_EDGE_GENERATED

@@ -238,23 +238,16 @@ def _no_user_designs_between_tests() -> Any:
 
 
 @contextlib.contextmanager
-def machine_code_refused(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """As on a host that refuses executable mappings: every verifier hook is Python."""
-    from emu.verify import machine_code
+def python_hot_path_forced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """As without the C extension (UPROBE_EMU_PURE_PYTHON=1): every verifier hook is Python."""
+    from emu import hotpath
 
-    def refuse(*_args: object, **_kwargs: object) -> object:
-        raise PermissionError("no executable mappings here")
-
-    machine_code.mapped.cache_clear()
     with monkeypatch.context() as patch:
-        patch.setattr(machine_code.mmap, "mmap", refuse)
-        try:
-            yield
-        finally:
-            machine_code.mapped.cache_clear()
+        patch.setattr(hotpath, "native", None)
+        yield
 
 
 @pytest.fixture
-def no_machine_code(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    with machine_code_refused(monkeypatch):
+def python_hot_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with python_hot_path_forced(monkeypatch):
         yield

@@ -1,5 +1,5 @@
-"""The machine-code site and ret hooks (emu/verify/native_edges.py): they settle the clean optimized
-hits without Python, and every verdict is the one the Python hooks give."""
+"""The C site and ret hooks (emu/verify/native_edges.py): they settle the clean optimized hits
+without Python, and every verdict is the one the Python hooks give."""
 
 from __future__ import annotations
 
@@ -9,20 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from emu import hotpath
 from emu.designs import DESIGNS, Design, Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.uprobes import core
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.kernel.uprobes.regs import PtRegs
 from emu.machine import Machine, RunOptions
-from emu.verify import transaction
 from emu.verify.session import VerifySession
 from emu.verify.violations import Check
+from emu.verify.write_log import native_hot_path
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 TARGETS = str(SAMPLES / "probe_targets")
 TRIG = str(SAMPLES / "trig")
 ITERATIONS = 10
+needs_c = pytest.mark.skipif(native_hot_path() is None, reason="the C extension is not in use (not built, or forced off)")
 NOP10_RESTORE = "push %rcx; push %r11; push %rax; movq $336,%rax; syscall; pop %rax; pop %r11; pop %rcx"
 
 
@@ -43,23 +45,24 @@ def _run(path: str, args: list[str], spec: str, design: str | Design, python_onl
     m = Machine(path, [path, *args], {}, RunOptions(design=design), GuestIO.captured())
     m.attach(spec, consumer)
     session = VerifySession(m)
-    assert (session.tracker.edges is None) == python_only
+    assert (session.tracker.edges is None) == (python_only or native_hot_path() is None)
     m.run()
     return session
 
 
 def _verdicts(monkeypatch: pytest.MonkeyPatch, path: str, args: list[str], spec: str, design: str | Design,
               consumer: Consumer | None = None) -> tuple[tuple[int, list[tuple[str, int, str]]], ...]:
-    """(transactions, violations) with the machine-code hooks, then with Python hooks alone."""
+    """(transactions, violations) with the C hooks, then with Python hooks alone."""
     out = []
     for python_only in (False, True):
         if python_only:
-            monkeypatch.setattr(transaction.NativeEdges, "create", classmethod(lambda *_a: None))
+            monkeypatch.setattr(hotpath, "native", None)
         session = _run(path, args, spec, design, python_only, consumer)
         out.append((session.transactions, [(v.kind.value, v.hit, v.summary) for v in session.violations]))
     return tuple(out)
 
 
+@needs_c
 @pytest.mark.parametrize(("design", "workload"), [("linux-6.18", "nop5"), ("nop10", "nop10")])
 def test_clean_optimized_hits_are_settled_without_python(design: str, workload: str) -> None:
     session = _run(TRIG, [workload, "200"], f"uprobe:uprobe_target_{workload}", design, python_only=False)
@@ -86,6 +89,7 @@ def test_a_broken_trampoline_is_handed_to_python_and_caught(monkeypatch: pytest.
     assert sorted(set(caught)) == list(range(2, ITERATIONS + 1))  # every trampoline hit (hit 1 is INT3)
 
 
+@needs_c
 def test_a_consumer_that_changes_registers_is_never_armed(monkeypatch: pytest.MonkeyPatch) -> None:
     def change(hit: Hit) -> None:
         hit.regs.cx ^= 1  # a consumer's change: expected, not a violation
@@ -96,12 +100,13 @@ def test_a_consumer_that_changes_registers_is_never_armed(monkeypatch: pytest.Mo
     assert native == python and native[1] == []
 
 
+@needs_c
 @pytest.mark.parametrize("bug", ["stray-store", "flags"])
 def test_an_emulation_bug_at_a_cached_site_is_handed_to_python_and_caught(monkeypatch: pytest.MonkeyPatch,
                                                                           bug: str) -> None:
-    """A site that is not a NOP, settled from the cached reference by machine code while the kernel
+    """A site that is not a NOP, settled from the cached reference in C while the kernel
     emulates it right; from the hit the emulation goes wrong (harmlessly for the program), every
-    hit is reported as without the machine code."""
+    hit is reported as without the C."""
     original = core.Uprobes._push
     seen: Counter[int] = Counter()
 
@@ -115,7 +120,7 @@ def test_an_emulation_bug_at_a_cached_site_is_handed_to_python_and_caught(monkey
 
     monkeypatch.setattr(core.Uprobes, "_push", push)
     session = _run(TRIG, ["push", str(ITERATIONS)], "uprobe:uprobe_target_push", "int3", python_only=False)
-    assert session.tracker.edges is not None and session.tracker.edges.finished >= ITERATIONS // 2 - 2  # settled by machine code
+    assert session.tracker.edges is not None and session.tracker.edges.finished >= ITERATIONS // 2 - 2  # settled in C
     seen.clear()
     native, python = _verdicts(monkeypatch, TRIG, ["push", str(ITERATIONS)], "uprobe:uprobe_target_push", "int3")
     assert native == python and native[0] == ITERATIONS

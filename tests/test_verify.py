@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from emu import cli
-from emu.abi import Prot
 from emu.check import CheckRequest, run_check
-from emu.cpu import Cpu, add_raw_mem_write_hook, hook_range
 from emu.designs import DESIGNS, Design, Handler, Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.uprobes import syscalls
@@ -209,27 +207,6 @@ def test_scratch_cpu_sees_guest_memory_as_it_is_now() -> None:
         ref = scratch.execute(m.exe.entry, load, encode_state(state, ext))
         after = decode_state(ref.raw)
         assert after[0] == value and after[16] == m.exe.entry + len(load) and not ref.faulted
-
-
-def test_write_hook_window_moves() -> None:
-    cpu = Cpu()
-    cpu.mem_map(0x10000, 0x1000, Prot.READ | Prot.WRITE | Prot.EXEC)
-    cpu.mem_map(0x80000, 0x1000, Prot.READ | Prot.WRITE)
-    cpu.mem_write(0x10000, bytes.fromhex("48890425" "00000800" "48890425" "00010800" "f4"))  # two stores, hlt
-    seen: list[int] = []
-
-    def on_write(_uc: object, _access: int, addr: int, _size: int, _value: int, _ud: object) -> bool:
-        seen.append(addr)
-        return True
-
-    window = hook_range(add_raw_mem_write_hook(cpu, on_write, 0x80000, 0x80FFF), 0x80000, 0x80FFF)
-    assert window is not None  # the layout this Unicorn has
-    window.set(0x80100, 0x80107)
-    cpu.run(0x10000)
-    assert seen == [0x80100]
-    window.close()
-    cpu.run(0x10000)
-    assert seen == [0x80100]
 
 
 def test_a_resume_the_hooks_miss_switches_to_watching_blocks(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,6 @@ from emu.designs import DESIGNS, Design, Trampoline
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 from emu.pytest_plugin import assert_no_violations
-from emu.verify import transaction
 from emu.verify.checks import FLAG_BITS, flag_changes
 from emu.verify.mutate import global_address
 from emu.verify.session import VerifySession
@@ -128,12 +127,6 @@ def design_file(tmp_path: Path) -> Path:
 # ----------------------------------------------------------------------------------- fallbacks
 
 
-@pytest.fixture
-def fixed_hook_range(monkeypatch: pytest.MonkeyPatch) -> None:
-    """As with a Unicorn whose hook layout HookRange does not recognise: the write hook cannot move."""
-    monkeypatch.setattr(transaction, "hook_range", lambda *_args: None)
-
-
 FALLBACK_DESIGNS = [FRAME_STORE, ID_TOGGLE, GLOBAL_STORE, "linux-6.18", "jmp-slots", "int3"]
 
 
@@ -150,21 +143,22 @@ def _where(design: str | Design) -> tuple[str, ...]:
     return (LIVE,) if design is GLOBAL_STORE else ()
 
 
-@pytest.mark.parametrize("fallback", ["no_machine_code", "fixed_hook_range"])
+@pytest.mark.parametrize("fallback", ["python_hot_path"])
 def test_each_fallback_gives_the_full_check_s_verdicts(fallback: str, request: pytest.FixtureRequest,
                                                       fast_verdicts: dict[str, list[tuple[str, str, int, str]]]) -> None:
     request.getfixturevalue(fallback)
     for design in FALLBACK_DESIGNS:
         m = Machine(REDZONE, [REDZONE, "3"], {}, RunOptions(design=design), GuestIO.captured())
         session = VerifySession(m)
-        assert (session.tracker.edges is None) == (fallback == "no_machine_code" or fallback == "fixed_hook_range")
+        assert session.tracker.edges is None
         got = verdicts(violations(design, *_where(design)))
         assert got == fast_verdicts[_name(design)], _name(design)
     assert fast_verdicts["frame-store"] and fast_verdicts["id-toggle"] and fast_verdicts["linux-6.18"]
 
 
-def test_a_fixed_hook_range_still_sees_a_thread_stack_clobber(fixed_hook_range: None) -> None:
-    """The hook over everything, not only [stack]: a clobber of a thread's red zone is still seen."""
+@pytest.mark.usefixtures("python_hot_path")
+def test_the_python_hooks_still_see_a_thread_stack_clobber() -> None:
+    """The Python write hook over everything, not only [stack]: a clobber of a thread's red zone is still seen."""
     threads = str(SAMPLES / "threads")
     m = Machine(threads, [threads, "3", "20"], {}, RunOptions(design="linux-6.18"), GuestIO.captured())
     m.attach("uprobe:probed")

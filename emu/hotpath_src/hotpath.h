@@ -31,8 +31,10 @@ typedef void (*hook_intr_fn)(uc_engine *uc, uint32_t intno, void *user_data);
 
 /* Each part of the hot path adds its functions and constants to the module (module.c calls them). */
 int hotpath_add_base(PyObject *module);
-int hotpath_add_icount(PyObject *module);  /* icount.c */
-int hotpath_add_fastsys(PyObject *module); /* fastsys.c */
+int hotpath_add_icount(PyObject *module);   /* icount.c */
+int hotpath_add_fastsys(PyObject *module);  /* fastsys.c */
+int hotpath_add_writelog(PyObject *module); /* writelog.c */
+int hotpath_add_edges(PyObject *module);    /* edges.c */
 
 /* Helper for the parts: add a C function's address to the module as an int constant. */
 int hotpath_add_address(PyObject *module, const char *name, void *function);

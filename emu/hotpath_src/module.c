@@ -30,7 +30,9 @@ PyMODINIT_FUNC PyInit__hotpath(void)
         return NULL;
     if (hotpath_add_base(module) < 0
         || hotpath_add_icount(module) < 0
-        || hotpath_add_fastsys(module) < 0) {
+        || hotpath_add_fastsys(module) < 0
+        || hotpath_add_writelog(module) < 0
+        || hotpath_add_edges(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -54,8 +54,8 @@ class ReadBack:
     """Watches the red-zone bytes a hit left changed until guest code stores to them (harmless) or
     reads them (a visible clobber, counted for the site and hit that changed them).
 
-    The hooks span the whole address space and return at once while nothing is watched: a hook
-    whose range is moved while the CPU runs (HookRange) missed stores outside the hits here. The
+    The hooks span the whole address space and return at once while nothing is watched (Unicorn's
+    public API cannot move a hook's range while the CPU runs). The
     tracker ends a hit before the trampoline's own ``ret`` runs, so reads by code in the kernel's
     pages are the design's, not the program's. Only a read below rsp is a use of the red zone: a
     byte at or above it belongs to a frame allocated since (a call, push or sub covered it), and a

@@ -187,7 +187,7 @@ def _redzone_evidence(lo: int, hi: int, old: bytes, new: bytes, writer: str, pat
 
 
 def _path(tx: Transaction) -> str:
-    return tx.path.value if tx.path else "?"
+    return tx.path._value_ if tx.path else "?"  # not .value: a Python-level descriptor, on every violation
 
 
 Reader = Callable[[int, int], bytes | None]  # (address, size) -> the guest's bytes now (None: unmapped)

@@ -58,8 +58,8 @@ class ResumeWatch:
         self._rets: dict[int, int] = {}  # hooked ret -> its immediate (bytes popped after the address)
         self._tail_ret: dict[int, int] = {}  # followed kernel-side address -> the hooked ret ending it
         self._sysret_watched: set[int] = set()  # probe sites whose code after SYSRET is watched
-        self._armable: dict[int, int] = {}  # ... and ends in this ret, whose hook is machine code (emu/verify/native_edges.py)
-        self._native_rets: set[int] = set()  # hooked rets whose hook is machine code
+        self._armable: dict[int, int] = {}  # ... and ends in this ret, whose hook is C (emu/verify/native_edges.py)
+        self._native_rets: set[int] = set()  # hooked rets whose hook is C
         self.watching_blocks = False  # the fallback is on (it stays on)
         self.cpu.after_interrupt.append(self._after_interrupt)
         self.cpu.after_syscall.append(self._after_syscall)

@@ -6,6 +6,7 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from emu.disasm import insn_text
 from emu.errors import UsageError
 from emu.verify.checks import check_consumer_view, check_fired, check_memory, check_redzone, check_regs, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
@@ -52,6 +53,9 @@ class VerifySession:
         """``shstk`` (or Verifier.SHSTK) adds a shadow stack; ``rsb`` an RSB model of that depth."""
         self.machine = machine
         self.enabled = frozenset(verifiers) | ({Verifier.SHSTK} if shstk else frozenset())
+        # Looked at on every checked hit: plain bools (an Enum's hash is a Python call).
+        self._redzone, self._regs, self._resume, self._memory = (
+            v in self.enabled for v in (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME, Verifier.MEMORY))
         self.violations: list[Violation] = []
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
@@ -112,6 +116,13 @@ class VerifySession:
         raw = start_raw if tx is None or tx.chain is None else reference_input(tx)
         return None if raw is None else self.references.prepare(at.address, at.original, raw)
 
+    def _describe(self, pc: int) -> str:
+        """Machine.describe_insn, reading the code in one C call (a design that breaks something
+        does it on every hit, and each violation names its writer)."""
+        code = self.tracker.raw.mem(pc, 16)
+        text = None if code is None else insn_text(code, pc)
+        return self.machine.describe_insn(pc) if text is None else text
+
     def _allowed(self, tx: Transaction, addr: int, size: int) -> bool:
         """A write there is the hit's right: the kernel's own pages, or the design's scratch deeper
         than the write log's SCRATCH below the red zone, on the interrupted thread's own stack."""
@@ -122,20 +133,20 @@ class VerifySession:
 
     def _finished(self, tx: Transaction) -> None:
         effect = None if tx.prepared is None else tx.prepared.effect
-        if Verifier.RESUME in self.enabled:
+        if self._resume:
             self.violations += check_fired(tx)
         if tx.chain is None and effect is not None and not tx.outside and effect.settles(tx):
             return  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
-        if Verifier.MEMORY in self.enabled:
-            self.violations += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self.machine.describe_insn)
-        if Verifier.REGS in self.enabled:
+        if self._memory:
+            self.violations += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self._describe)
+        if self._regs:
             self.violations += check_consumer_view(tx)
         if matches_exactly(tx, exp):
             return
-        if Verifier.REGS in self.enabled:
+        if self._regs:
             self.violations += check_regs(tx, exp)
-        if Verifier.RESUME in self.enabled:
+        if self._resume:
             self.violations += check_resume(tx, exp)
-        if Verifier.REDZONE in self.enabled:
-            self.violations += check_redzone(tx, exp, self.machine.describe_insn)
+        if self._redzone:
+            self.violations += check_redzone(tx, exp, self._describe)

@@ -2,24 +2,22 @@
 
 Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
 after the code was translated): an exact-address code hook per probe site (free elsewhere); one
-memory-write hook whose range is opened over the whole address space for the length of a
-transaction and moved onto nothing otherwise (adding and removing a hook per hit costs ~39 us;
-HookRange): the write log (emu/verify/write_log.py) keeps the stores into the red zone, drops
-those into the scratch below it, and keeps every other one with the bytes it overwrote, for
-the memory check; a memory backend that sees the fake kernel's writes before they land (into
-the red zone: folded in; anywhere else but the scratch and the kernel's own pages: recorded
-for the memory check); an
+memory-write hook over the whole address space that logs only while a transaction is open
+(emu/verify/write_log.py): it keeps the stores into the red zone, drops those into the scratch
+below it, and keeps every other one with the bytes it overwrote, for the memory check; a memory
+backend that sees the fake kernel's writes before they land (into the red zone: folded in;
+anywhere else but the scratch and the kernel's own pages: recorded for the memory check); an
 observer of the handler chain that records what the consumers changed; and emu/verify/resume.py,
 which says where and when the guest resumes.
 
 Every hook here fires on every hit, so the work per hit is counted in C calls and Python frames.
-Where machine code can be mapped, the site hook, the write hook and the trampoline ``ret`` hooks
-are machine code (emu/verify/native_edges.py, write_log.py): the site hook opens a transaction
-without Python, and a Transaction is made of it only when Python needs one (a consumer with a
-handler, a switch, a hit the machine code hands over); a hit that provably left everything as
-it found it, or as its cached reference says, is settled by machine code. Otherwise Python hooks
-do the same work: the state is read in one C call at each end as raw bytes (emu.cpu.RawState) and
-compared as bytes; the red zone is read only if something writes into it, before the write lands.
+With the C extension (emu.hotpath), the site hook, the write hook and the trampoline ``ret`` hooks
+are C (emu/verify/native_edges.py, write_log.py): the site hook opens a transaction without
+Python, and a Transaction is made of it only when Python needs one (a consumer with a handler, a
+switch, a hit the C hands over); a hit that provably left everything as it found it, or as its
+cached reference says, is settled in C. Without it, Python hooks do the same work: the state is
+read in one C call at each end as raw bytes (emu.cpu.RawState) and compared as bytes; the red
+zone is read only if something writes into it, before the write lands.
 
 Threads (emu/kernel/sched.py): a transaction belongs to the thread that hit the site. ``active``
 is the running thread's; on a context switch it is suspended (the red-zone window closes) and the
@@ -44,14 +42,10 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 from emu.abi import RED_ZONE, Prot
 from emu.cpu import (
     HookHandle,
-    HookRange,
     RawState,
-    Reg,
     add_raw_code_hook,
-    add_raw_mem_write_hook,
     hook_failed,
     hook_raised,
-    hook_range,
 )
 from emu.kernel.uprobes.consumers import Path
 from emu.kernel.uprobes.core import Uprobe
@@ -196,12 +190,6 @@ Finished = Callable[[Transaction], None]
 Prepare = Callable[["Transaction | None", "ProbeSite", bytes], "Prepared | None"]  # (tx or None, site, start snapshot)
 
 
-def _window(_base: int) -> tuple[int, int]:
-    """The write hook's range while a transaction is open: everything (the write log sorts the
-    stores into red zone, scratch and outside; emu/verify/write_log.py)."""
-    return 0, ADDRESS_SPACE_END
-
-
 def _reaches_redzone(addr: int, size: int, base: int) -> bool:
     """A write of ``size`` bytes at ``addr`` reaches the red zone at ``base``."""
     return addr < base + RED_ZONE and addr + size > base
@@ -244,8 +232,7 @@ class TransactionTracker:
         self._site_hooks: list[HookHandle] = []
         self._suspended: dict[int, _Suspended] = {}  # tid -> its transaction, while another thread runs
         self.log = WriteLog()
-        self._native_log = False
-        self._writes = self._red_zone_window()
+        self._native_log = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self.raw.mem)[1]
         self.edges = self._native_edges()
         self._edge_words = None if self.edges is None else self.edges.words
         self._native_tx: Transaction | None = None  # the transaction whose start state the edges' buffer holds
@@ -265,27 +252,12 @@ class TransactionTracker:
         self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
         self.resume = ResumeWatch(machine, self)
 
-    def _red_zone_window(self) -> HookRange | None:
-        """The write hook, closed (opened over everything during each transaction). Where its range
-        cannot be moved (HookRange's layout check), a Python hook over the whole address space,
-        always on, filtered here instead: slower on every store, but it sees all that the moved
-        one would (never fewer stores, so never a verdict of "nothing written" it could not see)."""
-        hook, self._native_log = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self._on_write)
-        window = hook_range(hook, 0, ADDRESS_SPACE_END)
-        if window is not None:
-            window.close()
-            return window
-        self.cpu.remove_hook(hook)
-        self._native_log = False
-        add_raw_mem_write_hook(self.cpu, self._on_write, 0, ADDRESS_SPACE_END)
-        return None
-
     def _native_edges(self) -> NativeEdges | None:
-        """The machine-code site and ret hooks (emu/verify/native_edges.py), where the write log is
-        machine code too and the window can be moved; None: Python hooks do their work."""
-        if self._writes is None or not self._native_log:
+        """The C site and ret hooks (emu/verify/native_edges.py), where the write log is C too;
+        None: Python hooks do their work."""
+        if not self._native_log:
             return None
-        edges = NativeEdges.create(self.cpu, self.log, self._writes, self._on_site)
+        edges = NativeEdges.create(self.cpu, self.log, self._on_site)
         if edges is not None:
             self.cpu.before_syscall.append(self._before_kernel)
             self.cpu.before_interrupt.append(self._before_kernel)
@@ -294,7 +266,7 @@ class TransactionTracker:
     @property
     def active(self) -> Transaction | None:
         """The running thread's open transaction (one the site hook opened becomes a Transaction
-        here; one the machine code settled is gone)."""
+        here; one the C settled is gone)."""
         words = self._edge_words
         if words is None:
             return self._active
@@ -366,7 +338,7 @@ class TransactionTracker:
 
     def arm(self, ret: int, popped: int) -> None:
         """The guest is about to leave straight-line trampoline code by the ``ret`` at ``ret``
-        (popping ``popped`` bytes), whose hook is machine code: let it settle the open transaction
+        (popping ``popped`` bytes), whose hook is C: let it settle the open transaction
         if the hit left everything as it found it. Only a hit the Python fast path in
         :meth:`finish` would settle alike: a NOP-class site whose start state and red zone the
         hook's buffers hold (the site hook's, never suspended), no consumer that could change a
@@ -402,7 +374,7 @@ class TransactionTracker:
     def settle_at_kernel_return(self, rip_advance: int) -> bool:
         """The kernel returns to user mode at rip + ``rip_advance``: True if the open transaction,
         one the site hook opened and Python has not needed since, is done with everything as it
-        was (a NOP site) or as the cached reference says, compared by machine code."""
+        was (a NOP site) or as the cached reference says, compared in C."""
         at = None if hook_failed(self.cpu) else self._pending_site()
         edges = self.edges
         if at is None or edges is None:
@@ -443,7 +415,7 @@ class TransactionTracker:
 
     def _on_site(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
         """Raw code hook at each probe site (its body is inline: a frame costs on every hit); with
-        the machine-code site hook, called by it only when a transaction is already open."""
+        the C site hook, called by it only when a transaction is already open."""
         try:
             if self.active is not None:
                 self.resume.lost_track()  # the guest resumed unseen (not expected): watch blocks
@@ -454,8 +426,6 @@ class TransactionTracker:
             tx = self.active = Transaction(at, self._counters.count_hit(at.index), self.raw.read(), dict(self._exits))
             base = tx.redzone_base
             self.log.start(base, snapshot_wanted=True)
-            if self._writes is not None:  # _window(base), inline: a call costs on every hit
-                self._writes.set(0, ADDRESS_SPACE_END)
         except BaseException as exc:
             hook_raised(self.cpu, exc)
 
@@ -486,8 +456,6 @@ class TransactionTracker:
                 tx.redzone_before = others_folded_in(tx.redzone_before, held.redzone, current)
         self.active = tx
         self.log.start(tx.redzone_base, snapshot_wanted=tx.redzone_before is None)
-        if self._writes is not None:
-            self._writes.set(*_window(tx.redzone_base))
 
     def _redzone_if_touched(self, tx: Transaction) -> bytes | None:
         """The red zone at suspension, if the transaction's own writes already reached it (else its
@@ -504,8 +472,7 @@ class TransactionTracker:
         self._active = None  # abandon(), inline
         if self._edge_words is not None:
             self._edge_words[STATE] = IDLE
-        if self._writes is not None:
-            self._writes.close()
+        self.log.close()
         if self.log.count:
             self.keep_log(tx)
         self._count += 1
@@ -536,12 +503,12 @@ class TransactionTracker:
         return self.edges.read_end(tx.redzone_base)
 
     def _redzone_at_start(self, tx: Transaction) -> bytes:
-        """The red zone before anything wrote into it: the machine-code site hook's copy, if it
+        """The red zone before anything wrote into it: the C site hook's copy, if it
         started ``tx`` and ``tx`` was never suspended, else read now (no write has reached it yet)."""
         return self._site_copy(tx) or self._redzone(tx.redzone_base)
 
     def _site_copy(self, tx: Transaction) -> bytes | None:
-        """The red zone as the machine-code site hook copied it, if it started ``tx`` and ``tx``
+        """The red zone as the C site hook copied it, if it started ``tx`` and ``tx``
         was never suspended (and the copy could be read)."""
         return self.edges.start_redzone() if tx is self._native_tx and self.edges is not None else None
 
@@ -601,8 +568,7 @@ class TransactionTracker:
     def abandon(self) -> None:
         """No verdict on this hit: it ended (or the kernel is delivering a signal: it will not resume)."""
         self.active = None
-        if self._writes is not None:
-            self._writes.close()
+        self.log.close()
 
     def fold_log(self, tx: Transaction) -> None:
         """The write log has stores of ``tx``'s: the red zone as it was before the first one
@@ -622,27 +588,6 @@ class TransactionTracker:
             entries, overflowed = self.log.take()
             tx.logged += (entries,)
             tx.unrecorded |= overflowed
-
-    def _on_write(self, _uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
-        """Raw write hook, where the machine-code one cannot be mapped (emu/verify/write_log.py):
-        the same log, from Python, for the active transaction's red zone only."""
-        try:
-            tx = self.active
-            if tx is None:
-                return True
-            where = classify(addr, size, tx.redzone_base)
-            if where == 1:
-                return True
-            log = self.log
-            if where == 2:  # not landed yet: the bytes it overwrites
-                log.record(self.cpu.read(Reg.RIP), addr, size, value, self.raw.mem(addr, size) or bytes(size))
-                return True
-            if log.snapshot_pending:  # the first store into it, not landed yet: the red zone as it was
-                log.set_snapshot(self._redzone(tx.redzone_base))
-            log.record(self.cpu.read(Reg.RIP), addr, size, value)
-        except BaseException as exc:
-            hook_raised(self.cpu, exc)
-        return True
 
     def _before_step(self, probe: Uprobe, _regs: PtRegs) -> None:
         """The probed instruction is about to run (emulated, or out of line): its reference is

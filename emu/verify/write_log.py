@@ -1,111 +1,67 @@
-"""The red-zone write log: the guest's stores into the watched window during a transaction, kept in
-one buffer that the verifiers read only when they need them.
+"""The red-zone write log: the guest's stores during a transaction, kept in one buffer that the
+verifiers read only when they need them.
 
-The 6.18 trampoline stores four words into the red zone on every hit, and a memory hook that
-enters Python costs ~1.6 us a store (a ctypes callback, then a C call to read rip), as much as
-the rest of a verified hit. So the hook is a few instructions of machine code, assembled with
-keystone on first use and mapped executable (emu/verify/machine_code.py): before the first store
-lands it copies the window (``uc_mem_read``), then it appends (pc, address, size, value) of each store (``uc_reg_read`` of
-rip), and returns to Unicorn without entering Python. The tracker folds the log into its
-transaction when it next looks (emu/verify/transaction.py).
+A store into the red zone is logged as (pc, address, size, value), and before the first one lands
+the red zone is copied: that copy is the reference the red-zone check compares with. A store into
+the SCRATCH bytes right below the red zone (the design's own stack use) is ignored. Any other store
+(the interrupted frame above rsp, a global, another thread's stack) is logged too, with the bytes
+it overwrites (``old``, read before the store lands), and counted in ``outside``: no fast path
+settles a hit while that count is not zero, and the memory check (emu/verify/checks.py) reads the
+entries.
 
-Where executable memory cannot be mapped, a Python hook does the same through
-:meth:`WriteLog.set_snapshot` and :meth:`WriteLog.record`.
+The hook is one permanent write hook over the whole address space, added only for a verified run;
+it does nothing while no transaction is open (the OPEN word). With the C extension it is C
+(emu/hotpath_src/writelog.c); without it, a Python hook does the same.
 
-Buffer layout (64-bit words, then bytes):
+Buffer layout (64-bit words, then bytes; struct write_log in emu/hotpath_src/verify.h):
   0 count: stores seen since start() (it counts on past the capacity)
-  1 capacity: entries the buffer holds
-  2 window base: the address the snapshot copies from
-  3 window length
-  4, 5: uc_mem_read, uc_reg_read (function pointers the machine code calls)
+  1 capacity: entries the buffer holds     2 the red zone's base     3 its length
+  4, 5: uc_mem_read, uc_reg_read (for the C hook)
   6 taken: the snapshot is taken (or not wanted)
-  7 snapshot status: what uc_mem_read returned (0: the window was mapped)
-  8 outside: stores seen since start() that landed neither in the window nor in the scratch below it
-  9 reserved
-  10.. snapshot (WINDOW bytes), then the entries (pc, address, size, value, old), 40 bytes each
-
-While a transaction is open the hook's range is the whole address space (emu/verify/transaction.py):
-a store into the red zone is logged as before; one that lands in the SCRATCH bytes right below it
-(the design's own stack use) is ignored at once; any other store (the interrupted frame above rsp,
-a global, another thread's stack) is logged too, with the bytes it overwrites (``old``, read
-before the store lands), and counted in ``outside``: the machine-code fast paths settle nothing
-while that count is not zero, and the memory check (emu/verify/checks.py) reads the entries.
+  7 snapshot status: what uc_mem_read returned (0: the red zone was mapped)
+  8 outside: stores since start() that landed neither in the red zone nor in the scratch below it
+  9 open: a transaction is open (the hook logs)     10 the id of rip     11 SCRATCH
+  12.. snapshot (WINDOW bytes), then the entries (pc, address, size, value, old), 40 bytes each
 """
 
 from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Callable
+from types import ModuleType
 
 import unicorn.x86_const as x86
 
+from emu import hotpath
 from emu.abi import RED_ZONE
-from emu.cpu import Cpu, HookHandle, RawWriteHook, add_native_mem_write_hook, add_raw_mem_write_hook, native_function
-from emu.verify.machine_code import mapped
+from emu.cpu import (
+    Cpu,
+    HookHandle,
+    RawWriteHook,
+    Reg,
+    add_native_mem_write_hook,
+    add_raw_mem_write_hook,
+    hook_raised,
+    native_function,
+)
 
-COUNT, CAPACITY, BASE, LENGTH, MEM_READ, REG_READ, TAKEN, STATUS, OUTSIDE = range(9)
-SNAPSHOT_OFFSET = 10 * 8
+COUNT, CAPACITY, BASE, LENGTH, MEM_READ, REG_READ, TAKEN, STATUS, OUTSIDE, OPEN, RIP_ID, SCRATCH_WORD = range(12)
+SNAPSHOT_OFFSET = 12 * 8
 WINDOW = RED_ZONE
 ENTRIES_OFFSET = SNAPSHOT_OFFSET + WINDOW
-ENTRY = struct.Struct("<QQQqQ")  # pc, address, size, value (as Unicorn passes it: signed), old (outside stores)
+ENTRY = struct.Struct("=QQQqQ")  # pc, address, size, value (as Unicorn passes it: signed), old (outside stores)
 CAPACITY_ENTRIES = 256
 SCRATCH = 4096  # bytes below the red zone a design may use without a log entry (deeper ones are logged, and
 # the memory check still lets through those on the interrupted thread's own stack mapping)
+assert WINDOW == 128  # the snapshot's room in struct write_log
+MemReader = Callable[[int, int], "bytes | None"]  # (address, size) -> the bytes, None if unmapped (RawState.mem)
 
-# The hook, AT&T syntax: (uc=rdi, type=esi, address=rdx, size=ecx, value=r8, log=r9). Five pushes
-# leave rsp 16-byte aligned for the calls.
-HOOK_SOURCE = f"""
-push %rbx; push %r12; push %r13; push %r14; push %r15
-mov %r9, %rbx; mov %rdi, %r12; mov %rdx, %r13; mov %ecx, %r14d; mov %r8, %r15
-mov {8 * BASE}(%rbx), %rax
-lea (%r13,%r14), %rdx
-cmp %rax, %rdx
-jbe below
-lea {WINDOW}(%rax), %rdx
-cmp %rdx, %r13
-jae outside
-cmpq $0, {8 * TAKEN}(%rbx)
-jne snapshot_taken
-movq $1, {8 * TAKEN}(%rbx)
-mov %r12, %rdi; mov {8 * BASE}(%rbx), %rsi; lea {SNAPSHOT_OFFSET}(%rbx), %rdx; mov {8 * LENGTH}(%rbx), %rcx
-call *{8 * MEM_READ}(%rbx)
-mov %rax, {8 * STATUS}(%rbx)
-snapshot_taken:
-mov {8 * COUNT}(%rbx), %rax
-cmp {8 * CAPACITY}(%rbx), %rax
-jae full
-imul ${ENTRY.size}, %rax, %rax
-lea {ENTRIES_OFFSET}(%rbx,%rax), %rdx
-movq $0, 32(%rdx)
-jmp log_entry
-below:
-sub ${SCRATCH}, %rax
-cmp %rax, %r13
-jae done
-outside:
-incq {8 * OUTSIDE}(%rbx)
-mov {8 * COUNT}(%rbx), %rax
-cmp {8 * CAPACITY}(%rbx), %rax
-jae full
-imul ${ENTRY.size}, %rax, %rax
-lea {ENTRIES_OFFSET + 32}(%rbx,%rax), %rdx
-movq $0, (%rdx)
-mov %r12, %rdi; mov %r13, %rsi; mov %r14, %rcx
-call *{8 * MEM_READ}(%rbx)
-mov {8 * COUNT}(%rbx), %rax
-imul ${ENTRY.size}, %rax, %rax
-lea {ENTRIES_OFFSET}(%rbx,%rax), %rdx
-log_entry:
-mov %r13, 8(%rdx); mov %r14, 16(%rdx); mov %r15, 24(%rdx)
-mov %r12, %rdi; mov ${x86.UC_X86_REG_RIP}, %esi
-call *{8 * REG_READ}(%rbx)
-full:
-incq {8 * COUNT}(%rbx)
-done:
-mov $1, %eax
-pop %r15; pop %r14; pop %r13; pop %r12; pop %rbx
-ret
-"""
+
+def native_hot_path() -> ModuleType | None:
+    """The C extension, if it runs and has the verifiers' hooks; None: the Python hooks do their work."""
+    native = hotpath.native
+    return native if native is not None and hasattr(native, "edges_site_hook") else None
 
 
 class WriteLog:
@@ -118,29 +74,64 @@ class WriteLog:
         self._words[MEM_READ] = native_function("uc_mem_read")
         self._words[REG_READ] = native_function("uc_reg_read")
         self._words[TAKEN] = 1
+        self._words[RIP_ID] = x86.UC_X86_REG_RIP
+        self._words[SCRATCH_WORD] = SCRATCH
 
-    def add_hook(self, cpu: Cpu, begin: int, end: int, fallback: RawWriteHook) -> tuple[HookHandle, bool]:
-        """The machine-code hook over [begin, end], or ``fallback`` (which calls :meth:`record`)
-        where it cannot be mapped. True: native."""
-        native = mapped(HOOK_SOURCE)
+    def add_hook(self, cpu: Cpu, begin: int, end: int, mem: MemReader) -> tuple[HookHandle, bool]:
+        """The C hook over [begin, end], or without the C extension its Python stand-in, which
+        reads guest memory with ``mem``. True: C."""
+        native = native_hot_path()
         if native is None:
-            return add_raw_mem_write_hook(cpu, fallback, begin, end), False
-        return add_native_mem_write_hook(cpu, native, ctypes.addressof(self._buf), begin, end), True
+            return add_raw_mem_write_hook(cpu, self._python_hook(cpu, mem), begin, end), False
+        return add_native_mem_write_hook(cpu, native.writelog_hook, ctypes.addressof(self._buf), begin, end), True
+
+    def _python_hook(self, cpu: Cpu, mem: MemReader) -> RawWriteHook:
+        """What writelog.c does, in Python."""
+        words = self._words
+
+        def on_write(_uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
+            try:
+                if not words[OPEN]:
+                    return True
+                base = words[BASE]
+                where = classify(addr, size, base)
+                if where == 1:
+                    return True
+                if where == 2:  # not landed yet: the bytes it overwrites
+                    self.record(cpu.read(Reg.RIP), addr, size, value, mem(addr, size) or bytes(size))
+                    return True
+                if not words[TAKEN]:  # the first store into it, not landed yet: the red zone as it was
+                    self.set_snapshot(mem(base, WINDOW))
+                self.record(cpu.read(Reg.RIP), addr, size, value)
+            except BaseException as exc:
+                hook_raised(cpu, exc)
+            return True
+
+        return on_write
 
     @property
     def address(self) -> int:
-        """Where the buffer lies (for machine code that starts the log itself)."""
+        """Where the buffer lies (for C that starts the log itself)."""
         return ctypes.addressof(self._buf)
 
     def start(self, base: int, snapshot_wanted: bool) -> None:
-        """A transaction (re)starts watching the window at ``base``: no stores logged yet; the
-        window is copied before the first store if ``snapshot_wanted``."""
+        """A transaction (re)starts watching the red zone at ``base``: no stores logged yet; the red
+        zone is copied before the first store if ``snapshot_wanted``. The hook logs from now on."""
         words = self._words
         words[COUNT] = 0
         words[BASE] = base
         words[TAKEN] = 0 if snapshot_wanted else 1
         words[STATUS] = 0
         words[OUTSIDE] = 0
+        words[OPEN] = 1
+
+    def close(self) -> None:
+        """No transaction is open: the hook logs nothing until the next start()."""
+        self._words[OPEN] = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self._words[OPEN] != 0
 
     @property
     def outside(self) -> int:
@@ -173,12 +164,16 @@ class WriteLog:
         """No store yet, and the window is to be copied before the first one."""
         return not self._words[TAKEN]
 
-    def set_snapshot(self, window: bytes) -> None:
-        self._bytes[SNAPSHOT_OFFSET:ENTRIES_OFFSET] = window
+    def set_snapshot(self, window: bytes | None) -> None:
+        """The red zone before the first store (None: it could not be read)."""
+        if window is None:
+            self._words[STATUS] = 1
+        else:
+            self._bytes[SNAPSHOT_OFFSET:ENTRIES_OFFSET] = window
         self._words[TAKEN] = 1
 
     def record(self, pc: int, addr: int, size: int, value: int, old: bytes | None = None) -> None:
-        """What the machine code does after the snapshot, for a Python hook; ``old``: the bytes an
+        """What the C hook does after the snapshot, for a Python hook; ``old``: the bytes an
         outside store overwrites (None: a store into the red zone)."""
         words = self._words
         count = words[COUNT]
@@ -191,7 +186,7 @@ class WriteLog:
 
 
 def classify(addr: int, size: int, base: int) -> int:
-    """Where a store lands, as the machine code sorts it: 0 the red zone at ``base``, 1 the
+    """Where a store lands, as the C hook sorts it: 0 the red zone at ``base``, 1 the
     scratch below it, 2 outside both."""
     if addr + size <= base:
         return 1 if addr >= base - SCRATCH else 2

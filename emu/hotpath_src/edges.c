@@ -1,0 +1,189 @@
+/* The edges of a probe hit: the site hook, the ret hook and the tests Python calls as the kernel
+ * returns to user mode (emu/verify/native_edges.py says what each one checks and why). Anything
+ * they cannot settle goes to the Python hooks with Unicorn's own arguments.
+ */
+#include <string.h>
+
+#include "verify.h"
+
+static uc_err read_state(uc_engine *uc, const struct edges *e, uint64_t pointers)
+{
+    return AS_FN(uc_reg_read_batch_fn, e->reg_read_batch)(uc, AS_PTR(int, e->ids), AS_PTR(void *, pointers),
+                                                         (int)e->nregs);
+}
+
+static uc_err read_memory(uc_engine *uc, const struct edges *e, uint64_t address, uint64_t into, size_t size)
+{
+    return AS_FN(uc_mem_read_fn, e->mem_read)(uc, address, AS_PTR(void, into), size);
+}
+
+static struct write_log *log_of(const struct edges *e)
+{
+    return AS_PTR(struct write_log, e->log);
+}
+
+/* The transaction is settled: no verdict needed, the window closes. */
+static void settle(struct edges *e)
+{
+    e->state = EDGES_IDLE;
+    e->finished++;
+    log_of(e)->open = 0;
+}
+
+/* No store landed outside the red zone and the scratch (else the memory check needs Python). */
+static int nothing_outside(const struct edges *e)
+{
+    return log_of(e)->outside == 0;
+}
+
+/* The end buffer (just read) holds every register but rip and rsp, rflags exactly and the extended
+ * state as the start buffer, and the red zone now is the site hook's copy. */
+static int same_as_start(uc_engine *uc, const struct edges *e)
+{
+    const struct write_log *log = log_of(e);
+    if (!nothing_outside(e) || e->start_redzone_status != 0)
+        return 0;
+    if (memcmp(AS_PTR(uint8_t, e->start) + e->kept, AS_PTR(uint8_t, e->end) + e->kept, e->state_bytes - e->kept))
+        return 0;
+    if (read_memory(uc, e, STATE_RSP(e->start) - log->length, e->redzone, log->length))
+        return 0;
+    return memcmp(AS_PTR(void, e->start_redzone), AS_PTR(void, e->redzone), log->length) == 0;
+}
+
+/* At a probe site: user data is the site's record (the block, then the site's hit count). */
+static void edges_site_hook(uc_engine *uc, uint64_t address, uint32_t size, void *user_data)
+{
+    uint64_t *record = user_data;
+    struct edges *e = AS_PTR(struct edges, record[0]);
+    if (e->state != EDGES_IDLE) {
+        AS_FN(hook_code_fn, e->py_site)(uc, address, size, e);
+        return;
+    }
+    record[1]++;
+    read_state(uc, e, e->start_ptrs);
+    struct write_log *log = log_of(e);
+    uint64_t base = STATE_RSP(e->start) - log->length;
+    uc_err status = read_memory(uc, e, base, e->start_redzone, log->length);
+    e->start_redzone_status = (uint64_t)status;
+    e->site = address;
+    e->seq++;
+    e->state = EDGES_OPEN;
+    log->count = 0;
+    log->base = base;
+    log->taken = status == 0; /* the log copies the red zone itself only where this read failed */
+    log->status = 0;
+    log->outside = 0;
+    log->open = 1;
+}
+
+/* At a trampoline's ret: user data is the block. */
+static void edges_ret_hook(uc_engine *uc, uint64_t address, uint32_t size, void *user_data)
+{
+    struct edges *e = user_data;
+    if (e->state == EDGES_IDLE)
+        return;
+    if (e->state == EDGES_ARMED) {
+        if (address != e->ret_pc) {
+            e->state = EDGES_OPEN; /* not the ret it was armed for: Python judges */
+        } else {
+            read_state(uc, e, e->end_ptrs);
+            uint64_t rsp = STATE_RSP(e->end);
+            if (rsp + e->popped == STATE_RSP(e->start) && read_memory(uc, e, rsp, (uint64_t)(uintptr_t)&e->word, 8) == 0
+                && e->word == e->next && same_as_start(uc, e)) {
+                settle(e);
+                return;
+            }
+            e->state = EDGES_OPEN;
+        }
+    }
+    AS_FN(hook_code_fn, e->py_ret)(uc, address, size, e);
+}
+
+/* The arguments of the functions Python calls: four unsigned 64-bit ints. */
+static int unsigned_args(PyObject *const *args, Py_ssize_t nargs, uint64_t *out, Py_ssize_t want)
+{
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "expected %zd arguments, got %zd", want, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < want; i++) {
+        out[i] = PyLong_AsUnsignedLongLongMask(args[i]);
+        if (out[i] == (uint64_t)-1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+#define ENGINE(word) AS_PTR(uc_engine, word)
+
+/* settle_return(uc, block, rip_advance, resume) -> bool: the kernel returns to user mode at
+ * rip + rip_advance; settled if that is resume, rsp is back and everything is as the site hook found it. */
+static PyObject *edges_settle_return(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t a[4];
+    if (unsigned_args(args, nargs, a, 4) < 0)
+        return NULL;
+    uc_engine *uc = ENGINE(a[0]);
+    struct edges *e = AS_PTR(struct edges, a[1]);
+    read_state(uc, e, e->end_ptrs);
+    int ok = STATE_RIP(e->end) + a[2] == a[3] && STATE_RSP(e->end) == STATE_RSP(e->start) && same_as_start(uc, e);
+    if (ok)
+        settle(e);
+    return PyBool_FromLong(ok);
+}
+
+/* One test of a comparison: length bytes at a must equal those at b (a zero length ends the list). */
+struct comparison_op {
+    uint64_t a, b, length;
+};
+
+/* settle_compared(uc, block, red-zone base, ops) -> bool: the red zone at base into its buffer,
+ * then each test of the list at ops. */
+static PyObject *edges_settle_compared(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t a[4];
+    if (unsigned_args(args, nargs, a, 4) < 0)
+        return NULL;
+    uc_engine *uc = ENGINE(a[0]);
+    struct edges *e = AS_PTR(struct edges, a[1]);
+    read_state(uc, e, e->end_ptrs);
+    int ok = nothing_outside(e) && read_memory(uc, e, a[2], e->redzone, log_of(e)->length) == 0;
+    for (const struct comparison_op *op = AS_PTR(struct comparison_op, a[3]); ok && op->length; op++)
+        ok = memcmp(AS_PTR(void, op->a), AS_PTR(void, op->b), op->length) == 0;
+    if (ok)
+        settle(e);
+    return PyBool_FromLong(ok);
+}
+
+/* read_end(uc, block, red-zone base) -> the status of the red zone's read (0: read): the state into
+ * the end buffer and the red zone into its buffer, for a transaction that ends in Python. */
+static PyObject *edges_read_end(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t a[3];
+    if (unsigned_args(args, nargs, a, 3) < 0)
+        return NULL;
+    uc_engine *uc = ENGINE(a[0]);
+    struct edges *e = AS_PTR(struct edges, a[1]);
+    read_state(uc, e, e->end_ptrs);
+    return PyLong_FromLong((long)read_memory(uc, e, a[2], e->redzone, log_of(e)->length));
+}
+
+static PyMethodDef edges_functions[] = {
+    {"edges_settle_return", (PyCFunction)(void (*)(void))edges_settle_return, METH_FASTCALL,
+     "settle_return(uc, block, rip_advance, resume) -> bool"},
+    {"edges_settle_compared", (PyCFunction)(void (*)(void))edges_settle_compared, METH_FASTCALL,
+     "settle_compared(uc, block, base, ops) -> bool"},
+    {"edges_read_end", (PyCFunction)(void (*)(void))edges_read_end, METH_FASTCALL,
+     "read_end(uc, block, base) -> status of the red zone's read"},
+    {NULL, NULL, 0, NULL},
+};
+
+int hotpath_add_edges(PyObject *module)
+{
+    hook_code_fn site = edges_site_hook, ret = edges_ret_hook;
+    if (PyModule_AddFunctions(module, edges_functions) < 0)
+        return -1;
+    if (hotpath_add_address(module, "edges_site_hook", (void *)site) < 0)
+        return -1;
+    return hotpath_add_address(module, "edges_ret_hook", (void *)ret);
+}

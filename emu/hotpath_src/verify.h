@@ -1,0 +1,64 @@
+/* The verifiers' control blocks, shared by writelog.c and edges.c (emu/verify/write_log.py and
+ * native_edges.py lay them out from Python: every field is a 64-bit word, pointers included, so
+ * that Python reads and writes them through one memoryview of words).
+ */
+#ifndef UPROBE_EMU_VERIFY_H
+#define UPROBE_EMU_VERIFY_H
+
+#include "hotpath.h"
+
+/* One logged store: (pc, address, size, value as Unicorn passes it, the bytes an outside store overwrites). */
+struct log_entry {
+    uint64_t pc, address, size;
+    int64_t value;
+    uint64_t old;
+};
+
+/* The write log (emu/verify/write_log.py). */
+struct write_log {
+    uint64_t count;     /* stores seen since the log started (it counts on past the capacity) */
+    uint64_t capacity;  /* entries the buffer holds */
+    uint64_t base;      /* the red zone's lowest address */
+    uint64_t length;    /* the red zone's length (the snapshot's) */
+    uint64_t mem_read;  /* uc_mem_read_fn */
+    uint64_t reg_read;  /* uc_reg_read_fn */
+    uint64_t taken;     /* the snapshot is taken (or not wanted) */
+    uint64_t status;    /* what uc_mem_read returned for the snapshot (0: read) */
+    uint64_t outside;   /* stores that landed neither in the red zone nor in the scratch below it */
+    uint64_t open;      /* a transaction is open: the hook logs (else it returns at once) */
+    uint64_t rip_id;    /* UC_X86_REG_RIP */
+    uint64_t scratch;   /* bytes below the red zone a design may store into without an entry */
+    uint8_t snapshot[128]; /* the red zone before the first store into it (length bytes of it) */
+    struct log_entry entries[];
+};
+
+/* The edges' control block (emu/verify/native_edges.py). */
+struct edges {
+    uint64_t state;       /* IDLE, OPEN or ARMED */
+    uint64_t site;        /* the open transaction's site */
+    uint64_t next;        /* the armed transaction's resume address */
+    uint64_t finished;    /* transactions settled here */
+    uint64_t reg_read_batch, mem_read; /* uc_reg_read_batch_fn, uc_mem_read_fn */
+    uint64_t py_site, py_ret;          /* the Python site and ret hooks (hook_code_fn) */
+    uint64_t log;         /* struct write_log * */
+    uint64_t nregs, ids, start_ptrs, end_ptrs; /* the uc_reg_read_batch arguments for each buffer */
+    uint64_t word;        /* a word read from guest memory */
+    uint64_t ret_pc;      /* the ret the armed transaction leaves by */
+    uint64_t popped;      /* the bytes it pops (8 + its immediate) */
+    uint64_t start_redzone_status; /* what uc_mem_read returned for the red zone at the site (0: read) */
+    uint64_t seq;         /* the number of the site hook's last transaction */
+    uint64_t start, end, redzone, start_redzone; /* the buffers' addresses */
+    uint64_t state_bytes; /* a state buffer's length */
+    uint64_t kept;        /* from this offset on, a hit must leave the state as it was */
+};
+
+enum { EDGES_IDLE = 0, EDGES_OPEN = 1, EDGES_ARMED = 2 };
+
+/* A state buffer begins with rip, then rsp (emu.cpu.STATE_REGS). */
+#define STATE_RIP(buffer) (((const uint64_t *)(uintptr_t)(buffer))[0])
+#define STATE_RSP(buffer) (((const uint64_t *)(uintptr_t)(buffer))[1])
+
+#define AS_FN(type, word) ((type)(uintptr_t)(word))
+#define AS_PTR(type, word) ((type *)(uintptr_t)(word))
+
+#endif
