@@ -27,14 +27,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from emu.guestio import GuestIO  # noqa: E402
-from emu.machine import Machine, RunOptions  # noqa: E402
+from probe_hits import cpu_seconds  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NOP5 = "0x0f,0x1f,0x44,0x00,0x00"
@@ -89,21 +88,6 @@ def build(functions: int, site: str, kind: str, workdir: str) -> str:
     return str(binary)
 
 
-def cpu_seconds(binary: str, design: str, mode: str, rounds: int, probe: str | None, verify: bool) -> float:
-    m = Machine(binary, [binary, mode, str(rounds)], {}, RunOptions(design=design), GuestIO.captured())
-    if probe is not None:
-        m.attach(probe)
-    if verify:
-        from emu.verify.session import VerifySession
-
-        VerifySession(m)
-    start = time.process_time()
-    result = m.run()
-    elapsed = time.process_time() - start
-    assert result.exit_status == 0, result.message
-    return elapsed
-
-
 @dataclass(frozen=True, slots=True)
 class Row:
     design: str
@@ -120,8 +104,9 @@ class Row:
 def per_hit_us(binary: str, design: str, mode: str, rounds: int, repeat: int, probe: str, verify: bool) -> float:
     costs = []
     for _ in range(repeat):
-        plain = cpu_seconds(binary, design, mode, rounds, None, False)
-        probed = cpu_seconds(binary, design, mode, rounds, probe, verify)
+        argv = [binary, mode, str(rounds)]
+        plain = cpu_seconds(argv, design, None, False)
+        probed = cpu_seconds(argv, design, probe, verify)
         costs.append((probed - plain) / rounds * 1e6)
     return statistics.median(costs)
 
