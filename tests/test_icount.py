@@ -34,13 +34,17 @@ def _extension() -> ModuleType | None:
 EXTENSION = _extension()
 
 
+def _need_extension() -> ModuleType:
+    if EXTENSION is None:
+        pytest.skip("the C extension is not built on this host (no compiler at install)")
+    return EXTENSION
+
+
 @pytest.fixture(params=["python", "native"])
 def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Each test runs with each implementation, whichever one the environment would pick."""
     if request.param == "native":
-        if EXTENSION is None:
-            pytest.skip("the C extension is not built on this host (no compiler at install)")
-        monkeypatch.setattr(hotpath, "native", EXTENSION)
+        monkeypatch.setattr(hotpath, "native", _need_extension())
     else:
         monkeypatch.setattr(hotpath, "native", None)
     yield request.param
@@ -107,8 +111,7 @@ def test_a_limit_past_the_end_does_not_stop_the_program(impl: str, loop: str) ->
 
 
 def test_both_implementations_count_a_libc_program_alike(monkeypatch: pytest.MonkeyPatch) -> None:
-    if EXTENSION is None:
-        pytest.skip("the C extension is not built on this host (no compiler at install)")
+    _need_extension()
     path = str(SAMPLES / "cpu_bound")
     totals = []
     for native in (None, EXTENSION):
@@ -165,9 +168,7 @@ def test_self_modifying_code_is_counted_as_it_now_is(impl: str, track: bool) -> 
 
 
 def test_blocks_pushed_out_of_a_small_table_are_counted_from_their_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    if EXTENSION is None:
-        pytest.skip("the C extension is not built on this host (no compiler at install)")
-    monkeypatch.setattr(hotpath, "native", EXTENSION)
+    monkeypatch.setattr(hotpath, "native", _need_extension())
     path = str(SAMPLES / "cpu_bound")
     full = _run(path, [path, "300"], count_insns=True)
     monkeypatch.setattr("emu.icount.TABLE_BUCKETS_LOG2", 1)  # 4 entries: most blocks get pushed out
