@@ -519,12 +519,17 @@ class Cpu:
             for observer in after:
                 observer()
 
+        def after_only(_uc: object, _ud: object) -> None:  # a hit the C front handled, for Python to judge
+            for observer in after:
+                observer()
+
         cfunc = _SYSCALL_CB(on_syscall)
         if front is None:
             return self._add_hook(unicorn.UC_HOOK_INSN, cfunc, 1, 0, x86.UC_X86_INS_SYSCALL)
         # the C hook in front (emu/hotpath_src/fastsys.c) calls on_syscall for what it does not handle
-        front.set_fallback(ctypes.cast(cfunc, ctypes.c_void_p).value, 0)
-        self._keep.append(cfunc)
+        after_cfunc = _SYSCALL_CB(after_only)
+        front.set_fallback(_address(cfunc), 0, _address(after_cfunc), 0)
+        self._keep += [cfunc, after_cfunc]
         return self._add_hook(unicorn.UC_HOOK_INSN, ctypes.c_void_p(_hotpath_native().fastsys_syscall_hook), 1, 0,
                               x86.UC_X86_INS_SYSCALL, user_data=front.user_data)
 
@@ -583,11 +588,16 @@ class Cpu:
             for observer in after:
                 observer(intno)
 
+        def after_only(_uc: object, intno: int, _ud: object) -> None:  # as add_syscall_hook's
+            for observer in after:
+                observer(intno)
+
         cfunc = _INTR_CB(on_interrupt)
         if front is None:
             return self._add_hook(unicorn.UC_HOOK_INTR, cfunc, 1, 0)
-        front.set_fallback(0, ctypes.cast(cfunc, ctypes.c_void_p).value)
-        self._keep.append(cfunc)
+        after_cfunc = _INTR_CB(after_only)
+        front.set_fallback(0, _address(cfunc), 0, _address(after_cfunc))
+        self._keep += [cfunc, after_cfunc]
         return self._add_hook(unicorn.UC_HOOK_INTR, ctypes.c_void_p(_hotpath_native().fastsys_interrupt_hook), 1, 0,
                               user_data=front.user_data)
 
@@ -831,6 +841,11 @@ def raw_code_hook_address(cpu: Cpu, callback: RawCodeHook) -> int:
     it lives as long as ``cpu``."""
     cfunc = _CODE_CB(callback)
     cpu._keep.append(cfunc)
+    return _address(cfunc)
+
+
+def _address(cfunc: "ctypes._FuncPointer") -> int:
+    """The C address of a ctypes callback (the caller keeps it alive)."""
     address = ctypes.cast(cfunc, ctypes.c_void_p).value
     assert address is not None
     return address

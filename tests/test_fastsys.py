@@ -9,15 +9,18 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from emu import hotpath
+from emu.designs import DESIGNS, Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, NATIVE_RETURN, Consumer
 from emu.machine import Machine, RunOptions
+from emu.verify.session import VerifySession
 
 ROOT = Path(__file__).resolve().parent.parent
 TRIG = str(ROOT / "elf_samples" / "trig")
@@ -97,10 +100,8 @@ def _with_filter(m: Machine, c: Consumer) -> None:
     c.filter = lambda pid: True
 
 
-def _with_verifier(m: Machine, c: Consumer) -> None:
-    from emu.verify.session import VerifySession
-
-    VerifySession(m)
+def _with_rsb_model(m: Machine, c: Consumer) -> None:
+    VerifySession(m, rsb=16)  # its chain observer is not one the C front mirrors (the default verifiers' are)
 
 
 def _with_shadow_stack(m: Machine, c: Consumer) -> None:
@@ -116,7 +117,7 @@ def _with_syscall_observer(m: Machine, c: Consumer) -> None:
     m.cpu.before_interrupt.append(lambda intno: None)
 
 
-WATCHERS = [_with_handler, _with_filter, _with_verifier, _with_shadow_stack, _with_chain_observer,
+WATCHERS = [_with_handler, _with_filter, _with_rsb_model, _with_shadow_stack, _with_chain_observer,
             _with_syscall_observer]
 
 
@@ -217,3 +218,49 @@ def test_uretprobe_returns_counted_in_c(uret_nop5: str, mode: str, n: int, spec:
         assert native == 0  # the 65th entry moved every instance to Python, whose returns they are then
     if mode == "depth":
         assert not m.uprobes.return_instances  # (longjmp leaves the last round's, as the kernel would)
+
+
+VERIFIED = [case for case in CASES if case[1] != "push"]  # NOP-class sites: the front does the verifiers' part
+
+
+@needs_c
+@pytest.mark.parametrize("design,workload,spec", VERIFIED)
+def test_verified_hits_of_nop_sites_are_settled_in_c(design: str, workload: str, spec: str) -> None:
+    consumer = Consumer()
+    m = _machine(design, workload, spec, consumer)
+    session = VerifySession(m)
+    result = m.run()
+    assert result.exit_status == 0, result.message
+    assert consumer.hits == N and session.transactions == N  # every hit judged
+    # Python sees the first hits only: the optimizing INT3 one, the one that finds the tables stale,
+    # the one whose trampoline ret the resume watch finds, and the one after, with the tables rebuilt
+    assert _native_hits(consumer) >= N - 4
+    edges = session.tracker.edges
+    assert edges is not None
+    if design != "linux-6.18":
+        assert session.violations == [] and edges.finished >= N - 4
+    elif spec.startswith("uprobe:"):
+        # the first optimized hit's call and pushes land in the red zone; later ones store the same bytes
+        assert {(v.kind.value, v.hit) for v in session.violations} == {("redzone", 2)} and edges.finished >= N - 4
+    else:  # the return trampoline's pushes land there between two hits: each entry changes it again
+        assert {v.hit for v in session.violations if v.kind.value == "redzone"} == set(range(2, N + 1))
+
+
+def _flag_toggling_slots() -> Any:
+    """jmp-slots whose slot code flips the ID flag on every hit: a regs violation each time."""
+    code = "lea -128(%rsp),%rsp; pushf; xorl $0x200000,(%rsp); popf; push %rcx; push %r11; push %rax; " \
+           "mov $336,%eax; syscall"
+    return replace(DESIGNS["jmp-slots"], name="id-toggle", trampoline=Trampoline(code, layout="slots", slot_size=64))
+
+
+@needs_c
+def test_a_hit_the_c_front_cannot_settle_is_judged_in_python() -> None:
+    consumer = Consumer()
+    m = Machine(TRIG, [TRIG, "nop5", str(N)], {}, RunOptions(design=_flag_toggling_slots()), GuestIO.captured())
+    m.attach("uprobe:uprobe_target_nop5", consumer)
+    session = VerifySession(m)
+    assert m.run().exit_status == 0
+    assert _native_hits(consumer) >= N - 4  # the front did the kernel's part of the hits ...
+    flagged = {v.hit for v in session.violations if v.kind.value == "regs"}
+    assert flagged == set(range(2, N + 1))  # ... and Python judged every optimized one: ID changed
+    assert all("ID" in v.summary for v in session.violations if v.kind.value == "regs")

@@ -38,7 +38,7 @@ def _check(tmp_path: Path, design_file: Path, pure_python: bool) -> tuple[dict[s
     env = os.environ | {"UPROBE_EMU_PURE_PYTHON": "1" if pure_python else "0"}  # one length: the guest sees it too
     out = tmp_path / f"check-{pure_python}.json"
     command = [sys.executable, "-m", "emu", "check", "--design-file", str(design_file), "--kernel", DESIGNS,
-               "--details", "--json", str(out), REDZONE, "3"]
+               "--details", "--json", str(out), REDZONE, "8"]
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=300)
     version = subprocess.run([sys.executable, "-m", "emu", "--version"], env=env, check=True, capture_output=True,
                              text=True, timeout=60).stdout

@@ -116,6 +116,21 @@ static int unsigned_args(PyObject *const *args, Py_ssize_t nargs, uint64_t *out,
 
 #define ENGINE(word) AS_PTR(uc_engine, word)
 
+int edges_settle_at_return(uc_engine *uc, struct edges *e, uint64_t rip_advance, uint64_t resume)
+{
+    read_state(uc, e, e->end_ptrs);
+    int ok = STATE_RIP(e->end) + rip_advance == resume && STATE_RSP(e->end) == STATE_RSP(e->start) &&
+             same_as_start(uc, e);
+    if (ok)
+        settle(e);
+    return ok;
+}
+
+void edges_arm(struct edges *e, uint64_t ret_pc, uint64_t popped, uint64_t resume)
+{
+    e->ret_pc = ret_pc, e->popped = popped, e->next = resume, e->state = EDGES_ARMED;
+}
+
 /* settle_return(uc, block, rip_advance, resume) -> bool: the kernel returns to user mode at
  * rip + rip_advance; settled if that is resume, rsp is back and everything is as the site hook found it. */
 static PyObject *edges_settle_return(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -123,13 +138,7 @@ static PyObject *edges_settle_return(PyObject *module, PyObject *const *args, Py
     uint64_t a[4];
     if (unsigned_args(args, nargs, a, 4) < 0)
         return NULL;
-    uc_engine *uc = ENGINE(a[0]);
-    struct edges *e = AS_PTR(struct edges, a[1]);
-    read_state(uc, e, e->end_ptrs);
-    int ok = STATE_RIP(e->end) + a[2] == a[3] && STATE_RSP(e->end) == STATE_RSP(e->start) && same_as_start(uc, e);
-    if (ok)
-        settle(e);
-    return PyBool_FromLong(ok);
+    return PyBool_FromLong(edges_settle_at_return(ENGINE(a[0]), AS_PTR(struct edges, a[1]), a[2], a[3]));
 }
 
 /* One test of a comparison: length bytes at a must equal those at b (a zero length ends the list). */

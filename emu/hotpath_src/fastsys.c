@@ -16,11 +16,20 @@
  *   to Python (take_returns) before Python handles anything, and whatever needs Python's (a chain or
  *   a clean-up reaching them) is Python's to do.
  *
+ * - With the verifiers on (emu/verify/native_edges.py), a hit the site hook opened a transaction for is
+ *   still handled here when the verdict can be reached in C: a NOP-class site of a counting-only probe,
+ *   no record of the transaction in Python. The front then does what the tracker's kernel-side
+ *   observers would: it notes the hit's path and exit in the control block (Python adopts them if it
+ *   ever judges the hit), and either arms the transaction for the trampoline's ret (the 'trampoline'
+ *   exit, once Python has found that ret) or settles it at once as the kernel returns (IRET, SYSRET,
+ *   INT3). A hit that does not settle goes to Python's after-syscall or after-interrupt observers,
+ *   which judge it as if Python had handled it.
+ *
  * The tables (probe addresses, each consumer's counters, trampoline pages, slots) are Python's to
  * keep: any change anywhere bumps one generation number, and a FastSys whose tables are of an older
  * generation hands every hit to Python until Python has rebuilt them.
  */
-#include "hotpath.h"
+#include "verify.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +59,8 @@ typedef struct {
     uint32_t int3_length;  /* nonzero: an INT3 hit here emulates a NOP of this length */
     uint32_t returns;      /* some consumer has a (counting) return handler: a return instance per hit */
     uint32_t ret_first, ret_count; /* the enabled ones among them: counters[ret_first ..] */
+    uint64_t nop_next;     /* a NOP-class site the verifiers watch: where its hit resumes (0: not one) */
+    uint64_t arm_ret, arm_popped; /* the trampoline ret its transaction may be armed for, and its pops */
 } probe_entry;
 
 typedef struct {
@@ -68,6 +79,9 @@ typedef struct {
     uc_mem_write_fn mem_write;
     hook_syscall_fn python_syscall;
     hook_intr_fn python_interrupt;
+    hook_syscall_fn python_after_syscall; /* only Python's after-observers, for a hit that did not settle */
+    hook_intr_fn python_after_interrupt;
+    struct edges *verifier; /* the verifiers' control block (NULL: none watches) */
     int open;               /* nothing in Python needs to see a hit */
     uint64_t generation;    /* of the tables below */
     int ids[REG_IDS];
@@ -215,6 +229,34 @@ static int fast_uretprobe(FastSys *f, const uint64_t *v)
     return 1;
 }
 
+/* What the verifiers need of a hit at a probe site: nothing (no transaction open), the front's part of
+ * the open one (a NOP-class site, a transaction Python has no record of), or Python. */
+enum { WATCH_NONE, WATCH_OPEN, WATCH_PYTHON };
+
+static int watch_of(const FastSys *f, const probe_entry *probe, uint64_t vaddr)
+{
+    const struct edges *e = f->verifier;
+    if (e == NULL || e->state == EDGES_IDLE)
+        return WATCH_NONE;
+    if (e->state != EDGES_OPEN || e->seq == e->python_seq || e->site != vaddr || probe->nop_next == 0)
+        return WATCH_PYTHON;
+    return WATCH_OPEN;
+}
+
+/* The kernel part of the open transaction's hit is done here: what the tracker's observers would note. */
+static void note_kernel_part(FastSys *f, int path, int exit)
+{
+    struct edges *e = f->verifier;
+    e->kernel_seq = e->seq, e->kernel_path = (uint64_t)path, e->kernel_exit = (uint64_t)exit;
+}
+
+/* The kernel returns to user mode at rip + rip_advance: the watched hit settles, or Python judges it. */
+static void settle_or_judge_syscall(FastSys *f, uc_engine *uc, const probe_entry *probe)
+{
+    if (!edges_settle_at_return(uc, f->verifier, 2, probe->nop_next) && f->python_after_syscall != NULL)
+        f->python_after_syscall(uc, NULL);
+}
+
 /* sys_uprobe on the counting-only path; 0: Python must handle this syscall. rip is at the syscall. */
 static int fast_uprobe(FastSys *f, const uint64_t *v)
 {
@@ -237,9 +279,17 @@ static int fast_uprobe(FastSys *f, const uint64_t *v)
     if (probe == NULL)
         return 0;
     /* pt_regs as consumers see them: rsp past the trampoline's frame, at the return address (5.1) */
-    if (probe->returns && !prepare_uretprobe(f, probe, vaddr, sp + f->saved_offset + 8 * (uint64_t)count + f->sp_skip))
+    uint64_t regs_sp = sp + f->saved_offset + 8 * (uint64_t)count + f->sp_skip;
+    int watch = watch_of(f, probe, vaddr);
+    if (watch == WATCH_PYTHON || (watch == WATCH_OPEN && f->exit_kind == EXIT_TRAMPOLINE && probe->arm_ret == 0))
+        return 0;
+    if (watch == WATCH_OPEN && probe->returns && regs_sp != STATE_RSP(f->verifier->start))
+        return 0; /* the return-address hijack lands elsewhere than the interrupted rsp: the memory check's */
+    if (probe->returns && !prepare_uretprobe(f, probe, vaddr, regs_sp))
         return 0;
     count_hit(f, probe, f->path);
+    if (watch == WATCH_OPEN)
+        note_kernel_part(f, f->path, f->exit_kind == EXIT_IRET ? EDGES_EXIT_IRET : EDGES_EXIT_SYSRET);
     f->stats[ST_UPROBE_CALLS]++;
     if (!f->by_slot)
         f->stats[ST_MMAP_LOCKS]++; /* the trampoline's VMA lookup (Uprobes.in_trampoline) */
@@ -251,6 +301,8 @@ static int fast_uprobe(FastSys *f, const uint64_t *v)
         f->stats[ST_COPIED] += 16 * (uint64_t)count;
         f->stats[ST_EXIT_SYSRET]++;
         f->reg_write_batch(f->uc, ids, ptrs, 3);
+        if (watch == WATCH_OPEN)
+            edges_arm(f->verifier, probe->arm_ret, probe->arm_popped, probe->nop_next);
         return 1;
     }
     /* IRET or SYSRET straight past the site: syscall's own rcx and r11 first, then the restored words,
@@ -264,7 +316,7 @@ static int fast_uprobe(FastSys *f, const uint64_t *v)
     ids[n] = f->ids[REG_R11], values[n++] = flags;
     for (int i = 0; i < f->saved_count; i++)
         ids[n] = f->saved_ids[i], values[n++] = words[i];
-    ids[n] = f->ids[REG_SP], values[n++] = sp + f->saved_offset + 8 * (uint64_t)count + f->sp_skip;
+    ids[n] = f->ids[REG_SP], values[n++] = regs_sp;
     ids[n] = f->ids[REG_IP], values[n++] = next_ip - 2;
     if (f->exit_kind == EXIT_SYSRET) {
         ids[n] = f->ids[REG_CX], values[n++] = next_ip;
@@ -275,6 +327,8 @@ static int fast_uprobe(FastSys *f, const uint64_t *v)
     f->stats[ST_COPIED] += 8 * (uint64_t)count;
     f->stats[f->exit_kind == EXIT_IRET ? ST_EXIT_IRET : ST_EXIT_SYSRET]++;
     f->reg_write_batch(f->uc, ids, ptrs, n);
+    if (watch == WATCH_OPEN)
+        settle_or_judge_syscall(f, f->uc, probe);
     return 1;
 }
 
@@ -306,12 +360,18 @@ static void on_interrupt(uc_engine *uc, uint32_t intno, void *user_data)
         uint64_t rip;
         f->reg_read(uc, f->ids[REG_IP], &rip);
         const probe_entry *probe = find_probe(f, rip - 1); /* #BP reports the address after the int3 */
-        if (probe != NULL && probe->int3_length) {
+        int watch = probe != NULL && probe->int3_length ? watch_of(f, probe, rip - 1) : WATCH_PYTHON;
+        if (watch != WATCH_PYTHON) {
             count_hit(f, probe, PATH_INT3);
             f->stats[ST_TRAPS]++;
             f->stats[ST_EMULATED]++;
             rip = rip - 1 + probe->int3_length; /* spec 4.2: a NOP's emulation is ip += length */
             f->reg_write(uc, f->ids[REG_IP], &rip);
+            if (watch == WATCH_OPEN) {
+                note_kernel_part(f, PATH_INT3, EDGES_EXIT_NONE);
+                if (!edges_settle_at_return(uc, f->verifier, 0, probe->nop_next) && f->python_after_interrupt != NULL)
+                    f->python_after_interrupt(uc, intno, NULL);
+            }
             return;
         }
     }
@@ -358,20 +418,35 @@ static void fastsys_dealloc(FastSys *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* set_fallback(syscall, interrupt): the Python callbacks' addresses (0: leave as it is); a hook is added only
- * once its fallback is set */
+/* set_fallback(syscall, interrupt, after_syscall, after_interrupt): the Python callbacks' addresses (0: leave
+ * as it is); a hook is added only once its fallback is set */
 static PyObject *fastsys_set_fallback(FastSys *self, PyObject *args)
 {
-    PyObject *syscall_cb, *interrupt_cb;
-    if (!PyArg_ParseTuple(args, "OO", &syscall_cb, &interrupt_cb))
+    PyObject *syscall_cb, *interrupt_cb, *after_syscall_cb, *after_interrupt_cb;
+    if (!PyArg_ParseTuple(args, "OOOO", &syscall_cb, &interrupt_cb, &after_syscall_cb, &after_interrupt_cb))
         return NULL;
     void *syscall_fn = address_of(syscall_cb), *interrupt_fn = address_of(interrupt_cb);
+    void *after_syscall_fn = address_of(after_syscall_cb), *after_interrupt_fn = address_of(after_interrupt_cb);
     if (PyErr_Occurred())
         return NULL;
     if (syscall_fn != NULL)
         self->python_syscall = (hook_syscall_fn)syscall_fn;
     if (interrupt_fn != NULL)
         self->python_interrupt = (hook_intr_fn)interrupt_fn;
+    if (after_syscall_fn != NULL)
+        self->python_after_syscall = (hook_syscall_fn)after_syscall_fn;
+    if (after_interrupt_fn != NULL)
+        self->python_after_interrupt = (hook_intr_fn)after_interrupt_fn;
+    Py_RETURN_NONE;
+}
+
+/* set_verifier(block): the verifiers' control block (0: none) */
+static PyObject *fastsys_set_verifier(FastSys *self, PyObject *arg)
+{
+    void *block = address_of(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    self->verifier = block;
     Py_RETURN_NONE;
 }
 
@@ -426,7 +501,8 @@ static int read_pairs(PyObject *list, pair **out, Py_ssize_t *count)
     return 0;
 }
 
-/* set_tables(probes, pages, slots): probes = [(vaddr, int3_length, (counter address, ...)), ...],
+/* set_tables(probes, pages, slots): probes = [(vaddr, int3_length, (counter address, ...), returns,
+ * (return counter address, ...), nop_next, arm_ret, arm_popped), ...],
  * pages = [(begin, end), ...], slots = [(slot, vaddr), ...]; the tables become current. */
 static PyObject *fastsys_set_tables(FastSys *self, PyObject *args)
 {
@@ -440,10 +516,11 @@ static PyObject *fastsys_set_tables(FastSys *self, PyObject *args)
     Py_ssize_t n = PyList_GET_SIZE(probes), total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(probes, i);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5 || !PyTuple_Check(PyTuple_GET_ITEM(item, 2)) ||
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 8 || !PyTuple_Check(PyTuple_GET_ITEM(item, 2)) ||
             !PyTuple_Check(PyTuple_GET_ITEM(item, 4))) {
             PyErr_SetString(PyExc_TypeError,
-                            "FastSys.set_tables: (vaddr, int3_length, counters, returns, ret counters) tuples");
+                            "FastSys.set_tables: (vaddr, int3_length, counters, returns, ret counters, nop_next, "
+                            "arm_ret, arm_popped) tuples");
             return NULL;
         }
         total += PyTuple_GET_SIZE(PyTuple_GET_ITEM(item, 2)) + PyTuple_GET_SIZE(PyTuple_GET_ITEM(item, 4));
@@ -470,6 +547,9 @@ static PyObject *fastsys_set_tables(FastSys *self, PyObject *args)
         table[i].ret_count = (uint32_t)PyTuple_GET_SIZE(ret_addresses);
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(ret_addresses); j++)
             counters[used++] = address_of(PyTuple_GET_ITEM(ret_addresses, j));
+        table[i].nop_next = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, 5));
+        table[i].arm_ret = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, 6));
+        table[i].arm_popped = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, 7));
     }
     if (PyErr_Occurred() || read_pairs(pages, &self->pages, &self->page_count) < 0 ||
         read_pairs(slots, &self->slots, &self->slot_count) < 0) {
@@ -594,7 +674,10 @@ static PyObject *fastsys_get_address(FastSys *self, void *closure)
 
 static PyMethodDef fastsys_methods[] = {
     {"set_fallback", (PyCFunction)fastsys_set_fallback, METH_VARARGS,
-     "set_fallback(syscall, interrupt): the Python callbacks for what is not handled here (0: unchanged)"},
+     "set_fallback(syscall, interrupt, after_syscall, after_interrupt): the Python callbacks for what is not "
+     "handled here, and the after-observers alone for a watched hit that did not settle (0: unchanged)"},
+    {"set_verifier", (PyCFunction)fastsys_set_verifier, METH_O,
+     "set_verifier(block): the verifiers' control block (emu/verify/native_edges.py; 0: none)"},
     {"set_handler", (PyCFunction)fastsys_set_handler, METH_VARARGS,
      "set_handler(nr, by_slot, exit, path, saved ids, saved_offset, sp_skip, branch_end, patch length, "
      "syscall_return): the design's sys_uprobe"},

@@ -50,7 +50,19 @@ struct edges {
     uint64_t start, end, redzone, start_redzone; /* the buffers' addresses */
     uint64_t state_bytes; /* a state buffer's length */
     uint64_t kept;        /* from this offset on, a hit must leave the state as it was */
+    uint64_t python_seq;  /* the transaction Python has its own record of (it judges that one) */
+    uint64_t kernel_seq;  /* the last transaction whose kernel part the syscall front did (fastsys.c) */
+    uint64_t kernel_path; /* ... the handler chain's path then (consumers.NATIVE_PATHS index) */
+    uint64_t kernel_exit; /* ... and the exit it took (EDGES_EXIT_*) */
 };
+
+enum { EDGES_EXIT_SYSRET, EDGES_EXIT_IRET, EDGES_EXIT_NONE }; /* none: an INT3 handled in the kernel */
+
+/* Both in edges.c, for fastsys.c: settle the open transaction if the kernel returns to user mode at
+ * rip + rip_advance = resume with everything as the site hook found it (1: settled); arm the open
+ * transaction for the ret at ret_pc, popping popped bytes, back to resume. */
+int edges_settle_at_return(uc_engine *uc, struct edges *e, uint64_t rip_advance, uint64_t resume);
+void edges_arm(struct edges *e, uint64_t ret_pc, uint64_t popped, uint64_t resume);
 
 enum { EDGES_IDLE = 0, EDGES_OPEN = 1, EDGES_ARMED = 2 };
 

@@ -36,6 +36,9 @@ Control block layout (64-bit words, struct edges in emu/hotpath_src/verify.h), t
   17 SEQ: the number of the site hook's last transaction
   18-21 the start, end, red-zone and start red-zone buffers' addresses
   22 a state buffer's length   23 RAW_KEPT
+  24 PY_SEQ: the transaction the tracker has a Transaction for
+  25-27 KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT: the last transaction whose kernel part the C syscall front
+        did (emu/hotpath_src/fastsys.c), the handler chain's path (NATIVE_PATHS) and the exit (KERNEL_EXITS)
 """
 
 from __future__ import annotations
@@ -61,8 +64,9 @@ from emu.verify.write_log import WINDOW, WriteLog, native_hot_path
 
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, NREGS, IDS, START_PTRS, END_PTRS,
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ, START_AT, END_AT, REDZONE_AT, START_REDZONE_AT, STATE_LEN,
- KEPT) = range(24)
-START = 24 * 8  # byte offsets of the buffers
+ KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT) = range(28)
+KERNEL_EXITS = ("sysret", "iret", None)  # EDGES_EXIT_*: the exit counted in UprobeStats.exits (none for an INT3)
+START = 28 * 8  # byte offsets of the buffers
 END = START + STATE_BYTES
 REDZONE = END + STATE_BYTES
 START_REDZONE = REDZONE + WINDOW

@@ -25,6 +25,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
+from emu import hotpath
 from emu.abi import RED_ZONE
 from emu.cpu import add_raw_code_hook, flush_all_code, hook_failed, hook_raised
 from emu.disasm import cs64
@@ -66,10 +67,22 @@ class ResumeWatch:
         if tracker.edges is not None:
             tracker.edges.set_ret_fallback(self._on_ret)
 
+    @property
+    def observers(self) -> list[object]:
+        """The kernel-exit observers installed here (the C syscall front mirrors them: fastsys.c)."""
+        return [self._after_interrupt, self._after_syscall]
+
+    def armable(self, site: int) -> tuple[int, int]:
+        """The C-hooked ``ret`` a transaction at ``site`` may be armed for as the kernel returns by
+        SYSRET into its trampoline code, and the bytes it pops; (0, 0) if none (yet)."""
+        ret = self._armable.get(site)
+        return (0, 0) if ret is None else (ret, 8 + self._rets[ret])
+
     def lost_track(self) -> None:
         """The guest resumed without any of the hooks here seeing it: watch blocks from now on."""
         self._sysret_watched.clear()
         self._armable.clear()
+        hotpath.touch()  # the C syscall front's copy of _armable
         self._watch_blocks()
 
     # ----------------------------------------------------------- the kernel's exits
@@ -106,6 +119,7 @@ class ResumeWatch:
                 ret = self._tail_ret[followed]
                 if ret in self._native_rets:
                     self._armable[tx.site] = ret
+                    hotpath.touch()  # the C syscall front may arm it from now on
         except BaseException as exc:
             hook_raised(self.cpu, exc)
 

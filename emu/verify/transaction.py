@@ -39,6 +39,7 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple, cast
 
+from emu import hotpath
 from emu.abi import RED_ZONE, Prot
 from emu.cpu import (
     HookHandle,
@@ -47,7 +48,7 @@ from emu.cpu import (
     hook_failed,
     hook_raised,
 )
-from emu.kernel.uprobes.consumers import Path
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, Path
 from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
@@ -55,7 +56,12 @@ from emu.verify.kernel_writes import WatchedBackend
 from emu.verify.native_edges import (
     ARMED,
     IDLE,
+    KERNEL_EXIT,
+    KERNEL_EXITS,
+    KERNEL_PATH,
+    KERNEL_SEQ,
     OPEN,
+    PY_SEQ,
     SEQ,
     SITE,
     START_RSP,
@@ -238,7 +244,7 @@ class TransactionTracker:
         self._native_tx: Transaction | None = None  # the transaction whose start state the edges' buffer holds
         # The site hook's transactions are numbered (SEQ); the tracker's Transaction is the open one
         # if _seq is its number. What one still without a Transaction met in the kernel:
-        self._seq = self._entry_seq = self._path_seq = self._kernel_wrote_seq = 0
+        self._seq = self._entry_seq = self._path_seq = self._kernel_wrote_seq = self._adopted_seq = 0
         self._entry_exits: Mapping[str, int] = {}  # the exit counts when it entered the kernel
         self._entry_path: Path | None = None  # the path the handler chain took
         self._counters = SiteCounters(0, 0)
@@ -251,6 +257,11 @@ class TransactionTracker:
         machine.uprobes.step_observers.append(self._before_step)
         self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
         self.resume = ResumeWatch(machine, self)
+        if self.edges is not None and machine.uprobes.fast is not None:
+            # the C syscall front does these observers' work itself for a hit it handles (fastsys.c)
+            self._mirrored = [self._on_chain, self._before_step, self._before_kernel, *self.resume.observers]
+            machine.uprobes.fast.verifier = self
+            hotpath.touch()
 
     def _native_edges(self) -> NativeEdges | None:
         """The C site and ret hooks (emu/verify/native_edges.py), where the write log is C too;
@@ -279,7 +290,7 @@ class TransactionTracker:
         self._active = tx
         if self._edge_words is not None:
             self._edge_words[STATE] = IDLE if tx is None else OPEN
-            self._seq = self._edge_words[SEQ]
+            self._seq = self._edge_words[PY_SEQ] = self._edge_words[SEQ]
 
     def _unmaterialized(self) -> bool:
         """The site hook's open transaction has no Transaction yet."""
@@ -290,6 +301,7 @@ class TransactionTracker:
         """The open transaction's site and exit counts at its start, without making it a Transaction."""
         if self._unmaterialized():
             assert self._edge_words is not None
+            self._adopt_kernel_part()
             at = self._by_site.get(self._edge_words[SITE])
             if at is None:
                 return None
@@ -307,7 +319,8 @@ class TransactionTracker:
         edges, words = self.edges, self._edge_words
         assert edges is not None and words is not None
         addr, seq = words[SITE], words[SEQ]
-        self._seq = seq
+        self._adopt_kernel_part()
+        self._seq = words[PY_SEQ] = seq
         at = self._by_site.get(addr)
         if at is None or self._up.probes.get(addr) is not at.uprobe:
             self._native_tx = None
@@ -324,6 +337,38 @@ class TransactionTracker:
         if self._kernel_wrote_seq == seq:  # as _on_kernel_write() does for a Transaction
             tx.redzone_before, tx.redzone_changed = self._redzone_at_start(tx), True
         return tx
+
+    # ------------------------------------------------------------- the C syscall front
+    def mirrors(self, observer: object) -> bool:
+        """``observer`` is one of this tracker's, whose work the C syscall front does for a hit it handles."""
+        return observer in self._mirrored
+
+    def site_facts(self, vaddr: int) -> tuple[int, int, int]:
+        """For the C syscall front's table: where a hit at ``vaddr`` resumes if it is a NOP-class site
+        watched here (else 0), and the C-hooked trampoline ``ret`` its transaction may be armed for
+        and the bytes that pops (0, 0 until the resume watch has found it)."""
+        at = self._by_site.get(vaddr)
+        if at is None or not at.nop or self._up.probes.get(vaddr) is not at.uprobe:
+            return 0, 0, 0
+        return (at.next, *self.resume.armable(vaddr))
+
+    def _adopt_kernel_part(self) -> None:
+        """The C syscall front did the kernel's part of the open transaction's hit: note what this
+        tracker's observers would have (its path, the exit counts before it), its counts folded in."""
+        words = self._edge_words
+        assert words is not None
+        seq = words[SEQ]
+        if words[KERNEL_SEQ] != seq or self._adopted_seq == seq:
+            return
+        self._adopted_seq = seq
+        fast = self._up.fast
+        assert fast is not None
+        fast.fold(self.machine.kernel.counts)
+        self._path_seq, self._entry_path = seq, Path(NATIVE_PATHS[words[KERNEL_PATH]])
+        exits, name = dict(self._exits), KERNEL_EXITS[words[KERNEL_EXIT]]
+        if name is not None:
+            exits[name] = exits.get(name, 0) - 1
+        self._entry_seq, self._entry_exits = seq, {k: n for k, n in exits.items() if n}
 
     def _before_kernel(self, *_args: object) -> None:
         """The kernel is entered: an armed transaction is disarmed (the kernel may change anything);
@@ -366,6 +411,7 @@ class TransactionTracker:
         if not self._unmaterialized() or self._up.task.stepping:
             return None
         assert self._edge_words is not None
+        self._adopt_kernel_part()
         if self._path_seq != self._edge_words[SEQ]:
             return None  # the handler chain has not run for it (yet): not a hit to settle as clean
         at = self._by_site.get(self._edge_words[SITE])
@@ -407,6 +453,7 @@ class TransactionTracker:
                 self._by_site[addr] = ProbeSite(att.resolved.spec.text, uprobe, addr, original,
                                                 uprobe.insn.kind is Kind.NOP, addr + len(original), len(self._by_site))
         self._counters = SiteCounters(len(self._by_site), 0 if self.edges is None else self.edges.address)
+        hotpath.touch()  # the C syscall front's site facts (site_facts) are of the old sites
         for site, at in self._by_site.items():
             if self.edges is not None:
                 self._site_hooks.append(self.edges.add_site_hook(site, self._counters.record(at.index)))

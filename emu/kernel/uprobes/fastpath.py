@@ -16,14 +16,16 @@ return instances it pushed to the task's list before Python handles anything (ta
 or whenever the C side hands a hit over, :meth:`FastPaths.uprobe` does the same in Python, and
 returns False whenever the full path is needed (an error, a fault, a consumer that looks at registers).
 Nothing in Python may need to see the hit for the C side to take it: no chain or step observer (the
-verifiers, the hit-path report), no syscall or interrupt observer, no strace, no shadow stack.
+hit-path report), no syscall or interrupt observer, no strace, no shadow stack, except the verifiers'
+transaction tracker (emu/verify/transaction.py), whose observers' work the C side does itself for the
+hits it takes (a NOP-class site: FastSys's WATCH_OPEN).
 """
 
 from __future__ import annotations
 
 import struct
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 from emu import hotpath
 from emu.abi import PAGE_SIZE
@@ -40,6 +42,16 @@ SAVED_REG = {name: Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdi
 EXIT_KINDS = ("trampoline", "iret", "sysret")  # fastsys.c's EXIT_* order
 
 
+class NativeVerifier(Protocol):
+    """The verifiers' tracker, as the C front sees it (emu/verify/transaction.py)."""
+
+    edges: Any  # its NativeEdges: the control block the C front shares
+
+    def mirrors(self, observer: object) -> bool: ...
+
+    def site_facts(self, vaddr: int) -> tuple[int, int, int]: ...
+
+
 class FastPaths:
     def __init__(self, up: Uprobes) -> None:
         self.up = up
@@ -47,6 +59,7 @@ class FastPaths:
         self._configured = False  # the C front has this design's handler
         self._ret_configured = False  # and its uretprobe trampoline
         self._entries: list[list[tuple[Consumer, object]]] = []  # each published probe's return consumers
+        self.verifier: NativeVerifier | None = None  # set by the verifiers' tracker
         hotpath.touch()  # a new registry (a new process, or exec): the front's tables are of the old one
         handler, patch = up.design.handler, up.design.patch
         self.enabled = handler is not None and patch is not None and "flags" not in handler.saved
@@ -77,15 +90,21 @@ class FastPaths:
         if not self._configured:
             self._configure(front)
         front.open = self._unobserved()
+        front.set_verifier(self.verifier.edges.address if front.open and self.verifier is not None else 0)
         if front.open and not front.current:
             self.take_over()  # (none: sync comes at a slice's start or from Python) they index the old table
             self._publish(front)
         self.returns_moved()
 
     def _unobserved(self) -> bool:
+        """Nothing in Python watches hits but the verifier's observers, which the C front mirrors."""
         up, cpu = self.up, self.up.cpu
-        return not (self.traced or up.shadow_stack is not None or up.chain_observers or up.step_observers
-                    or cpu.before_syscall or cpu.after_syscall or cpu.before_interrupt or cpu.after_interrupt)
+        if self.traced or up.shadow_stack is not None:
+            return False
+        observers = (*up.chain_observers, *up.step_observers, *cpu.before_syscall, *cpu.after_syscall,
+                     *cpu.before_interrupt, *cpu.after_interrupt)
+        verifier = self.verifier
+        return all(verifier is not None and verifier.mirrors(o) for o in observers)
 
     def _configure(self, front: Any) -> None:
         self._configured = True
@@ -120,9 +139,10 @@ class FastPaths:
                 continue
             returning = [c for c in consumers if c.ret_handler is not None]
             self._entries.append([(c, None) for c in returning])  # handler_chain's entries: every one, enabled or not
+            facts = (0, 0, 0) if self.verifier is None else self.verifier.site_facts(vaddr)
             probes.append((vaddr, 0 if returning else self._int3_length(probe),
                            tuple(c.native_counters() for c in consumers if c.enabled), bool(returning),
-                           tuple(c.native_counters() for c in returning if c.enabled)))
+                           tuple(c.native_counters() for c in returning if c.enabled), *facts))
         sites = up.sites
         pages = [(page, page + PAGE_SIZE) for page in sites.trampolines]
         slots: list[tuple[int, int]] = []
