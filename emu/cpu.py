@@ -844,7 +844,7 @@ def raw_code_hook_address(cpu: Cpu, callback: RawCodeHook) -> int:
     return _address(cfunc)
 
 
-def _address(cfunc: "ctypes._FuncPointer") -> int:
+def _address(cfunc: ctypes._FuncPointer) -> int:
     """The C address of a ctypes callback (the caller keeps it alive)."""
     address = ctypes.cast(cfunc, ctypes.c_void_p).value
     assert address is not None

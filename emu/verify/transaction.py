@@ -363,7 +363,7 @@ class TransactionTracker:
         self._adopted_seq = seq
         fast = self._up.fast
         assert fast is not None
-        fast.fold(self.machine.kernel.counts)
+        fast.fold_stats(self.machine.kernel.counts)
         self._path_seq, self._entry_path = seq, Path(NATIVE_PATHS[words[KERNEL_PATH]])
         exits, name = dict(self._exits), KERNEL_EXITS[words[KERNEL_EXIT]]
         if name is not None:

@@ -184,10 +184,14 @@ class FastPaths:
     def fold(self, counts: Counter[int]) -> None:
         """Add what the C front counted since the last fold to the statistics, and its sys_uprobe calls
         to the kernel's syscall ``counts`` (after each run slice, and before the Uprobes is replaced)."""
+        self.take_over()
+        self.fold_stats(counts)
+
+    def fold_stats(self, counts: Counter[int]) -> None:
+        """As fold, leaving the return instances the C front pushed where they are (it may pop them)."""
         front = self.up.cpu.fast_front
         if front is None:
             return
-        self.take_over()
         calls, locks, copied, sysret, iret, traps, emulated, ret_calls, ret_hits = front.take_stats()
         stats = self.up.stats
         if calls:
