@@ -6,6 +6,7 @@ import enum
 
 PAGE_SIZE = 0x1000
 PAGE_MASK = ~(PAGE_SIZE - 1)
+U64 = (1 << 64) - 1  # a 64-bit register's or address's mask
 RED_ZONE = 128
 TASK_SIZE = 0x7FFFFFFFF000
 

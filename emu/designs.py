@@ -17,19 +17,83 @@ refuses an inconsistent design with a message naming the problem, before anythin
 from __future__ import annotations
 
 import dataclasses
+import enum
 import errno
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Literal
 
 from emu.abi import NR_UPROBE, NR_URETPROBE, NR_URETPROBE_RFC, PAGE_SIZE, RED_ZONE
 from emu.errors import UsageError
 
 Code = str | bytes
-SiteForm = Literal["nop5", "nop10"]
-SITE_LENGTH: dict[str, int] = {"nop5": 5, "nop10": 10}
-BRANCH_OPCODE: dict[str, int] = {"call": 0xE8, "jmp": 0xE9}
+
+
+# Each choice a design makes is one of these. A design file writes the value (``exit="iret"``); the
+# part's __post_init__ turns it into the member, and the kernel's code compares members only. Each
+# member's comment names the function that implements it.
+class SiteForm(enum.StrEnum):
+    """The long NOP a design optimizes (sites.can_optimize)."""
+
+    NOP5 = "nop5"  # any of the kernel's nop5 forms (insn.is_nop5)
+    NOP10 = "nop10"  # 66 2e 0f 1f 84 00 00 00 00 00 (sites.NOP10_HEAD)
+
+
+class Branch(enum.StrEnum):
+    """The rel32 branch a patched site takes (sites.patched_bytes; the hit's path, syscalls.hit_path)."""
+
+    CALL = "call"  # into the shared trampoline, pushing the return address sys_uprobe finds the probe by
+    JMP = "jmp"  # into this probe's slot: nothing pushed
+
+
+class WriteOrder(enum.StrEnum):
+    """How SitePatcher.optimize writes the patch (spec 3.5)."""
+
+    INT3_FIRST = "int3-first"  # bytes 1.. while byte 0 still traps, then byte 0
+    FRONT_TO_BACK = "front-to-back"  # every byte in turn: a thread may run a torn instruction
+
+
+class Detach(enum.StrEnum):
+    """What SitePatcher.unoptimize leaves at a detached site (spec 3.8)."""
+
+    RESTORE = "restore"  # the original bytes
+    JUMP_OVER = "jump-over"  # `eb rel8` over the stale tail
+
+
+class Layout(enum.StrEnum):
+    """Where SitePatcher.optimize points a site (sites._trampoline_for, sites._slot_for)."""
+
+    SHARED = "shared"  # one trampoline page for every site in rel32 reach
+    SLOTS = "slots"  # a slot of its own per probe, found by sys_uprobe from the slot (SitePatcher.probe_of_slot)
+
+
+class ProbeFrom(enum.StrEnum):
+    """How sys_uprobe finds the probe (syscalls._locate)."""
+
+    RETURN_ADDRESS = "return-address"  # the call's return address, minus Patch.branch_end
+    SLOT = "slot"  # which slot the syscall came from
+
+
+class Exit(enum.StrEnum):
+    """How sys_uprobe returns to user mode (syscalls.sys_uprobe, and syscalls.sys_uretprobe for a
+    ReturnTrampoline, which has TRAMPOLINE and IRET)."""
+
+    TRAMPOLINE = "trampoline"  # the words written back, SYSRET into the trampoline, whose pops and ret restore them
+    IRET = "iret"  # everything restored, IRET to the instruction after the site (syscalls._leave, force_iret)
+    SYSRET = "sysret"  # restored, then rcx = ip and r11 = flags: SYSRET straight past the site
+
+
+SITE_LENGTH: dict[str, int] = {SiteForm.NOP5: 5, SiteForm.NOP10: 10}
+BRANCH_OPCODE: dict[str, int] = {Branch.CALL: 0xE8, Branch.JMP: 0xE9}
+
+
+def _coerce_choices(part: object, **choices: type[enum.StrEnum]) -> None:
+    """A frozen part's choice fields as members: a value that names one becomes it; anything else
+    stays as it is, for problems() and shape_problems() to name."""
+    for name, choice in choices.items():
+        value = getattr(part, name)
+        if isinstance(value, str) and not isinstance(value, choice) and value in choice._value2member_map_:
+            object.__setattr__(part, name, choice(value))
 SAVABLE = ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "flags")
 XOL_SLOT_BYTES = 128  # UPROBE_XOL_SLOT_BYTES (spec 4.3)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -78,15 +142,23 @@ def _immediate(text: str) -> int | None:
 class Patch:
     """How an optimizable site is rewritten after its first INT3 hit (spec 3.3, 3.5, 3.8)."""
 
-    site: SiteForm = "nop5"  # the long NOP this design optimizes (nop5: any [NOPS] form; nop10: 66 2e 0f 1f 84 ...)
+    site: SiteForm | str = SiteForm.NOP5  # the long NOP this design optimizes
     prefix: Code = b""  # code placed before the branch (nop10: `lea -0x80(%rsp),%rsp` steps over the red zone)
-    branch: Literal["call", "jmp"] = "call"  # rel32 to the trampoline, or to this probe's slot
-    write_order: Literal["int3-first", "front-to-back"] = "int3-first"  # spec 3.5; front-to-back exposes torn insns
-    detach: Literal["restore", "jump-over"] = "restore"  # original bytes, or `eb rel8` over the stale tail (spec 3.8)
+    branch: Branch | str = Branch.CALL  # rel32 to the trampoline, or to this probe's slot
+    write_order: WriteOrder | str = WriteOrder.INT3_FIRST  # spec 3.5; front-to-back exposes torn insns
+    detach: Detach | str = Detach.RESTORE  # original bytes, or `eb rel8` over the stale tail (spec 3.8)
+
+    def __post_init__(self) -> None:
+        _coerce_choices(self, site=SiteForm, branch=Branch, write_order=WriteOrder, detach=Detach)
 
     @property
     def length(self) -> int:
         return SITE_LENGTH[self.site]
+
+    @property
+    def branch_end(self) -> int:
+        """Offset of the branch's end (a call's return address) from the site (6.18: 5; nop10: lea 5 + call 5)."""
+        return len(self.prefix_bytes) + 5
 
     @functools.cached_property
     def prefix_bytes(self) -> bytes:
@@ -96,9 +168,9 @@ class Patch:
         if self.site not in SITE_LENGTH:
             return [f"patch.site {self.site!r} is not one of {', '.join(SITE_LENGTH)}"]
         found = _choice("patch.branch", self.branch, BRANCH_OPCODE) + \
-            _choice("patch.write_order", self.write_order, ("int3-first", "front-to-back")) + \
-            _choice("patch.detach", self.detach, ("restore", "jump-over"))
-        size = len(self.prefix_bytes) + 5
+            _choice("patch.write_order", self.write_order, WriteOrder) + \
+            _choice("patch.detach", self.detach, Detach)
+        size = self.branch_end
         if size > self.length:
             found.append(f"patch is {size} bytes ({len(self.prefix_bytes)}-byte prefix + 5-byte {self.branch} rel32), "
                          f"longer than its {self.length}-byte {self.site} site")
@@ -110,10 +182,13 @@ class Trampoline:
     """The code a patched site reaches and how its pages are placed (spec 1.3, 3.4)."""
 
     code: Code
-    layout: Literal["shared", "slots"] = "shared"  # shared: one page for every site in rel32 reach; slots: one each
+    layout: Layout | str = Layout.SHARED  # shared: one page for every site in rel32 reach; slots: one each
     slot_size: int = 16  # slots: bytes per slot; a page holds PAGE_SIZE // slot_size of them
     slot_reuse: bool = False  # slots: hand a detached probe's slot to the next probe (the race the permanent rule avoids)
     inherited_on_fork: bool = True  # False: VM_DONTCOPY, as 6.18's [uprobes-trampoline] (linux-6.18-observed.md)
+
+    def __post_init__(self) -> None:
+        _coerce_choices(self, layout=Layout)
 
     @functools.cached_property
     def code_bytes(self) -> bytes:
@@ -129,11 +204,12 @@ class Trampoline:
         return PAGE_SIZE // self.slot_size
 
     def problems(self, nr: int | None) -> list[str]:
-        found = _choice("trampoline.layout", self.layout, ("shared", "slots"))
+        found = _choice("trampoline.layout", self.layout, Layout)
         size = len(self.code_bytes)
-        room = self.slot_size if self.layout == "slots" else PAGE_SIZE
-        where = f"its {self.slot_size}-byte slot" if self.layout == "slots" else f"a {PAGE_SIZE}-byte page"
-        if self.layout == "slots" and not (0 < self.slot_size <= PAGE_SIZE and PAGE_SIZE % self.slot_size == 0):
+        slots = self.layout is Layout.SLOTS
+        room = self.slot_size if slots else PAGE_SIZE
+        where = f"its {self.slot_size}-byte slot" if slots else f"a {PAGE_SIZE}-byte page"
+        if slots and not (0 < self.slot_size <= PAGE_SIZE and PAGE_SIZE % self.slot_size == 0):
             found.append(f"trampoline.slot_size {self.slot_size} does not divide a {PAGE_SIZE}-byte page")
         elif size > room:
             found.append(f"trampoline code is {size} bytes, does not fit {where}")
@@ -152,19 +228,22 @@ class Handler:
     nr: int = NR_UPROBE
     saved: tuple[str, ...] = ("ax", "r11", "cx")  # words the trampoline pushed, from rsp upward, restored into regs
     saved_offset: int = 0  # bytes between rsp at the syscall and the first saved word
-    probe_from: Literal["return-address", "slot"] = "return-address"  # the call's return address, or which slot
+    probe_from: ProbeFrom | str = ProbeFrom.RETURN_ADDRESS  # the call's return address, or which slot
     sp_skip: int = 0  # bytes the site or slot moved rsp down before the pushes, undone on the way back
-    exit: Literal["trampoline", "iret", "sysret"] = "trampoline"
+    exit: Exit | str = Exit.TRAMPOLINE
     # trampoline: write the words back and SYSRET into the trampoline, whose pops and ret restore them (6.18);
     # iret: restore everything and IRET to the instruction after the site;
     # sysret: restore, then rcx = ip and r11 = flags, and SYSRET straight to the instruction after the site.
     outside_errno: int = errno.ENXIO  # returned to a call from anywhere but a trampoline (spec 2.1 step 1)
 
+    def __post_init__(self) -> None:
+        _coerce_choices(self, probe_from=ProbeFrom, exit=Exit)
+
     def problems(self) -> list[str]:
         found = _saved_problems("handler.saved", self.saved)
-        found += _choice("handler.probe_from", self.probe_from, ("return-address", "slot"))
-        found += _choice("handler.exit", self.exit, ("trampoline", "iret", "sysret"))
-        if self.exit == "trampoline" and self.probe_from != "return-address":
+        found += _choice("handler.probe_from", self.probe_from, ProbeFrom)
+        found += _choice("handler.exit", self.exit, Exit)
+        if self.exit is Exit.TRAMPOLINE and self.probe_from is not ProbeFrom.RETURN_ADDRESS:
             found.append("handler.exit 'trampoline' returns through the call's return address: needs "
                          "probe_from='return-address'")
         for what, value in (("sp_skip", self.sp_skip), ("saved_offset", self.saved_offset)):
@@ -182,7 +261,10 @@ class ReturnTrampoline:
     code: Code = "int3"
     nr: int | None = None  # its syscall; None: the trampoline traps and the INT3 path handles the return
     saved: tuple[str, ...] = ("r11", "cx", "ax")  # words it pushed, from rsp upward
-    exit: Literal["trampoline", "iret"] = "trampoline"  # SYSRET into its pops and ret (2.2), or IRET to the caller
+    exit: Exit | str = Exit.TRAMPOLINE  # SYSRET into its pops and ret (2.2), or IRET to the caller (not SYSRET)
+
+    def __post_init__(self) -> None:
+        _coerce_choices(self, exit=Exit)
 
     @functools.cached_property
     def code_bytes(self) -> bytes:
@@ -203,12 +285,12 @@ class ReturnTrampoline:
                 found.append("a uretprobe trampoline without a syscall must start with int3")
             return found
         found += _saved_problems("uretprobe.saved", self.saved)
-        found += _choice("uretprobe.exit", self.exit, ("trampoline", "iret"))
+        found += _choice("uretprobe.exit", self.exit, (Exit.TRAMPOLINE, Exit.IRET))
         if len(syscall_ends(code)) != 1:
             found.append("uretprobe trampoline needs exactly one syscall instruction")
         elif not loads_rax(code, self.nr):
             found.append(f"uretprobe trampoline does not load syscall number {self.nr} into rax before its syscall")
-        if self.exit == "trampoline" and self.saved[-1:] != ("ax",):
+        if self.exit is Exit.TRAMPOLINE and self.saved[-1:] != ("ax",):
             found.append("uretprobe.exit 'trampoline' writes the return address over the last saved word, "
                          "which must be 'ax' (the syscall returns it)")
         return found
@@ -257,10 +339,10 @@ class Design:
         if self.patch is None or self.trampoline is None or self.handler is None:
             return found
         found += self.patch.problems() + self.trampoline.problems(self.handler.nr) + self.handler.problems()
-        slots, by_slot = self.trampoline.layout == "slots", self.handler.probe_from == "slot"
+        slots, by_slot = self.trampoline.layout is Layout.SLOTS, self.handler.probe_from is ProbeFrom.SLOT
         if slots != by_slot:
             found.append("a 'slots' trampoline and handler.probe_from='slot' go together")
-        if self.handler.probe_from == "return-address" and self.patch.branch != "call":
+        if self.handler.probe_from is ProbeFrom.RETURN_ADDRESS and self.patch.branch is not Branch.CALL:
             found.append("handler.probe_from='return-address' needs patch.branch='call' (a jmp pushes no return address)")
         if self.uretprobe.nr == self.handler.nr:
             found.append(f"sys_uprobe and the uretprobe syscall both use number {self.handler.nr}")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emu.designs import BRANCH_OPCODE, Patch
+from emu.designs import BRANCH_OPCODE, Detach, Layout, Patch, WriteOrder
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.sites import crosses_page
@@ -33,8 +33,8 @@ SET_ORIG = "detach: set_orig, the original byte 0 back (spec 1.1, 3.5)"
 
 
 def optimize_title(patch: Patch) -> str:
-    size = len(patch.prefix_bytes) + 5
-    if patch.write_order == "front-to-back":
+    size = patch.branch_end
+    if patch.write_order is WriteOrder.FRONT_TO_BACK:
         return f"first hit: optimize: bytes 0..{size - 1} one at a time, front to back (torn instructions visible)"
     what = ("prefix tail + " if patch.prefix_bytes else "") + f"{patch.branch} rel32"
     first = (patch.prefix_bytes or bytes([BRANCH_OPCODE[patch.branch]]))[0]
@@ -42,7 +42,7 @@ def optimize_title(patch: Patch) -> str:
 
 
 def detach_title(patch: Patch) -> str:
-    if patch.detach == "jump-over":
+    if patch.detach is Detach.JUMP_OVER:
         rel8 = patch.length - 2
         return (f"detach: unoptimize (spec 3.8, WIP10 form): CC at byte 0, {rel8:02X} at byte 1, EB at byte 0 "
                 f"-> `eb {rel8:02x}` jumps over the stale tail")
@@ -210,9 +210,9 @@ def _collect(hist: SiteHistory, writes: list[RawWrite]) -> None:
 def _mapped(machine: Machine, vaddr: int) -> Mapped | None:
     patch, tramp = machine.design.patch, machine.design.trampoline
     assert patch is not None and tramp is not None
-    end = len(patch.prefix_bytes) + 5
+    end = patch.branch_end
     target = vaddr + end + struct.unpack("<i", machine.mem.read(vaddr + end - 4, 4))[0]
-    what = (f"the {patch.branch} targets this probe's {tramp.slot_size}-byte slot" if tramp.layout == "slots" else
+    what = (f"the {patch.branch} targets this probe's {tramp.slot_size}-byte slot" if tramp.layout is Layout.SLOTS else
             f"the {patch.branch} targets the first byte of the trampoline page (spec 1.3, 1.5)")
     vma = machine.mem.find(target)
     if vma is None:

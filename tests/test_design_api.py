@@ -3,6 +3,7 @@ refused before anything runs, design files load, and the examples behave as thei
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -16,9 +17,13 @@ from emu.designs import (
     DESIGNS,
     Design,
     DesignError,
+    Exit,
     Handler,
+    Layout,
     Patch,
+    ProbeFrom,
     ReturnTrampoline,
+    SiteForm,
     Trampoline,
     get_design,
     known_designs,
@@ -242,3 +247,41 @@ def test_a_finding_of_a_user_design_replays_from_its_record_alone(tmp_path: Path
     forget_user_designs()  # a new process: only the record says where the design lives
     verdict, used = replay(finding.json_path)
     assert used == flawed.name and verdict.finding
+
+
+def test_a_design_files_choice_strings_become_members_and_a_wrong_one_is_named() -> None:
+    handler = Handler(exit="iret", probe_from="slot")
+    assert handler.exit is Exit.IRET and handler.probe_from is ProbeFrom.SLOT
+    assert Trampoline("syscall", layout="slots").layout is Layout.SLOTS
+    assert Patch(site="nop10", branch="jmp").site is SiteForm.NOP10
+    assert replace(handler, exit="sysret").exit is Exit.SYSRET  # replace() runs the same conversion
+    wrong = Handler(exit="sysretq")
+    assert wrong.exit == "sysretq" and "handler.exit 'sysretq' is not one of trampoline, iret, sysret" in wrong.problems()
+
+
+CHOICE_FIELDS = {"site", "branch", "write_order", "detach", "layout", "probe_from", "exit"}
+
+
+def _string_comparisons_of_choices(tree: ast.AST) -> list[int]:
+    """Lines comparing a design choice field (``x.exit``) with a string literal."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            fields = [o for o in operands if isinstance(o, ast.Attribute) and o.attr in CHOICE_FIELDS]
+            strings = [o for o in operands if isinstance(o, ast.Constant) and isinstance(o.value, str)]
+            if fields and strings:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_code_past_designs_compares_a_design_choice_with_a_string() -> None:
+    found = {}
+    for path in sorted((ROOT / "emu").rglob("*.py")):
+        if path.name == "designs.py" or "report" in path.parts:  # the hit-path report's own .exit is a str
+            continue
+        lines = _string_comparisons_of_choices(ast.parse(path.read_text()))
+        if lines:
+            found[str(path.relative_to(ROOT))] = lines
+    assert found == {}
+    assert _string_comparisons_of_choices(ast.parse("handler.exit == 'iret'")) == [1]  # the scan sees one

@@ -27,7 +27,7 @@ from emu.fuzz.case import (
 from emu.fuzz.generator import MOVE_SP_STEPS
 from emu.fuzz.sites import ENTRIES, SITES
 
-U64 = st.integers(0, (1 << 64) - 1)
+ANY_U64 = st.integers(0, (1 << 64) - 1)
 
 
 def _mov_store(size: int) -> st.SearchStrategy[Store]:
@@ -50,7 +50,7 @@ def stores() -> st.SearchStrategy[Store]:
 def actions() -> st.SearchStrategy[Action | None]:
     return st.one_of(
         st.none(),
-        st.builds(Action, st.just(ActionKind.SET_REG), st.sampled_from(CASE_REGS), U64),
+        st.builds(Action, st.just(ActionKind.SET_REG), st.sampled_from(CASE_REGS), ANY_U64),
         st.just(Action(ActionKind.REDIRECT)),
         st.builds(Action, st.just(ActionKind.MOVE_SP), st.just(""), st.sampled_from(MOVE_SP_STEPS)),
     )
@@ -76,6 +76,6 @@ def _cases(site: str, action: Action | None, max_stores: int) -> st.SearchStrate
         Case,
         seed=st.just(0), index=st.just(0), site=st.just(site), entry=st.sampled_from(tuple(ENTRIES)),
         stores=st.lists(stores(), max_size=max_stores).map(tuple),
-        regs=st.tuples(*(U64 for _ in CASE_REGS)), flags=st.lists(st.sampled_from(ARITH_FLAGS)).map(_flags),
+        regs=st.tuples(*(ANY_U64 for _ in CASE_REGS)), flags=st.lists(st.sampled_from(ARITH_FLAGS)).map(_flags),
         action=st.just(action), uretprobe=st.booleans(),
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from emu.abi import RED_ZONE
-from emu.designs import Design
+from emu.designs import Branch, Design, Exit
 from emu.survey.redzone import spans
 from emu.survey.stack import RSP, Range, decode, effect
 
@@ -33,7 +33,7 @@ def red_zone_writes(design: Design) -> Spans | None:
             return None
         stores += eff.stores
         regs = eff.regs
-    if design.patch.branch == "call":
+    if design.patch.branch is Branch.CALL:
         regs = {RSP: regs[RSP] - 8}
         stores.append((regs[RSP], regs[RSP] + 8))
     for insn in decode(design.trampoline.code_bytes, 0):
@@ -46,7 +46,7 @@ def red_zone_writes(design: Design) -> Spans | None:
         regs = eff.regs
     else:
         return None  # no syscall: the design's validation refuses it, nothing to judge
-    if design.handler.exit == "trampoline":
+    if design.handler.exit is Exit.TRAMPOLINE:
         first = regs[RSP] + design.handler.saved_offset
         stores += [(first + 8 * i, first + 8 * i + 8) for i in range(len(design.handler.saved))]
     bits = 0

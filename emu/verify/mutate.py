@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from emu.abi import RED_ZONE
-from emu.designs import Design, DesignError
+from emu.designs import Branch, Design, DesignError, Exit, Layout
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.consumers import Consumer, Hit
@@ -145,7 +145,7 @@ def _entry_depth(design: Design) -> int:
     """How far below the site's rsp the trampoline starts: the site's lea, then a call's push."""
     assert design.handler is not None and design.patch is not None
     lea = design.handler.sp_skip if design.patch.prefix else 0
-    return lea + (8 if design.patch.branch == "call" else 0)
+    return lea + (8 if design.patch.branch is Branch.CALL else 0)
 
 
 def _before_syscall_setup(insns: list[str]) -> int:
@@ -295,7 +295,7 @@ def off_by_eight(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
 
 def wrong_exit(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
     assert design.handler is not None
-    if design.handler.exit == "iret":
+    if design.handler.exit is Exit.IRET:
         yield "exit iret -> sysret", _with_handler(design, exit="sysret")
 
 
@@ -328,7 +328,7 @@ def one_more_saved(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
     assert design.handler is not None
     insns = _insns(design)
     first_push = next((i for i, insn in enumerate(insns) if insn.startswith("push ")), None)
-    if first_push is None or "dx" in design.handler.saved or design.handler.exit == "trampoline":
+    if first_push is None or "dx" in design.handler.saved or design.handler.exit is Exit.TRAMPOLINE:
         return  # a 'trampoline' exit pops the saved words itself: its epilogue would need the pop too
     stepped = [m for insn in insns[:first_push] if (m := _LEA_RSP.match(insn)) is not None]
     if not any(-int(m.group(1)) >= RED_ZONE for m in stepped):
@@ -381,7 +381,7 @@ def _fitted(design: Design) -> Design:
     """A 'slots' trampoline whose mutated code outgrew its slot gets bigger slots (where a slot
     lies changes nothing a program can see; the code in it is what is being tested)."""
     t = design.trampoline
-    if t is None or t.layout != "slots":
+    if t is None or t.layout is not Layout.SLOTS:
         return design
     try:
         size = len(t.code_bytes)

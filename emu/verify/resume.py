@@ -26,7 +26,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from emu import hotpath
-from emu.abi import RED_ZONE
+from emu.abi import RED_ZONE, U64
 from emu.cpu import add_raw_code_hook, flush_all_code, hook_failed, hook_raised
 from emu.disasm import cs64
 from emu.kernel.uprobes.regs import ExitPath
@@ -37,14 +37,13 @@ if TYPE_CHECKING:
     from emu.verify.transaction import Transaction, TransactionTracker
 
 KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
-U64 = (1 << 64) - 1
 TAIL_SCAN_BYTES = 256
 # Instructions after which execution need not continue with the next one.
 _BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "into", "iret", "iretd", "iretq",
                        "sysret", "sysretq", "retf", "retfq", "hlt", "ud0", "ud1", "ud2"})
 _KERNEL_ENTRIES = frozenset({"syscall", "int3"})  # the kernel's own exit is seen by the hooks here
 _IRET = ExitPath.IRET.value  # its count in the kernel's exit record (UprobeStats.exits)
-_U64 = struct.Struct("<Q")
+_QWORD = struct.Struct("<Q")
 
 
 class ResumeWatch:
@@ -131,7 +130,7 @@ class ResumeWatch:
             self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
             return None
         raw, redzone = self.tracker.read_end(tx)
-        addr = (_U64.unpack_from(raw, RAW_RIP)[0] + rip_advance) & U64
+        addr = (_QWORD.unpack_from(raw, RAW_RIP)[0] + rip_advance) & U64
         if self._guest_side(tx, addr):
             self.tracker.finish(tx, addr, raw, redzone=redzone)
             return None
@@ -189,7 +188,7 @@ class ResumeWatch:
             if tx is None or self.up.task.stepping:
                 return
             raw = tracker.raw.read()
-            rsp = _U64.unpack_from(raw, RAW_RSP)[0]
+            rsp = _QWORD.unpack_from(raw, RAW_RSP)[0]
             redzone = None
             offset = rsp - tx.redzone_base
             if 0 <= offset <= RED_ZONE - 8:  # the 6.18 trampoline returns from the red zone

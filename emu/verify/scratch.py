@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from emu.abi import PAGE_SIZE, Prot, page_down
+from emu.abi import PAGE_SIZE, U64, Prot, page_down
 from emu.cpu import BadAccess, Cpu, RawState, StopReason, add_raw_mem_read_hook, add_raw_mem_write_hook
 from emu.memory import Memory
 
 MAX_PAGES = 8  # an instruction touching more pages than this (at one site, over time) starts afresh
-_U64 = (1 << 64) - 1
 
 
 class Reference(NamedTuple):
@@ -47,8 +46,8 @@ class ScratchCpu:
         self.cpu = Cpu()
         self.raw = RawState(self.cpu)
         self.cpu.on_unmapped = self._fault_in
-        add_raw_mem_write_hook(self.cpu, self._record, 1, _U64)
-        add_raw_mem_read_hook(self.cpu, self._record_read, 1, _U64)
+        add_raw_mem_write_hook(self.cpu, self._record, 1, U64)
+        add_raw_mem_read_hook(self.cpu, self._record_read, 1, U64)
         self._pages: dict[int, _Page] = {}  # mapped here
         self._site_pages: dict[tuple[int, bytes], frozenset[int]] = {}  # pages the last execution there used
         self._faulted: set[int] = set()

@@ -85,7 +85,7 @@ RIP_INDEX = 16
 FLAGS_INDEX = 17
 MAX_STORE = 8  # the widest store a write hook reports: Unicorn's x86 splits SSE/fxsave stores into 8-byte ones
 ADDRESS_SPACE_END = (1 << 64) - 1
-_U64 = struct.Struct("<Q")
+_QWORD = struct.Struct("<Q")
 
 
 class GuestWrite(NamedTuple):  # a NamedTuple: built for each logged store when a hit is checked
@@ -135,7 +135,7 @@ class Transaction:
         self.nop = at.nop
         self.hit = hit
         self.start_raw = start_raw
-        self.start_rsp = rsp = _U64.unpack_from(start_raw, RAW_RSP)[0]
+        self.start_rsp = rsp = _QWORD.unpack_from(start_raw, RAW_RSP)[0]
         self.redzone_base = rsp - RED_ZONE
         self.exits_before = exits_before
 
@@ -524,7 +524,7 @@ class TransactionTracker:
             self.keep_log(tx)
         self._count += 1
         if rsp is None:
-            rsp = _U64.unpack_from(raw, RAW_RSP)[0]
+            rsp = _QWORD.unpack_from(raw, RAW_RSP)[0]
         before = tx.redzone_before
         if redzone is None and before is not None:
             redzone = self._redzone(tx.redzone_base) if tx.redzone_changed else before

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu import hotpath
+from emu.designs import Branch
 from emu.kernel.uprobes.regs import PtRegs
 
 if TYPE_CHECKING:
@@ -25,6 +26,11 @@ class Path(enum.Enum):
     CALL = "call"  # nop5 -> call into [uprobes-trampoline] (linux-6.18) or lea+call (nop10)
     JMP = "jmp"  # nop5 -> jmp into a 16-byte slot
     RETURN = "return"  # a uretprobe firing on the way back
+
+
+def branch_path(branch: Branch | str) -> Path:
+    """The path of an optimized hit through a site patched with ``branch``."""
+    return Path.CALL if branch is Branch.CALL else Path.JMP
 
 
 @dataclass

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from emu import hotpath
-from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, Signal
+from emu.abi import PAGE_SIZE, TASK_SIZE, U64, Prot, Signal
 from emu.cpu import Cpu, Reg, StopReason
 from emu.designs import XOL_SLOT_BYTES, Design, ReturnTrampoline
 from emu.kernel.exits import GuestKilled
@@ -35,7 +35,6 @@ ChainObserver = Callable[["Uprobe", PtRegs | None, Path, bool], None]
 StepObserver = Callable[["Uprobe", PtRegs], None]
 MAX_URETPROBE_DEPTH = 64  # [HDR]
 XOL_NAME = "[uprobes]"
-U64 = (1 << 64) - 1
 
 
 class ShadowStackHooks(Protocol):

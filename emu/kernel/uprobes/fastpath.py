@@ -28,18 +28,18 @@ from collections import Counter
 from typing import Any, Protocol
 
 from emu import hotpath
-from emu.abi import PAGE_SIZE
+from emu.abi import PAGE_SIZE, U64
 from emu.cpu import Reg
-from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer, Path
+from emu.designs import Exit, ProbeFrom
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer, Path, branch_path
 from emu.kernel.uprobes.core import ReturnInstance, Uprobe, Uprobes
 from emu.kernel.uprobes.insn import Kind
 from emu.memory import UserFault
 
-U64 = (1 << 64) - 1
 SAVED_REG = {name: Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit() else name.upper()]
              for name in ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14",
                           "r15")}
-EXIT_KINDS = ("trampoline", "iret", "sysret")  # fastsys.c's EXIT_* order
+EXIT_KINDS = (Exit.TRAMPOLINE, Exit.IRET, Exit.SYSRET)  # fastsys.c's EXIT_* order
 
 
 class NativeVerifier(Protocol):
@@ -67,13 +67,13 @@ class FastPaths:
             return
         self.handler, self.patch = handler, patch
         self.saved_fmt = f"<{len(handler.saved)}Q"
-        self.path = Path.CALL if patch.branch == "call" else Path.JMP
-        self.branch_end = len(patch.prefix_bytes) + 5
-        self.by_slot = handler.probe_from == "slot"
+        self.path = branch_path(patch.branch)
+        self.branch_end = patch.branch_end
+        self.by_slot = handler.probe_from is ProbeFrom.SLOT
         self.words = len(handler.saved) + (0 if self.by_slot else 1)  # + the call's return address
         # SYSCALL itself left rcx = ip and r11 = flags; the saved words then override what the design restores
         direct = [Reg.RCX, Reg.R11] + [SAVED_REG[n] for n in handler.saved] + [Reg.RSP, Reg.RIP]
-        if handler.exit == "sysret":
+        if handler.exit is Exit.SYSRET:
             direct += [Reg.RCX, Reg.R11]  # written last: SYSRET's rcx and r11 win over the restored ones
         self.write_direct = up.cpu.batch_writer(direct)
 
@@ -118,7 +118,7 @@ class FastPaths:
         if not self.enabled:
             return  # INT3 hits only
         h, sites = self.handler, self.up.sites
-        front.set_handler(h.nr, int(self.by_slot), EXIT_KINDS.index(h.exit), NATIVE_PATHS.index(self.path.value),
+        front.set_handler(h.nr, int(self.by_slot), EXIT_KINDS.index(Exit(h.exit)), NATIVE_PATHS.index(self.path.value),
                           tuple(int(SAVED_REG[n]) for n in h.saved), h.saved_offset, h.sp_skip, self.branch_end,
                           self.patch.length, sites.trampoline.syscall_return if sites.slot_pages else 0)
 
@@ -126,7 +126,7 @@ class FastPaths:
         """The design's sys_uretprobe, once the XOL page (and so its assembled trampoline) exists."""
         self._ret_configured = True
         ret = self.up.design.uretprobe
-        if ret.nr is not None and ret.exit == "trampoline":
+        if ret.nr is not None and ret.exit is Exit.TRAMPOLINE:
             front.set_uretprobe(ret.nr, tuple(int(SAVED_REG[n]) for n in ret.saved), ret.syscall_return)
 
     def _publish(self, front: Any) -> None:
@@ -253,7 +253,7 @@ class FastPaths:
             return False  # the full path looks the trampoline up again, and counts that lookup
         if not self.by_slot:
             up.stats.mmap_locks += 1  # the lookup Uprobes.in_trampoline counts on the full path
-        if handler.exit == "trampoline":
+        if handler.exit is Exit.TRAMPOLINE:
             up.stats.copied += 16 * words  # the words are read and written back unchanged
             up.stats.exits["sysret"] += 1
             up.cpu.write_syscall_return(0, ip, flags)  # SYSRET: rcx <- ip, r11 <- flags; the trampoline pops the rest
@@ -262,8 +262,8 @@ class FastPaths:
         next_ip = vaddr + self.patch.length
         values = [ip, flags, *struct.unpack_from(self.saved_fmt, raw), sp + handler.saved_offset + 8 * words + handler.sp_skip,
                   next_ip - 2]
-        if handler.exit == "sysret":
+        if handler.exit is Exit.SYSRET:
             values += [next_ip, flags]
-        up.stats.exits["iret" if handler.exit == "iret" else "sysret"] += 1
+        up.stats.exits["iret" if handler.exit is Exit.IRET else "sysret"] += 1
         self.write_direct(values)  # Unicorn adds 2 to rip once the syscall hook returns
         return True

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot
-from emu.designs import BRANCH_OPCODE, Design, Patch, Trampoline
+from emu.designs import BRANCH_OPCODE, Design, Detach, Layout, Patch, SiteForm, Trampoline, WriteOrder
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.insn import analyze, decode
 from emu.memory import Memory
@@ -62,7 +62,7 @@ def can_optimize(design: Design, raw: bytes, vaddr: int) -> bool:
     patch = design.patch
     if patch is None:
         return False
-    if patch.site == "nop10":
+    if patch.site is SiteForm.NOP10:
         return len(raw) == 10 and raw[:5] == NOP10_HEAD and not crosses_page(vaddr, 10)
     return is_nop5(raw) and not crosses_page(vaddr, 5)
 
@@ -81,7 +81,7 @@ def usdt_combo_site(code: bytes, pc: int, design: Design) -> int:
 
 def patched_bytes(patch: Patch, target: int, vaddr: int) -> bytes | None:
     """The site's optimized bytes: prefix, then call/jmp rel32 to ``target``; None if out of reach."""
-    branch_end = vaddr + len(patch.prefix_bytes) + 5
+    branch_end = vaddr + patch.branch_end
     rel = rel32(target, branch_end)
     return None if rel is None else patch.prefix_bytes + bytes([BRANCH_OPCODE[patch.branch]]) + rel
 
@@ -129,7 +129,7 @@ class SitePatcher:
 
     def _stale_jump_over(self, vaddr: int) -> bool:
         patch = self.design.patch
-        return patch is not None and patch.detach == "jump-over" and \
+        return patch is not None and patch.detach is Detach.JUMP_OVER and \
             self.mem.read(vaddr + 1, 1) == bytes([patch.length - 2])
 
     def inherit(self, parent: SitePatcher) -> None:
@@ -159,14 +159,14 @@ class SitePatcher:
     # ------------------------------------------------------------- optimize
     def optimize(self, vaddr: int) -> bool:
         """Replace the INT3 site by the design's branch into the kernel; False if it cannot (OPTIMIZE_FAIL)."""
-        branch_end = vaddr + len(self.patch.prefix_bytes) + 5
-        target = self._slot_for(vaddr) if self.trampoline.layout == "slots" else self._trampoline_for(branch_end)
+        branch_end = vaddr + self.patch.branch_end
+        target = self._slot_for(vaddr) if self.trampoline.layout is Layout.SLOTS else self._trampoline_for(branch_end)
         if target is None:
             return False  # nothing reachable: the probe stays on INT3
         new = patched_bytes(self.patch, target, vaddr)
         assert new is not None
         current = self.mem.read(vaddr, len(new))
-        if self.patch.write_order == "front-to-back":  # every byte in place, one at a time (the torn-insn hazard)
+        if self.patch.write_order is WriteOrder.FRONT_TO_BACK:  # every byte in place, one at a time (the torn-insn hazard)
             for i in range(len(new)):
                 self.mem.patch(vaddr + i, current[i:i + 1], new[i:i + 1])
             return True
@@ -178,13 +178,13 @@ class SitePatcher:
     def unoptimize(self, vaddr: int, orig: bytes) -> None:
         """Back to the original bytes in the kernel's order, or to `eb rel8` over the stale tail (spec 3.5, 3.8)."""
         patch = self.patch
-        length = patch.length if patch.detach == "restore" else 2
+        length = patch.length if patch.detach is Detach.RESTORE else 2
         current = self.mem.read(vaddr, length)
-        tail = orig[1:length] if patch.detach == "restore" else bytes([patch.length - 2])
+        tail = orig[1:length] if patch.detach is Detach.RESTORE else bytes([patch.length - 2])
         self.mem.patch(vaddr, current[:1], INT3)
         self.mem.patch(vaddr + 1, current[1:length], tail)
-        self.mem.patch(vaddr, INT3, orig[:1] if patch.detach == "restore" else bytes([JMP8]))
-        if self.trampoline.layout == "slots" and self.trampoline.slot_reuse:
+        self.mem.patch(vaddr, INT3, orig[:1] if patch.detach is Detach.RESTORE else bytes([JMP8]))
+        if self.trampoline.layout is Layout.SLOTS and self.trampoline.slot_reuse:
             self._release_slot(vaddr)
 
     # ---------------------------------------------------- trampoline pages

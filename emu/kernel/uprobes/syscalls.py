@@ -10,17 +10,15 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from emu.abi import Signal
-from emu.designs import Handler, Patch
+from emu.abi import U64, Signal
+from emu.designs import Exit, Handler, ProbeFrom
 from emu.kernel.exits import GuestKilled
 from emu.kernel.table import Row
-from emu.kernel.uprobes.consumers import Path
+from emu.kernel.uprobes.consumers import branch_path
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.fastpath import FastPaths
 from emu.kernel.uprobes.regs import ExitPath, PtRegs, return_from_syscall, syscall_entry_regs
 from emu.memory import UserFault
-
-U64 = (1 << 64) - 1
 
 
 def _leave(up: Uprobes, regs: PtRegs, held: list[int], force_iret: bool = False) -> None:
@@ -54,15 +52,10 @@ def _write_words(up: Uprobes, regs: PtRegs, addr: int, words: list[int]) -> None
         raise _sigill(regs, "cannot write the trampoline's saved registers") from None
 
 
-def branch_end(patch: Patch) -> int:
-    """Offset of the call's return address from the site start (6.18: 5; nop10: lea 5 + call 5)."""
-    return len(patch.prefix_bytes) + 5
-
-
 def _locate(up: Uprobes, regs: PtRegs, handler: Handler) -> tuple[int, list[int], int | None] | None:
     """Spec 2.1 steps 1-2: (probe address, the saved words, the call's return address), read in one copy;
     None if the call came from anywhere but a trampoline or slot."""
-    by_slot = handler.probe_from == "slot"
+    by_slot = handler.probe_from is ProbeFrom.SLOT
     vaddr = up.sites.probe_of_slot(regs.ip) if by_slot else None
     if vaddr is None if by_slot else not up.in_trampoline(regs.ip):
         return None
@@ -71,7 +64,7 @@ def _locate(up: Uprobes, regs: PtRegs, handler: Handler) -> tuple[int, list[int]
         return vaddr, words, None
     assert up.design.patch is not None
     retaddr = words.pop()
-    return (retaddr - branch_end(up.design.patch)) & U64, words, retaddr
+    return (retaddr - up.design.patch.branch_end) & U64, words, retaddr
 
 
 def sys_uprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
@@ -98,14 +91,14 @@ def sys_uprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
             up.shadow_stack.kernel_violation("sys_uprobe: shstk_pop does not match args.retaddr", sret, retaddr)
             raise _sigill(regs, "shadow stack does not match the trampoline's return address")
     sp = regs.sp
-    up.handle_syscall_uprobe(regs, vaddr, Path.CALL if patch.branch == "call" else Path.JMP)
-    if handler.exit == "trampoline" and regs.sp == sp and retaddr is not None:
+    up.handle_syscall_uprobe(regs, vaddr, branch_path(patch.branch))
+    if handler.exit is Exit.TRAMPOLINE and regs.sp == sp and retaddr is not None:
         return _back_into_trampoline(up, regs, held, vaddr, popped, trampoline_ip)
     if regs.ip == vaddr:  # no consumer redirected: skip the site, which is never emulated (spec 2.1)
         regs.ip = (vaddr + patch.length) & U64
-    if handler.exit == "sysret":
+    if handler.exit is Exit.SYSRET:
         regs.cx, regs.r11 = regs.ip, regs.flags  # make the exit SYSRET-able, losing the guest's rcx and r11
-    _leave(up, regs, held, force_iret=handler.exit == "iret")
+    _leave(up, regs, held, force_iret=handler.exit is Exit.IRET)
 
 
 def _back_into_trampoline(up: Uprobes, regs: PtRegs, held: list[int], vaddr: int, popped: int,
@@ -114,7 +107,7 @@ def _back_into_trampoline(up: Uprobes, regs: PtRegs, held: list[int], vaddr: int
     whose pops and ret restore them and return to the (possibly redirected) next instruction."""
     handler, patch = up.design.handler, up.design.patch
     assert handler is not None and patch is not None
-    retaddr = (vaddr + branch_end(patch)) & U64 if regs.ip == vaddr else regs.ip
+    retaddr = (vaddr + patch.branch_end) & U64 if regs.ip == vaddr else regs.ip
     regs.sp = (regs.sp - popped) & U64
     if up.shadow_stack is not None:
         up.shadow_stack.push(retaddr)  # spec 2.1 step 12: for the trampoline's ret
@@ -141,8 +134,8 @@ def sys_uretprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
     ip, sp = regs.ip, regs.sp
     up.handle_trampoline(regs)
     # a moved sp, or shstk on (the trampoline's ret would #CP, 2.2 step 7): IRET straight to the caller
-    if ret.exit == "iret" or regs.sp != sp or up.shadow_stack is not None:
-        return _leave(up, regs, held, force_iret=ret.exit == "iret")
+    if ret.exit is Exit.IRET or regs.sp != sp or up.shadow_stack is not None:
+        return _leave(up, regs, held, force_iret=ret.exit is Exit.IRET)
     regs.sp = (regs.sp - popped) & U64
     _write_words(up, regs, regs.sp, [getattr(regs, name) for name in ret.saved[:-1]] + [regs.ip])
     regs.ip = ip
