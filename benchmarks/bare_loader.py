@@ -23,6 +23,7 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 import unicorn
 from unicorn import x86_const as x86
@@ -66,7 +67,8 @@ def _stdout_writer(fd: int, data: bytes) -> None:
 class BareProcess:
     """One static x86-64 ELF process on a bare ``Uc``."""
 
-    def __init__(self, path: str, argv: list[str], envp: list[str], out=None, pid: int = 4242) -> None:
+    def __init__(self, path: str, argv: list[str], envp: list[str], out: Callable[[int, bytes], None] | None = None,
+                 pid: int = 4242) -> None:
         self.uc = unicorn.Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_64)
         self.path = os.path.abspath(path)
         self.out = out if out is not None else _stdout_writer  # out(fd, bytes)

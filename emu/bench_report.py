@@ -81,7 +81,7 @@ def rsb_shapes() -> list[dict[str, Any]]:
 
 def _ns(rsb: dict[str, Any]) -> float:
     """Time per call of a published fexit figure (the middle of a published range)."""
-    return 2e3 / (rsb["mps_low"] + rsb["mps_high"])
+    return 2e3 / float(rsb["mps_low"] + rsb["mps_high"])
 
 
 def _held(h: HeldOut) -> dict[str, Any]:

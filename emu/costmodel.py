@@ -97,7 +97,7 @@ class Fit:
     identified: tuple[bool, ...]  # determined by the rows rather than by the prior
     rel_rms: float  # the rows' relative residual, root mean square
 
-    def predict(self, counts: Sequence[float]) -> tuple[float, float]:
+    def predict(self, counts: Sequence[float] | np.ndarray) -> tuple[float, float]:
         """Time per hit (ns) and its 1-sigma: the costs' covariance plus the fit's own residual."""
         a = np.asarray(counts, dtype=float)
         ns = float(a @ np.asarray(self.costs))
@@ -190,7 +190,7 @@ def _identified_plain(a: np.ndarray) -> tuple[bool, ...]:
 
 
 def _residual_scale(a: np.ndarray, b: np.ndarray, w: np.ndarray, x: np.ndarray) -> float:
-    dof = a.shape[0] - int(np.linalg.matrix_rank(a))
+    dof: int = a.shape[0] - int(np.linalg.matrix_rank(a))
     if dof <= 0:
         return 1.0
     return max(float(np.sum(((a @ x - b) * w) ** 2)) / dof, 1.0)

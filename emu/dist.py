@@ -56,9 +56,10 @@ class DaskPool:
 
         try:
             if not self.scheduler:
-                self._cluster = LocalCluster(n_workers=self.jobs, threads_per_worker=1, processes=True,
-                                             dashboard_address=":0", silence_logs=logging.CRITICAL)
-            self._client = Client(self.scheduler or self._cluster, timeout="20s")
+                # distributed's constructors and as_completed carry no annotations
+                self._cluster = LocalCluster(n_workers=self.jobs, threads_per_worker=1,  # type: ignore[no-untyped-call]
+                                             processes=True, dashboard_address=":0", silence_logs=logging.CRITICAL)
+            self._client = Client(self.scheduler or self._cluster, timeout="20s")  # type: ignore[no-untyped-call]
         except (OSError, TimeoutError, ValueError) as exc:
             self.close()
             raise UsageError(f"cannot reach the Dask scheduler {self.scheduler}: {exc}") from None
@@ -71,7 +72,7 @@ class DaskPool:
 
         client = self._connect()
         futures = [client.submit(fn, *task, pure=False) for task in tasks]
-        return _results(futures, as_completed(futures))
+        return _results(futures, as_completed(futures))  # type: ignore[no-untyped-call]
 
     def close(self) -> None:
         if self._client is not None:

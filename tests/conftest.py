@@ -22,7 +22,8 @@ from emu.cpu import Reg
 from emu.designs import forget_user_designs
 from emu.guestio import GuestIO
 from emu.kernel.dispatch import KernelConfig
-from emu.machine import Machine, RunOptions, RunResult
+from emu.kernel.uprobes.consumers import Consumer
+from emu.machine import Attachment, Machine, RunOptions, RunResult
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES_DIR = REPO / "elf_samples"
@@ -206,6 +207,7 @@ def symbol_file_offset(path: str, name: str) -> int:
     import io
 
     from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
 
     from emu.elf import load_plan
 
@@ -213,12 +215,32 @@ def symbol_file_offset(path: str, name: str) -> int:
     elf = ELFFile(io.BytesIO(Path(real).read_bytes()))
     for section in (".symtab", ".dynsym"):
         table = elf.get_section_by_name(section)
-        found = table.get_symbol_by_name(name) if table is not None else None
+        found = table.get_symbol_by_name(name) if isinstance(table, SymbolTableSection) else None
         if found:
             offset = load_plan(real).file_offset(int(found[0]["st_value"]))
             assert offset is not None, f"{name} is not file-backed"
             return offset
     raise AssertionError(f"no symbol {name} in {path}")
+
+
+def attach_exe(machine: Machine, spec: str, consumer: Consumer | None = None) -> Attachment:
+    """``machine.attach`` of a spec on the executable itself, which lands at once (no LibraryProbe)."""
+    att = machine.attach(spec, consumer)
+    assert isinstance(att, Attachment), spec
+    return att
+
+
+def symtab_address(path: str, name: str) -> int:
+    """Link-time address of ``name`` in the .symtab of ``path``."""
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    with open(path, "rb") as fh:
+        symtab = ELFFile(fh).get_section_by_name(".symtab")
+        assert isinstance(symtab, SymbolTableSection), f"{path} has no .symtab"
+        found = symtab.get_symbol_by_name(name)
+        assert found, f"no symbol {name} in {path}"
+        return int(found[0]["st_value"])
 
 
 def link_file_offset(path: str, vaddr: int) -> int:

@@ -6,8 +6,10 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import pytest
+from conftest import DEFAULT_ENV, REPO, run_emulated, run_native, sample
 
 from emu.cpu import unicorn_cpuid
 from emu.cpumodel import (
@@ -22,7 +24,6 @@ from emu.cpumodel import (
 )
 from emu.diff import run_diff
 from emu.native import available as native_available
-from tests.conftest import DEFAULT_ENV, REPO, run_emulated, run_native, sample
 
 CPU_STATE = sample("cpu_state")
 
@@ -156,7 +157,7 @@ def test_status_tells_the_affinity() -> None:
     assert CpuModel(1).affinity_hex() == "1" and CpuModel(2).affinity_hex() == "3"
 
 
-def _advertised_but_not_running(rows: list[tuple[str, ...]]) -> list[str]:
+def _advertised_but_not_running(rows: Sequence[tuple[str, ...]]) -> list[str]:
     return [row[0] for row in rows[1:] if row[1] == "yes" and row[2] == "no"]
 
 

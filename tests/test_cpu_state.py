@@ -10,10 +10,10 @@ from __future__ import annotations
 import struct
 
 import pytest
+from conftest import run_emulated, run_native, sample
 
 from emu.cpu import EXEC_FCW, EXEC_MXCSR, Cpu, Reg
 from emu.kernel import fpu
-from tests.conftest import run_emulated, run_native, sample
 
 CPU_STATE = sample("cpu_state")
 

@@ -166,6 +166,7 @@ def test_example_jmp_slots_is_identical_to_the_builtin_design() -> None:
                         (TARGETS, ("uprobe:t_nop5", "uretprobe:t_push", "uprobe:t_ret", "uprobe:t_jne"))):
         a, b = run_check(CheckRequest(path, [path, "3"], {}, specs=specs, designs=("jmp-slots", mine.name)))
         assert (a.hits, a.exits, a.same_output, a.violations) == (b.hits, b.exits, b.same_output, b.violations)
+        assert a.result is not None and b.result is not None
         assert a.result.exit_status == b.result.exit_status and a.hits > 0
     patches = [record_patches(TARGETS, ["uprobe:t_nop5"], name, argv=[TARGETS, "2"]) for name in ("jmp-slots", mine.name)]
     assert [s.to_json() for s in patches[0].sites] == [s.to_json() for s in patches[1].sites]

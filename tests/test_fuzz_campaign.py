@@ -162,7 +162,7 @@ def test_a_saved_618_finding_reproduces_on_the_real_kernel(tmp_path: Path) -> No
 def test_a_timed_campaign_stops_on_time_and_saves_a_replay_script(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     ticks = itertools.count()  # a clock that moves 2 ms a reading: the case count does not depend on the machine's speed
-    monkeypatch.setattr(campaign_mod.time, "perf_counter", lambda: next(ticks) * 0.002)
+    monkeypatch.setattr("emu.fuzz.campaign.time.perf_counter", lambda: next(ticks) * 0.002)
     out = tmp_path / "t.json"
     assert main(["fuzz", "--time", "1.5", "--json", str(out), "--out", str(tmp_path)]) == 1
     report = json.loads(out.read_text())

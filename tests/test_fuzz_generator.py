@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -64,7 +65,7 @@ def test_a_store_outside_the_red_zone_or_a_misaligned_movaps_is_refused() -> Non
 
 
 @pytest.mark.parametrize("index", range(12))
-def test_the_elf_runs_natively_with_the_emulated_unprobed_result(tmp_path, index: int) -> None:
+def test_the_elf_runs_natively_with_the_emulated_unprobed_result(tmp_path: Path, index: int) -> None:
     case = generate(3, index).with_(action=None)  # natively nothing plays the consumer
     prog = program(case)
     path = tmp_path / "case.elf"
@@ -78,7 +79,7 @@ def test_the_elf_runs_natively_with_the_emulated_unprobed_result(tmp_path, index
 def _call1(case: Case) -> dict[str, object]:
     from emu.fuzz.oracle import decode
 
-    return decode(reference_outcome(case, "int3"), case)["calls"][0]  # type: ignore[no-any-return]
+    return decode(reference_outcome(case, "int3"), case)["calls"][0]
 
 
 def test_the_unprobed_reference_plays_the_consumer_action_at_the_site() -> None:

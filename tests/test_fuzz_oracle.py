@@ -96,6 +96,7 @@ def test_a_hit_that_never_resumes_is_a_resume_violation_of_the_case(trap: str) -
     from emu.designs import JMP_SLOT, forget_user_designs, get_design, register
 
     base = get_design("jmp-slots")
+    assert base.trampoline is not None
     slot_tail = JMP_SLOT.split("; ", 1)[1]  # room in the 16-byte slot: the lea goes, the hit never gets that far
     name = f"jmp-slots-{'trap' if trap == 'int3' else 'spin'}"
     register(replace(base, name=name, trampoline=replace(base.trampoline, code=f"{trap}; {slot_tail}")))

@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 import pytest
+from conftest import DEFAULT_ENV, REPO, sample
 
 from emu.diff import run_diff
 from emu.ifunc import IfuncProbe, Symbols, emulated_choices, host_choices, ifunc_probes, variant_family
 from emu.native import available as native_available
-from tests.conftest import DEFAULT_ENV, REPO, sample
 
 CPU_STATE = sample("cpu_state")
 ARGV = [CPU_STATE, "model"]

@@ -27,7 +27,7 @@ def machine(design: str = "linux-6.18") -> tuple[Machine, GuestIO]:
 def test_libc_function_probed_after_ld_so_maps_it(design: str) -> None:
     m, io = machine(design)
     seen: list[int] = []
-    probe = m.attach(f"uprobe:{LIBC}:fwrite", Consumer(handler=lambda hit: seen.append(hit.regs.di) and None))
+    probe = m.attach(f"uprobe:{LIBC}:fwrite", Consumer(handler=lambda hit: seen.append(hit.regs.di)))
     assert isinstance(probe, LibraryProbe) and probe.installed == []  # libc is not mapped yet
     result = m.run()
     assert (result.exit_status, bytes(io.out)) == (0, b"hello, world\n")

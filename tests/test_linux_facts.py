@@ -18,6 +18,7 @@ import pytest
 from conftest import GuestKernel
 
 from emu import cpu as cpu_module
+from emu.abi import Prot
 from emu.cpu import user_flags
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
@@ -182,8 +183,8 @@ def test_proc_self_mem_reads_writes_and_refuses(guest: GuestKernel) -> None:
     assert guest("pread64", fd, buf, 16, PAGE) == -EIO  # unmapped
     assert guest("lseek", fd, data, 0) == data and guest("read", fd, buf, 2) == 2 and guest.read(buf, 2) == b"XY"
     assert guest("lseek", fd, 0, 2) == -EINVAL  # SEEK_END
-    guest.machine.uprobes.get_xol_area()
-    assert guest("pread64", fd, buf, 16, guest.machine.uprobes.xol.vaddr) == -EIO  # [uprobes]: no pages behind it
+    xol = guest.machine.uprobes.get_xol_area()
+    assert guest("pread64", fd, buf, 16, xol.vaddr) == -EIO  # [uprobes]: no pages behind it
 
 
 def test_special_mappings_cannot_grow_or_gain_rights(guest: GuestKernel) -> None:
@@ -317,7 +318,7 @@ def test_the_stack_grows_down_to_the_rlimit_emulated() -> None:
 def test_the_stack_does_not_grow_into_the_guard_gap(guest: GuestKernel) -> None:
     stack = next(v for v in guest.mem if v.name == "[stack]")
     below = stack.start - 0x10000
-    guest.mem.map(below - PAGE, PAGE, 3)  # a mapping 64 KiB below the stack: inside the 1 MiB gap
+    guest.mem.map(below - PAGE, PAGE, Prot.READ | Prot.WRITE)  # a mapping 64 KiB below the stack: inside the 1 MiB gap
     assert not guest.mem.grow_stack(stack.start - PAGE)
     guest.mem.unmap(below - PAGE, PAGE)
     assert guest.mem.grow_stack(stack.start - PAGE)  # negative control: without it the stack grows
@@ -397,7 +398,7 @@ def test_aslr_is_deterministic_per_seed_and_off_by_default() -> None:
 
 
 def test_aslr_randomizes_within_linuxs_ranges() -> None:
-    from emu import layout
+    from emu.abi import STACK_TOP
 
     for seed in range(4):
         maps = _aslr_maps(seed)
@@ -407,7 +408,7 @@ def test_aslr_randomizes_within_linuxs_ranges() -> None:
         vdso = next(m for m in maps if m[3] == "[vdso]")
         assert 0x555555554000 <= exe[0][0] < 0x555555554000 + (1 << 40)  # 28 bits of pages
         assert exe[-1][1] + 0x1000 <= heap[0] < exe[-1][1] + 0x1000 + (1 << 30)  # up to 1 GiB above the bss
-        assert layout.STACK_TOP - (1 << 34) < stack[1] <= layout.STACK_TOP and stack[1] - stack[0] == 0x21000
+        assert STACK_TOP - (1 << 34) < stack[1] <= STACK_TOP and stack[1] - stack[0] == 0x21000
         assert vdso[1] < stack[0] - (1 << 34)  # below mmap_base, itself below the stack's 16 GiB of range
 
 

@@ -13,7 +13,7 @@ from emu.abi import MMAP_BASE, PAGE_SIZE, PIE_BASE, TASK_SIZE, Prot, page_up
 from emu.elf import EHDR, PHDR, FileId, LoadPlan, load_plan, plan_from_bytes
 from emu.errors import LoadError
 from emu.loader import choose_bias, map_image
-from emu.memory import Memory
+from emu.memory import Memory, SharedPages
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "elf_samples"
@@ -68,6 +68,9 @@ class PageBackend:
 
     def flush_code(self, begin: int, end: int) -> None:
         pass
+
+    def mem_map_shared(self, addr: int, size: int, prot: Prot, pages: SharedPages, offset: int) -> None:
+        self.mem_map(addr, size, prot)  # only protections are kept, so sharing changes nothing here
 
 
 def build_elf(phdrs: list[tuple[int, int, int, int, int, int]], *, e_type: int = 2, size: int = 0x4000) -> bytes:

@@ -9,6 +9,7 @@ import re
 import shutil
 import struct
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -27,11 +28,20 @@ EM_X86_64 = 62
 _SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
-def parse_manifest(path):
+class Entry(TypedDict):
+    sha256: str
+    name: str
+    compiler: str
+    flags: str
+    line: int
+
+
+def parse_manifest(path: Path) -> tuple[list[str], list[Entry]]:
     """Return (header_lines, entries); entries = list of dicts.
 
     Raises ValueError on a malformed line."""
-    comments, entries = [], []
+    comments: list[str] = []
+    entries: list[Entry] = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
@@ -54,11 +64,11 @@ def parse_manifest(path):
     return comments, entries
 
 
-def sha256_of(path):
+def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def elf_problem(path):
+def elf_problem(path: Path) -> str | None:
     """None if path is a 64-bit little-endian x86-64 ELF, else a message."""
     with open(path, "rb") as f:
         head = f.read(64)
@@ -74,7 +84,7 @@ def elf_problem(path):
     return None
 
 
-def check_dir(directory):
+def check_dir(directory: Path) -> list[str]:
     """All problems found in directory (empty list = consistent)."""
     problems = []
     mpath = directory / MANIFEST
@@ -91,14 +101,14 @@ def check_dir(directory):
     names = [e["name"] for e in entries]
     for n in sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"{n} listed more than once")
-    for e in entries:
-        p = directory / e["name"]
+    for entry in entries:
+        p = directory / entry["name"]
         if not p.is_file():
-            problems.append("{} listed but missing".format(e["name"]))
+            problems.append("{} listed but missing".format(entry["name"]))
             continue
         actual = sha256_of(p)
-        if actual != e["sha256"]:
-            problems.append("{}: sha256 {} != MANIFEST {}".format(e["name"], actual, e["sha256"]))
+        if actual != entry["sha256"]:
+            problems.append("{}: sha256 {} != MANIFEST {}".format(entry["name"], actual, entry["sha256"]))
         bad = elf_problem(p)
         if bad:
             problems.append(bad)
@@ -108,7 +118,7 @@ def check_dir(directory):
     return problems
 
 
-def _entries():
+def _entries() -> list[Entry]:
     try:
         return parse_manifest(SAMPLES_DIR / MANIFEST)[1]
     except (OSError, ValueError):
@@ -120,7 +130,7 @@ ENTRIES = _entries()
 
 # ---- the real directory ------------------------------------------------------
 
-def test_manifest_exists_and_parses():
+def test_manifest_exists_and_parses() -> None:
     mpath = SAMPLES_DIR / MANIFEST
     assert mpath.is_file(), f"{mpath} missing"
     comments, entries = parse_manifest(mpath)
@@ -129,53 +139,53 @@ def test_manifest_exists_and_parses():
     assert entries
 
 
-def test_manifest_lists_expected_samples():
+def test_manifest_lists_expected_samples() -> None:
     names = [e["name"] for e in ENTRIES]
     assert len(names) == len(set(names)), "duplicate entries"
     assert set(names) == EXPECTED_SAMPLES
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
-def test_listed_file_exists(entry):
+def test_listed_file_exists(entry: Entry) -> None:
     assert (SAMPLES_DIR / entry["name"]).is_file()
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
-def test_sha256_matches(entry):
+def test_sha256_matches(entry: Entry) -> None:
     assert sha256_of(SAMPLES_DIR / entry["name"]) == entry["sha256"]
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e["name"] for e in ENTRIES])
-def test_is_x86_64_elf(entry):
+def test_is_x86_64_elf(entry: Entry) -> None:
     assert elf_problem(SAMPLES_DIR / entry["name"]) is None
 
 
-def test_every_file_is_listed():
+def test_every_file_is_listed() -> None:
     listed = {e["name"] for e in ENTRIES}
     present = {p.name for p in SAMPLES_DIR.iterdir()} - {MANIFEST}
     assert present - listed == set(), "unlisted files"
     assert listed - present == set(), "listed but missing"
 
 
-def test_check_dir_clean():
+def test_check_dir_clean() -> None:
     assert check_dir(SAMPLES_DIR) == []
 
 
 # ---- the checker must catch damage (run on copies) ---------------------------
 
 @pytest.fixture
-def copy_dir(tmp_path):
+def copy_dir(tmp_path: Path) -> Path:
     dst = tmp_path / "elf_samples"
     shutil.copytree(SAMPLES_DIR, dst)
     assert check_dir(dst) == []
     return dst
 
 
-def _some_sample(d):
+def _some_sample(d: Path) -> Path:
     return d / sorted(EXPECTED_SAMPLES)[0]
 
 
-def test_detects_modified_binary(copy_dir):
+def test_detects_modified_binary(copy_dir: Path) -> None:
     p = _some_sample(copy_dir)
     data = bytearray(p.read_bytes())
     data[-1] ^= 0xFF
@@ -184,18 +194,18 @@ def test_detects_modified_binary(copy_dir):
     assert any("sha256" in x and p.name in x for x in probs), probs
 
 
-def test_detects_missing_binary(copy_dir):
+def test_detects_missing_binary(copy_dir: Path) -> None:
     p = _some_sample(copy_dir)
     p.unlink()
     assert any("listed but missing" in x for x in check_dir(copy_dir))
 
 
-def test_detects_unlisted_file(copy_dir):
+def test_detects_unlisted_file(copy_dir: Path) -> None:
     (copy_dir / "stray").write_bytes(b"\x7fELF")
     assert any("stray" in x and "not listed" in x for x in check_dir(copy_dir))
 
 
-def test_detects_non_x86_64(copy_dir):
+def test_detects_non_x86_64(copy_dir: Path) -> None:
     p = _some_sample(copy_dir)
     data = bytearray(p.read_bytes())
     struct.pack_into("<H", data, 18, 183)  # EM_AARCH64
@@ -204,7 +214,7 @@ def test_detects_non_x86_64(copy_dir):
     assert any("e_machine=183" in x for x in probs), probs
 
 
-def test_detects_non_elf_even_with_matching_hash(copy_dir):
+def test_detects_non_elf_even_with_matching_hash(copy_dir: Path) -> None:
     m = copy_dir / MANIFEST
     p = _some_sample(copy_dir)
     p.write_bytes(b"#!/bin/sh\nexit 0\n")
@@ -215,7 +225,7 @@ def test_detects_non_elf_even_with_matching_hash(copy_dir):
     assert probs == [f"{p.name}: not an ELF file"], probs
 
 
-def test_detects_malformed_line(copy_dir):
+def test_detects_malformed_line(copy_dir: Path) -> None:
     m = copy_dir / MANIFEST
     m.write_text(m.read_text(encoding="utf-8") + "deadbeef  oops\n",
                  encoding="utf-8")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from emu.abi import MMAP_BASE, PAGE_SIZE, TASK_SIZE, Prot
 from emu.errors import EmuError, MapFailed, MemoryFault, PatchMismatch
-from emu.memory import Memory, StringTooLong, UserFault, Vma
+from emu.memory import Memory, SharedPages, StringTooLong, UserFault, Vma
 
 REPO = Path(__file__).resolve().parent.parent
 P = PAGE_SIZE
@@ -91,6 +91,10 @@ class FakeBackend:
 
     def flush_code(self, begin: int, end: int) -> None:
         self.flushes.append((begin, end))
+
+    def mem_map_shared(self, addr: int, size: int, prot: Prot, pages: SharedPages, offset: int) -> None:
+        # Each page here is its own bytearray: host pages shared between address spaces are not modelled.
+        raise FakeBackendError("shared mappings are not modelled")
 
 
 def new_memory(**kw: int) -> tuple[Memory, FakeBackend]:

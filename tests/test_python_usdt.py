@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import link_file_offset
+from conftest import attach_exe, link_file_offset
 from elftools.elf.elffile import ELFFile
 
 from emu.guestio import GuestIO
@@ -34,7 +34,7 @@ pytestmark = [
 def _emulated(script: Path) -> tuple[bytes, dict[str, int], list[int]]:
     io_ = GuestIO.captured()
     m = Machine(PYTHON, [PYTHON, str(script)], {}, RunOptions(), io_)
-    atts = {name: m.attach(f"usdt:python:{name}") for name in PROBES}
+    atts = {name: attach_exe(m, f"usdt:python:{name}") for name in PROBES}
     semaphores = [a.resolved.semaphore for a in atts.values()]
     result = m.run()
     assert result.exit_status == 0

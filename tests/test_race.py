@@ -19,6 +19,7 @@ from emu.race.thread import ThreadRunner
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = str(ROOT / "elf_samples" / "probe_targets")
 NOP10, SLOTS, SIX18 = DESIGNS["nop10"], DESIGNS["jmp-slots"], DESIGNS["linux-6.18"]
+assert NOP10.patch is not None and SLOTS.trampoline is not None and SIX18.patch is not None  # all three optimize
 NOP10_RESTORE = replace(NOP10, name="nop10-restore", patch=replace(NOP10.patch, detach="restore"))
 SLOTS_REUSE = replace(SLOTS, name="jmp-slots-reuse", trampoline=replace(SLOTS.trampoline, slot_reuse=True))
 SIX18_FRONT = replace(SIX18, name="linux-6.18-front-to-back", patch=replace(SIX18.patch, write_order="front-to-back"))

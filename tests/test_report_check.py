@@ -9,6 +9,7 @@ import pytest
 
 from emu.check import DesignReport
 from emu.report.check_page import page, redzone_patterns, writer_kind
+from emu.report.hitpath import HitPath
 from emu.verify.violations import Check, Violation
 
 SITE = 0x40186F
@@ -19,7 +20,7 @@ PCS = {-8: SITE, -16: 0x3FF000, -24: 0x3FF001, -32: 0x3FF003}
 class Pages:
     """A HitTracer stand-in: the trampoline page at 0x3ff000, the site at SITE."""
 
-    paths: list[object] = []
+    paths: list[HitPath] = []
 
     def where(self, pc: int) -> str:
         return "site" if pc == SITE else "[uprobes-trampoline]" if 0x3FF000 <= pc < 0x400000 else "guest"

@@ -28,8 +28,11 @@ def loaded(path: Path) -> tuple[browser.Rendered, browser.Dom]:
     return shown, dom
 
 
+CheckPage = tuple[Path, browser.Rendered, browser.Dom]
+
+
 @pytest.fixture(scope="module")
-def check_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, browser.Rendered, browser.Dom]:
+def check_page(tmp_path_factory: pytest.TempPathFactory) -> CheckPage:
     out = tmp_path_factory.mktemp("check") / "check.html"
     assert main(["check", "--clear-env", "--kernel", ",".join(DESIGNS), "--html", str(out), sample("redzone_probe"),
                  "3"]) == 0
@@ -37,7 +40,7 @@ def check_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, browser.
 
 
 @needs_chromium
-def test_check_page_shows_the_four_618_writers_and_every_other_design_clean(check_page) -> None:
+def test_check_page_shows_the_four_618_writers_and_every_other_design_clean(check_page: CheckPage) -> None:
     _, _, dom = check_page
     figures = dom.figures()
     maps = [f.attrs["data-design"] for f in figures if f.attrs["data-figure"] == "redzone-map"]
@@ -56,7 +59,7 @@ def test_check_page_shows_the_four_618_writers_and_every_other_design_clean(chec
 
 
 @needs_chromium
-def test_check_page_figures_one_map_per_design_and_one_path_per_kind_of_hit(check_page) -> None:
+def test_check_page_figures_one_map_per_design_and_one_path_per_kind_of_hit(check_page: CheckPage) -> None:
     _, _, dom = check_page
     figures = dom.figures()
     assert all(len([e for e in dom.elements if e.tag == "svg" and e.figure is f.attrs]) == 1 for f in figures)
@@ -69,7 +72,7 @@ def test_check_page_figures_one_map_per_design_and_one_path_per_kind_of_hit(chec
 
 
 @needs_chromium
-def test_check_page_says_which_output_differs(check_page) -> None:
+def test_check_page_says_which_output_differs(check_page: CheckPage) -> None:
     path, _, _ = check_page
     text = path.read_text()
     assert "differs from the unprobed run: syscall #" in text
@@ -160,6 +163,6 @@ def test_fuzz_page_plots_findings_and_marks_each_findings_violating_store(tmp_pa
         marks = [e for e in dom.inside("fuzz-finding", design="linux-6.18", case=case) if "data-highlight" in e.attrs]
         assert [m.attrs["data-highlight"] for m in marks].count("violator") == 1
     # case 2 keeps one store (movdqu to rsp-16) whose value the trampoline's call overwrote
-    marks = [e.attrs["data-highlight"] for e in dom.inside("fuzz-finding", design="linux-6.18", case="2")
-             if "data-highlight" in e.attrs]
-    assert sorted(marks) == ["lost", "violator"]
+    highlights = [e.attrs["data-highlight"] for e in dom.inside("fuzz-finding", design="linux-6.18", case="2")
+                  if "data-highlight" in e.attrs]
+    assert sorted(highlights) == ["lost", "violator"]

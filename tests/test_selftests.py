@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import errno
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import attach_exe
 
 from emu.abi import Signal
 from emu.designs import DESIGNS
@@ -89,7 +90,7 @@ def regs_words(regs: PtRegs) -> dict[str, int]:
     return dict(zip(WORDS, struct.unpack("<21Q", regs.pack()), strict=True))
 
 
-def differing(a: dict[str, int], b: dict[str, int], skip: set[str] = frozenset()) -> dict[str, tuple[str, str]]:
+def differing(a: dict[str, int], b: dict[str, int], skip: Set[str] = frozenset()) -> dict[str, tuple[str, str]]:
     """Words that differ (name -> (hex a, hex b)), ignoring ``skip``."""
     return {n: (hex(a[n]), hex(b[n])) for n in WORDS if n not in skip and a[n] != b[n]}
 
@@ -123,7 +124,7 @@ def optimized(design: str, trigger: str) -> bool:
 def regs_run(design: str, trigger: str, pre: int, consumer: Consumer, kind: str = "uprobe") -> tuple[Run, Attachment]:
     box: list[Attachment] = []
     sym = TRIGGER_SYMBOL[trigger]
-    run = run_guest(design, "regs", str(pre), trigger, setup=lambda m: box.append(m.attach(f"{kind}:{sym}", consumer)))
+    run = run_guest(design, "regs", str(pre), trigger, setup=lambda m: box.append(attach_exe(m, f"{kind}:{sym}", consumer)))
     assert run.result.exit_status == 0, run.result.message
     assert int(run.kv["trigger"], 16) == run.machine.resolver.symbols[sym][0]
     return run, box[0]
@@ -142,7 +143,7 @@ def assert_after_equals_before(before: dict[str, int], after: dict[str, int]) ->
 def test_1_uretprobe_regs_equal(design: str, trigger: str, pre: int) -> None:
     """Spec 6 #1: a uretprobe's consumer sees the registers the caller gets back (rax = return value)."""
     seen: list[PtRegs] = []
-    run, att = regs_run(design, trigger, pre, Consumer(ret_handler=lambda hit: seen.append(hit.regs.copy()) and None),
+    run, att = regs_run(design, trigger, pre, Consumer(ret_handler=lambda hit: seen.append(hit.regs.copy())),
                         "uretprobe")
     before, after = words(run.kv["before"]), words(run.kv["after"])
     assert_after_equals_before(before, after)
@@ -167,7 +168,7 @@ def test_10_uprobe_regs_equal(design: str, trigger: str) -> None:
     """Spec 6 #10: the entry consumer on the (optimized) nop5 sees rax, rcx and r11 as they were
     before the trampoline pushed them, and every other word as the program has it."""
     seen: list[PtRegs] = []
-    run, att = regs_run(design, trigger, 1, Consumer(handler=lambda hit: seen.append(hit.regs.copy()) and None))
+    run, att = regs_run(design, trigger, 1, Consumer(handler=lambda hit: seen.append(hit.regs.copy())))
     before, after = words(run.kv["before"]), words(run.kv["after"])
     assert_after_equals_before(before, after)
     assert len(seen) == 2
@@ -222,7 +223,7 @@ def test_2_uretprobe_syscall_call(design: str) -> None:
     Designs without syscall 335 return -ENOSYS; the uretprobe then fires normally."""
     executed: list[int] = []
     run = run_guest(design, "syscall_call", "335", setup=lambda m: m.attach(
-        "uretprobe:uretprobe_syscall_call", Consumer(ret_handler=lambda hit: executed.append(hit.regs.ip) and None)))
+        "uretprobe:uretprobe_syscall_call", Consumer(ret_handler=lambda hit: executed.append(hit.regs.ip))))
     if design in HAS_335:
         assert (run.result.exit_status, run.result.signal) == (128 + Signal.SIGILL, Signal.SIGILL)
         assert run.out == "calling=1\n"
@@ -237,7 +238,7 @@ def test_2_uretprobe_syscall_call_rfc_number() -> None:
     """The RFC's uretprobe syscall (462) from outside its trampoline: SIGILL too (DESIGN.md)."""
     executed: list[int] = []
     run = run_guest("uretprobe-rfc", "syscall_call", "462", setup=lambda m: m.attach(
-        "uretprobe:uretprobe_syscall_call_rfc", Consumer(ret_handler=lambda hit: executed.append(1) and None)))
+        "uretprobe:uretprobe_syscall_call_rfc", Consumer(ret_handler=lambda hit: executed.append(1))))
     assert (run.result.exit_status, run.result.signal) == (128 + Signal.SIGILL, Signal.SIGILL)
     assert run.out == "calling=1\n" and executed == []
 
@@ -285,10 +286,10 @@ class Tracer:
         if op == "A":
             consumer = (Consumer(handler=self.session_entry, ret_handler=self.session_return, session=True)
                         if self.session else Consumer(handler=self.count))
-            self.current = self.machine.attach(self.entry_spec, consumer)
+            self.current = attach_exe(self.machine, self.entry_spec, consumer)
         elif op == "U":
             assert self.ret_spec is not None
-            self.current = self.machine.attach(self.ret_spec, Consumer(ret_handler=self.count))
+            self.current = attach_exe(self.machine, self.ret_spec, Consumer(ret_handler=self.count))
         elif op == "D":
             assert self.current is not None
             self.closed.append(dict(self.current.consumer.paths))
@@ -462,7 +463,7 @@ def test_w7_uprobe_red_zone(design: str, site: str) -> None:
             m.attach(spec)
         return
     box: list[Attachment] = []
-    run = run_guest(design, "redzone", site, "10", setup=lambda m: box.append(m.attach(spec)))
+    run = run_guest(design, "redzone", site, "10", setup=lambda m: box.append(attach_exe(m, spec)))
     assert run.result.exit_status == 0
     assert [int(x) for x in run.kv["rz"].split(",")] == RED_ZONE_EXPECTED.get((design, site), [0] * 10)
     assert box[0].summary()["hits"] == 10

@@ -12,6 +12,7 @@ from emu import cli
 from emu.designs import BUILTIN, Design, Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.uprobes import syscalls
+from emu.kernel.uprobes.core import Uprobes
 from emu.machine import Machine, RunOptions
 from emu.verify.session import VerifySession
 from emu.verify.violations import Check
@@ -155,7 +156,7 @@ def test_negative_control_trampoline_with_a_call_and_no_ret() -> None:
 def test_negative_control_uretprobe_returning_through_the_trampoline_ret(monkeypatch: pytest.MonkeyPatch) -> None:
     original = syscalls.sys_uretprobe
 
-    def without_step7(up: syscalls.Uprobes, *args: object) -> None:  # a kernel that forgets the IRET under shstk
+    def without_step7(up: Uprobes, *args: object) -> None:  # a kernel that forgets the IRET under shstk
         shadow, up.shadow_stack = up.shadow_stack, None
         try:
             original(up, *args)  # type: ignore[arg-type]

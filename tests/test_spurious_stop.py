@@ -15,7 +15,7 @@ HELLO = str(Path(__file__).resolve().parent.parent / "elf_samples" / "hello_stat
 
 def test_a_stop_with_no_reason_does_not_kill_the_guest() -> None:
     m = Machine(HELLO, [HELLO], {}, RunOptions(), GuestIO.captured())
-    stops = []
+    stops: list[int] = []
 
     def stop_once(addr: int, _size: int) -> None:
         if not stops:

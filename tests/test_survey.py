@@ -198,7 +198,7 @@ def test_survey_and_fuzz_through_a_dask_scheduler_equal_the_local_run(dask_clust
     assert sorted(remote_store.analyses().values()) == [1, 1, 1, 1, 1]
     assert sum(row[0] == "runs" for row in remote_store.dump()) == 2 * len(ALL)
 
-    def fuzz(jobs: int, scheduler: str | None, out: str) -> dict[str, object]:
+    def fuzz(jobs: int, scheduler: str | None, out: str) -> dict[str, Any]:
         config = CampaignConfig(("linux-6.18", "jmp-slots"), seed=4, cases=40, jobs=jobs, scheduler=scheduler,
                                 out=str(tmp_path / out))
         got = run_campaign(config, lambda _stats: None).to_json()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import sample
+from conftest import sample, symtab_address
 
 from emu.cli import main
 from emu.designs import DESIGNS
@@ -18,7 +18,7 @@ from emu.survey import analyze
 from emu.survey.confusion import confusion, seen_sites
 from emu.survey.corpus import load_corpus
 from emu.survey.engine import Outcome, run_corpus, survey
-from emu.survey.redzone import RedZone
+from emu.survey.redzone import RedZone, analyse
 from emu.survey.store import Store, designs_key
 
 FIXTURE = str(Path(__file__).resolve().parents[1] / "fixtures" / "survey_corpus.toml")
@@ -73,7 +73,7 @@ def test_hits_flags_and_read_backs_per_site(tmp_path: Path) -> None:
 
 def test_a_wrong_static_verdict_is_a_false_negative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: an analysis that calls rz_live's site dead is caught by the corpus run."""
-    real = analyze.analyse
+    real = analyse
 
     def wrong(fn: Any, site: int, executed: bool = False) -> RedZone:
         got = real(fn, site, executed)
@@ -102,10 +102,7 @@ def test_an_output_difference_no_clobber_explains_is_listed() -> None:
 
 
 def _address(symbol: str) -> int:
-    from elftools.elf.elffile import ELFFile
-
-    with open(sample("survey_corpus"), "rb") as fh:
-        return int(ELFFile(fh).get_section_by_name(".symtab").get_symbol_by_name(symbol)[0]["st_value"])
+    return symtab_address(sample("survey_corpus"), symbol)
 
 
 def test_reruns_resume_and_a_changed_binary_runs_again(tmp_path: Path) -> None:

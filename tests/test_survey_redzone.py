@@ -161,14 +161,16 @@ def test_a_known_executed_site_entered_from_elsewhere(after: str, state: str, li
 def test_unwind_bounds_match_the_symbols() -> None:
     """A stripped binary's functions come from .eh_frame_hdr + FDEs: they agree with the symbol table."""
     from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
 
     from emu.survey.bounds import UnwindBounds
 
     with open(sample("hello_dynamic"), "rb") as fh:
         elf = ELFFile(fh)
         unwind = UnwindBounds.read(elf)
-        assert unwind is not None
-        symbols = {s.name: (s["st_value"], s["st_size"]) for s in elf.get_section_by_name(".symtab").iter_symbols()}
+        symtab = elf.get_section_by_name(".symtab")
+        assert unwind is not None and isinstance(symtab, SymbolTableSection)
+        symbols = {s.name: (s["st_value"], s["st_size"]) for s in symtab.iter_symbols()}
     start, size = symbols["main"]
     assert unwind.around(start + size - 1) == (start, size)
     assert unwind.around(unwind.starts[0] - 1) is None  # before every FDE

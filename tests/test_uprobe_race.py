@@ -5,13 +5,16 @@ semaphore ends at 0, under every design and every interleaving tried."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 
 import pytest
-from conftest import sample
+from conftest import sample, symtab_address
 
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
+from emu.kernel.sched import Scheduler
 from emu.kernel.tasks import Task
+from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
 from emu.machine import Ending, Machine, RunOptions
 from emu.native import available as native_available
@@ -22,11 +25,7 @@ INTERLEAVINGS = [(20_000, None), (200, 1), (31, 2), (5, 3)]  # (quantum, seed)
 
 
 def _symbol(name: str) -> int:
-    from elftools.elf.elffile import ELFFile
-
-    with open(RACE, "rb") as fh:
-        symtab = ELFFile(fh).get_section_by_name(".symtab")
-        return int(symtab.get_symbol_by_name(name)[0]["st_value"])
+    return symtab_address(RACE, name)
 
 
 def _machine(design: str, quantum: int, seed: int | None) -> Machine:
@@ -67,22 +66,24 @@ def test_a_thread_parked_in_the_trampoline_survives_the_detach(design: str) -> N
         machine = _machine(design, 5, seed)
         sched, up = machine.kernel.sched, machine.uprobes
         parked: dict[int, bool] = {}
+        through = [0]  # threads that were parked in the trampoline across the detach
         pick = sched.pick_next
 
-        def pick_and_watch(yielding: bool = False, *, pick=pick, sched=sched, up=up, parked=parked,
-                           machine=machine) -> Task:
+        def pick_and_watch(yielding: bool = False, *, pick: Callable[[bool], Task] = pick, sched: Scheduler = sched,
+                           up: Uprobes = up, parked: dict[int, bool] = parked, machine: Machine = machine,
+                           through: list[int] = through) -> Task:
             current = sched.current
             vma = machine.mem.find(current.pc)
             if current.alive and vma is not None and vma.name == TRAMPOLINE_NAME:
                 parked[current.tid] = bool(up.probes)
             chosen = pick(yielding)
             if parked.pop(chosen.tid, False) and not up.probes:
-                machine.parked_through_detach = getattr(machine, "parked_through_detach", 0) + 1
+                through[0] += 1
             return chosen
 
         sched.pick_next = pick_and_watch  # type: ignore[method-assign]
         assert machine.run().exit_status == 0
-        survived += getattr(machine, "parked_through_detach", 0)
+        survived += through[0]
         if survived:
             break  # found (deterministically, for the same seeds every time)
     assert survived > 0

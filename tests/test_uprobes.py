@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from conftest import attach_exe
 
 from emu.designs import DESIGNS
 from emu.errors import UsageError
@@ -78,7 +79,7 @@ def test_linux_618_red_zone_words_are_exactly_the_trampoline_pushes() -> None:
 
 def test_linux_618_site_bytes_trampoline_and_detach() -> None:
     m, io = machine(TARGETS)
-    att = m.attach("uprobe:t_nop5")
+    att = attach_exe(m, "uprobe:t_nop5")
     site = att.address
     assert m.mem.read(site, 5) == bytes.fromhex("cc1f440000")
     result = run(m)
@@ -98,7 +99,7 @@ def test_linux_618_site_bytes_trampoline_and_detach() -> None:
 
 def test_jmp_slots_site_points_at_a_16_byte_slot() -> None:
     m, io = machine(TARGETS, design="jmp-slots")
-    att = m.attach("uprobe:t_nop5")
+    att = attach_exe(m, "uprobe:t_nop5")
     result = run(m)
     assert io.out.decode() == PROBE_TARGETS_OUTPUT
     code = m.mem.read(att.address, 5)
@@ -112,7 +113,7 @@ def test_jmp_slots_site_points_at_a_16_byte_slot() -> None:
 
 def test_nop10_optimizes_to_lea_call_and_detaches_to_jmp8() -> None:
     m, io = machine(TARGETS, design="nop10")
-    att = m.attach("uprobe:t_nop10")
+    att = attach_exe(m, "uprobe:t_nop10")
     run(m)
     assert io.out.decode() == PROBE_TARGETS_OUTPUT
     code = m.mem.read(att.address, 10)
@@ -182,11 +183,11 @@ def test_consumer_redirecting_ip_skips_the_instruction() -> None:
 def test_usdt_semaphore_counts_while_attached_and_args_decode() -> None:
     m, io = machine(USDT, design="linux-6.18")
     values: list[list[int]] = []
-    att = m.attach("usdt:demo:sema")
+    att = attach_exe(m, "usdt:demo:sema")
     note = att.resolved.usdt
     assert note is not None and att.resolved.semaphore is not None
     assert struct.unpack("<H", m.mem.read(att.resolved.semaphore, 2))[0] == 1
-    att.consumer.handler = lambda hit: values.append([a.read(hit.regs, hit.read) for a in note.args]) and None
+    att.consumer.handler = lambda hit: values.append([a.read(hit.regs, hit.read) for a in note.args])
     result = run(m)
     assert result.exit_status == 0
     assert "sema_hits=3" in io.out.decode()
@@ -198,10 +199,10 @@ def test_usdt_semaphore_counts_while_attached_and_args_decode() -> None:
 def test_usdt_nop_combo_moves_to_the_long_nop_only_when_optimizable() -> None:
     for design, expect_shift in (("linux-6.18", True), ("int3", False), ("nop10", False)):
         m, _ = machine(USDT, design=design)
-        att = m.attach("usdt:demo:combo5")
+        att = attach_exe(m, "usdt:demo:combo5")
         assert (att.address == att.resolved.address + 1) is expect_shift, design
     m, _ = machine(USDT, design="nop10")
-    att = m.attach("usdt:demo:combo10")
+    att = attach_exe(m, "usdt:demo:combo10")
     assert att.address == att.resolved.address + 1
 
 

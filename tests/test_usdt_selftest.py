@@ -6,6 +6,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from conftest import attach_exe
 
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
@@ -40,9 +41,8 @@ def semaphore(m: Machine, att: Attachment) -> int:
 def test_basic_counts_values_and_sizes(design: str) -> None:
     m, io = machine(design, "basic", "2")
     seen: dict[str, list[list[int]]] = {"usdt0": [], "usdt3": [], "usdt12": []}
-    atts = {name: m.attach(f"usdt:test:{name}") for name in seen}
+    atts = {name: attach_exe(m, f"usdt:test:{name}") for name in seen}
     for name, att in atts.items():
-        assert isinstance(att, Attachment)
         recorder(att, seen[name])
         assert semaphore(m, att) == 1
     result = m.run()

@@ -12,8 +12,10 @@ from emu import cli
 from emu.check import CheckRequest, run_check
 from emu.designs import DESIGNS, Design, Handler, Trampoline
 from emu.guestio import GuestIO
-from emu.kernel.uprobes import syscalls
+from emu.kernel.uprobes import consumers, syscalls
 from emu.kernel.uprobes.consumers import Consumer, Hit
+from emu.kernel.uprobes.core import Uprobes
+from emu.kernel.uprobes.regs import PtRegs
 from emu.machine import Machine, RunOptions
 from emu.verify import resume
 from emu.verify.scratch import ScratchCpu
@@ -85,13 +87,13 @@ def test_negative_control_handler_not_restoring_rcx() -> None:
 
 
 def test_negative_control_resume_at_plus_4(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = syscalls.Uprobes.handle_syscall_uprobe
+    original = Uprobes.handle_syscall_uprobe
 
-    def short(up: syscalls.Uprobes, regs: syscalls.PtRegs, vaddr: int, path: syscalls.Path) -> None:
+    def short(up: Uprobes, regs: PtRegs, vaddr: int, path: consumers.Path) -> None:
         original(up, regs, vaddr, path)
         regs.ip = vaddr + 4  # jmp-slots resumes at regs.ip: one byte short of the nop5's end
 
-    monkeypatch.setattr(syscalls.Uprobes, "handle_syscall_uprobe", short)
+    monkeypatch.setattr(Uprobes, "handle_syscall_uprobe", short)
     m = Machine(TARGETS, [TARGETS, "3"], {}, RunOptions(design="jmp-slots", max_insns=2_000_000), GuestIO.captured())
     m.attach("uprobe:f_nop5", Consumer(handler=lambda hit: None))  # a handler: the full sys_uprobe path runs
     session = VerifySession(m)
@@ -153,7 +155,7 @@ def test_lockstep_reports_first_divergence() -> None:
 def test_negative_control_handler_clobbering_xmm0(monkeypatch: pytest.MonkeyPatch) -> None:
     original = syscalls.sys_uprobe
 
-    def clobbering(up: syscalls.Uprobes, nr: int, state: list[int] | None = None) -> None:
+    def clobbering(up: Uprobes, nr: int, state: list[int] | None = None) -> None:
         original(up, nr, state)
         up.cpu.write_xmm(0, 0xDEADBEEF)  # as if the kernel used SSE without saving the user's state
 

@@ -127,7 +127,7 @@ def design_file(tmp_path: Path) -> Path:
 # ----------------------------------------------------------------------------------- fallbacks
 
 
-FALLBACK_DESIGNS = [FRAME_STORE, ID_TOGGLE, GLOBAL_STORE, "linux-6.18", "jmp-slots", "int3"]
+FALLBACK_DESIGNS: list[str | Design] = [FRAME_STORE, ID_TOGGLE, GLOBAL_STORE, "linux-6.18", "jmp-slots", "int3"]
 
 
 @pytest.fixture(scope="module")

@@ -93,7 +93,7 @@ def _deadline(k: Kernel, timeout: int, absolute: bool, realtime: bool) -> int | 
     sec, nsec = struct.unpack("<qq", k.mem.read_user(timeout, 16))
     if sec < 0 or not 0 <= nsec < 10**9:
         raise SyscallError(errno.EINVAL)
-    ns = sec * 10**9 + nsec
+    ns: int = sec * 10**9 + nsec
     if not absolute:
         return k.clock.elapsed + ns
     start = k.clock.realtime_start if realtime else k.clock.monotonic_start

@@ -130,7 +130,8 @@ def read_timeout(k: Kernel, addr: int) -> int | None:
     sec, nsec = struct.unpack("<qq", k.mem.read_user(addr, 16))
     if sec < 0 or not 0 <= nsec < 10**9:
         raise SyscallError(errno.EINVAL)
-    return sec * 10**9 + nsec
+    ns: int = sec * 10**9 + nsec
+    return ns
 
 
 def sys_ppoll(k: Kernel, fds_addr: int, nfds: int, tmo_addr: int, sigmask: int, sigsetsize: int, *_: int) -> int:

@@ -39,7 +39,7 @@ def is_nop5(raw: bytes) -> bool:
         return False
     if insn.opcode[0] == 0x90:
         return bool(insn.mnemonic == "nop")
-    return insn.opcode[:2] == [0x0F, 0x1F] and (insn.modrm >> 3) & 7 == 0
+    return bool(insn.opcode[:2] == [0x0F, 0x1F] and (insn.modrm >> 3) & 7 == 0)
 
 
 def crosses_page(vaddr: int, length: int) -> bool:
