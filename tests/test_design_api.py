@@ -66,7 +66,7 @@ def test_builtin_designs_assemble_to_the_kernels_bytes(design: str, trampoline: 
     (replace(SIX18, handler=Handler(saved=("ax", "rip"))), "handler.saved names 'rip', not a saved register"),
     (replace(SIX18, handler=Handler(probe_from="slot")), "a 'slots' trampoline and handler.probe_from='slot' go together"),
     (replace(SIX18, patch=Patch(branch="jmp")), "needs patch.branch='call'"),
-    (replace(SIX18, handler=Handler(exit="sideways")), "handler.exit 'sideways' is not one of"),  # type: ignore[arg-type]
+    (replace(SIX18, handler=Handler(exit="sideways")), "handler.exit 'sideways' is not one of"),
     (replace(SIX18, trampoline=Trampoline(SLOT_17_BYTES, layout="slots", slot_size=16),
              handler=Handler(probe_from="slot", exit="iret")),
      "trampoline code is 17 bytes, does not fit its 16-byte slot"),
