@@ -114,7 +114,7 @@ class _Tally:
         self.insns = self.kernel = self.calls = self.rets = 0
         self._cache: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._cs = cs64()
-        machine.cpu.add_block_hook(self._on_block)
+        machine.cpu.hooks.add_block(self._on_block)
 
     def _on_block(self, addr: int, size: int) -> None:
         key = (addr, size)

@@ -31,11 +31,6 @@ from emu.cpu import (
     Cpu,
     Reg,
     StopReason,
-    add_native_block_hook,
-    add_native_translation_hook,
-    add_raw_block_hook,
-    add_translation_hook,
-    keep_alive,
     native_function,
 )
 from emu.disasm import cs64
@@ -174,11 +169,11 @@ class NativeCounter(_Counter):
                              emu_stop=native_function("uc_emu_stop"),
                              decode=ctypes.cast(self._decode, ctypes.c_void_p).value)
         super().__init__(cpu, limit)
-        keep_alive(cpu, self)  # the hooks point into this object's buffers for as long as the engine lives
+        cpu.hooks.keep(self)  # the hooks point into this object's buffers for as long as the engine lives
         state = ctypes.addressof(self._state)
         if track_translations:  # (off only in the test that shows a stale table would be caught)
-            add_native_translation_hook(cpu, native.icount_translated, state)
-        add_native_block_hook(cpu, native.icount_block, state)
+            cpu.hooks.add_native_translation(native.icount_translated, state)
+        cpu.hooks.add_native_block(native.icount_block, state)
 
     @property
     def total(self) -> int:
@@ -220,8 +215,8 @@ class PythonCounter(_Counter):
         self._counts: dict[tuple[int, int], int] = {}
         super().__init__(cpu, limit)
         if track_translations:
-            add_translation_hook(cpu, self._on_translated)
-        add_raw_block_hook(cpu, self._block_hook())
+            cpu.hooks.add_translation(self._on_translated)
+        cpu.hooks.add_raw_block(self._block_hook())
 
     def _on_translated(self, pc: int, size: int, icount: int) -> None:
         self._counts[pc, size] = icount

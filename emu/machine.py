@@ -212,9 +212,9 @@ class Machine:
         self.kernel.fork = self._fork
         self.kernel.exec = self._exec
         self.kernel.family = self.family
-        self.cpu.add_syscall_hook(self.kernel.on_syscall)
-        self.cpu.add_interrupt_hook(self._on_interrupt)
-        self.cpu.add_cpuid_hook(self.kernel.cpu_model.cpuid)
+        self.cpu.hooks.add_syscall(self.kernel.on_syscall)
+        self.cpu.hooks.add_interrupt(self._on_interrupt)
+        self.cpu.hooks.add_cpuid(self.kernel.cpu_model.cpuid)
         self.cpu.on_unmapped = lambda bad: self.mem.grow_stack(bad.address)  # the stack grows on demand
 
     @classmethod

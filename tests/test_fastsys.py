@@ -113,8 +113,8 @@ def _with_chain_observer(m: Machine, c: Consumer) -> None:
 
 
 def _with_syscall_observer(m: Machine, c: Consumer) -> None:
-    m.cpu.before_syscall.append(lambda: None)
-    m.cpu.before_interrupt.append(lambda intno: None)
+    m.cpu.hooks.before_syscall.append(lambda: None)
+    m.cpu.hooks.before_interrupt.append(lambda intno: None)
 
 
 WATCHERS = [_with_handler, _with_filter, _with_rsb_model, _with_shadow_stack, _with_chain_observer,
@@ -154,7 +154,7 @@ def test_a_change_makes_the_tables_stale_until_rebuilt() -> None:
     m = _machine("linux-6.18", "nop5", "uprobe:uprobe_target_nop5", consumer)
     assert m.uprobes.fast is not None
     m.uprobes.fast.sync()
-    front = m.cpu.fast_front
+    front = m.cpu.hooks.fast_front
     assert front.open and front.current
     consumer.enabled = False  # a watched field: stale
     assert not front.current

@@ -6,7 +6,8 @@ import gc
 from pathlib import Path
 
 from emu.abi import Prot
-from emu.cpu import Cpu, _Engines
+from emu.cpu import Cpu
+from emu.cpu.engine import _Engines
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 
@@ -22,7 +23,7 @@ def test_a_stop_with_no_reason_does_not_kill_the_guest() -> None:
             stops.append(addr)
             m.cpu.stop()  # as a stale stop request would: no syscall, no fault, no limit
 
-    m.cpu.add_code_hook(stop_once, m.exe.entry, m.exe.entry)
+    m.cpu.hooks.add_code(stop_once, m.exe.entry, m.exe.entry)
     result = m.run()
     assert stops and result.exit_status == 0 and bytes(m.io.out).startswith(b"hello")
     assert m.spurious_stops == 1
@@ -39,6 +40,6 @@ def test_an_engine_collected_during_emulation_is_closed_after_it() -> None:
         gc.collect()
         seen.append(len(_Engines.buried))
 
-    outer.add_code_hook(drop_another, 0x1000, 0x1000)
+    outer.hooks.add_code(drop_another, 0x1000, 0x1000)
     outer.run(0x1000)
     assert len(seen) == 1 and seen[0] >= 1 and _Engines.buried == []  # buried while outer ran, closed after

@@ -106,9 +106,9 @@ class CaseRunner:
         self.sp = self.machine.entry_sp & ~0xF
         self.blocks = 0
         self._pristine: bytes | None = None  # code in memory, unpatched since written
-        self.machine.cpu.add_block_hook(self._count_block)
+        self.machine.cpu.hooks.add_block(self._count_block)
         end = driver_end()
-        self.machine.cpu.add_code_hook(self._at_driver_end, end, end)
+        self.machine.cpu.hooks.add_code(self._at_driver_end, end, end)
 
     @staticmethod
     def _at_driver_end(_addr: int, _size: int) -> None:
@@ -170,12 +170,12 @@ class CaseRunner:
                 cpu.write(Reg.RSP, cpu.read(Reg.RSP) + action.value)
 
         address = probe_address(case, prog, self.design)
-        hook = cpu.add_code_hook(act, address, address)
+        hook = cpu.hooks.add_code(act, address, address)
         cpu.flush_code(L.FUNC, L.CODE_BASE + L.CODE_SIZE)  # a hook added after translation would not fire
         try:
             return self._run()
         finally:
-            cpu.remove_hook(hook)
+            cpu.hooks.remove(hook)
             cpu.flush_code(L.FUNC, L.CODE_BASE + L.CODE_SIZE)
 
     def probed(self, case: Case, prog: Program) -> tuple[Outcome, list[str]]:

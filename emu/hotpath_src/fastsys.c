@@ -1,6 +1,6 @@
 /* Counting-only probe hits without entering Python: the one syscall hook and the one interrupt hook.
  *
- * A FastSys object sits in front of the Python syscall and interrupt callbacks (emu/cpu.py). For a hit
+ * A FastSys object sits in front of the Python syscall and interrupt callbacks (emu/cpu/hooks.py). For a hit
  * on a probe whose every consumer only counts, with nothing in Python watching (emu/kernel/uprobes/
  * fastpath.py decides, and opens the gate), it does what the kernel's fast path leaves observable
  * and returns; anything else goes to the Python callback unchanged, by its C address.

@@ -142,7 +142,7 @@ def _run_to(machine: Machine, address: int, spec: str) -> None:
     def stop(_addr: int, _size: int) -> None:
         raise _AtSite
 
-    hook = machine.cpu.add_code_hook(stop, address, address)
+    hook = machine.cpu.hooks.add_code(stop, address, address)
     try:
         result = machine.run()
     except _AtSite:
@@ -150,7 +150,7 @@ def _run_to(machine: Machine, address: int, spec: str) -> None:
             machine.counter.limit = None  # --max-insns bounds the way to the site, not the exploration
         return
     finally:
-        machine.cpu.remove_hook(hook)
+        machine.cpu.hooks.remove(hook)
     raise UsageError(f"{spec}: the program never reached {address:#x} ({result.message or result.ending.value})")
 
 

@@ -69,10 +69,10 @@ class ThreadRunner:
         self.code = [(a, self.mem.read(a, n)) for a, n in self._code_ranges()]
         self.undo: list[tuple[int, bytes]] = []
         self.path: list[int] = []
-        self._hook = self.cpu.add_mem_write_hook(self._log_write, 1, 0)
+        self._hook = self.cpu.hooks.add_mem_write(self._log_write, 1, 0)
 
     def close(self) -> None:
-        self.cpu.remove_hook(self._hook)
+        self.cpu.hooks.remove(self._hook)
 
     def __enter__(self) -> ThreadRunner:
         return self

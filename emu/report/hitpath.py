@@ -73,11 +73,11 @@ class HitTracer:
             return
         cpu = self.machine.cpu
         if self._done:
-            self._hooks.append(cpu.add_block_hook(self._on_block))
+            self._hooks.append(cpu.hooks.add_block(self._on_block))
             self._done = False
         for address in sites:
             self._pending[address] = MAX_HITS
-            self._hooks.append(cpu.add_code_hook(self._on_site, address, address))
+            self._hooks.append(cpu.hooks.add_code(self._on_site, address, address))
 
     def _on_mmap(self, _vma: Vma | None) -> None:
         new = [att for att in self.machine.attachments if att.address not in self._sites]
@@ -151,5 +151,5 @@ class HitTracer:
     def _stop(self) -> None:
         self._done = True
         for hook in self._hooks:
-            self.machine.cpu.remove_hook(hook)
+            self.machine.cpu.hooks.remove(hook)
         self._hooks = []

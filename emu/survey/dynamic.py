@@ -63,7 +63,6 @@ class ReadBack:
     buffer), whatever the probe did."""
 
     def __init__(self, machine: Machine, session: VerifySession) -> None:
-        from emu.cpu import add_raw_mem_read_hook, add_raw_mem_write_hook
         from emu.verify.kernel_writes import WatchedBackend
 
         self.cpu = machine.cpu
@@ -81,8 +80,8 @@ class ReadBack:
 
         session.tracker.on_finished = finished
         machine.mem.backend = WatchedBackend(machine.mem.backend, self._on_kernel_write)  # the kernel's stores too
-        add_raw_mem_read_hook(self.cpu, self._on_read, 1, 0)
-        add_raw_mem_write_hook(self.cpu, self._on_raw_write, 1, 0)  # raw: no Python frame between
+        self.cpu.hooks.add_raw_mem_read(self._on_read, 1, 0)
+        self.cpu.hooks.add_raw_mem_write(self._on_raw_write, 1, 0)  # raw: no Python frame between
 
     def counts(self) -> Counter[int]:
         """site -> hits whose clobber was read back."""
@@ -112,9 +111,8 @@ class ReadBack:
                     self.marked.pop(a, None)
                 self.confirmed.update(o for a, o in owners if a < rsp)
         except BaseException as exc:  # a raw hook hands its exception to the run
-            from emu.cpu import hook_raised
 
-            hook_raised(self.cpu, exc)
+            self.cpu.hooks.raised(exc)
         return True
 
     def _kernel_side(self) -> bool:

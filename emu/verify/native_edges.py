@@ -53,10 +53,7 @@ from emu.cpu import (
     Cpu,
     HookHandle,
     RawCodeHook,
-    add_native_code_hook,
-    cpu_handle,
     native_function,
-    raw_code_hook_address,
 )
 from emu.verify.reference_cache import EffectSpans
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP
@@ -141,14 +138,14 @@ class NativeEdges:
         self._bytes = memoryview(self._block).cast("B")
         self.words = self._bytes.cast("Q")
         base = self.address = ctypes.addressof(self._block)
-        self._uc = cpu_handle(cpu).value
+        self._uc = cpu.handle.value
         n = len(STATE_REGS)
         (ctypes.c_int * n).from_address(base + IDS_AT)[:] = list(STATE_REGS)
         (ctypes.c_uint64 * n).from_address(base + START_PTRS_AT)[:] = [base + START + o for o in STATE_OFFSETS]
         (ctypes.c_uint64 * n).from_address(base + END_PTRS_AT)[:] = [base + END + o for o in STATE_OFFSETS]
         w = self.words
         w[REG_BATCH], w[MEM_READ] = native_function("uc_reg_read_batch"), native_function("uc_mem_read")
-        w[PY_SITE] = raw_code_hook_address(cpu, on_site)
+        w[PY_SITE] = cpu.hooks.python_address(on_site)
         w[LOG] = log.address
         w[NREGS], w[IDS], w[START_PTRS], w[END_PTRS] = n, base + IDS_AT, base + START_PTRS_AT, base + END_PTRS_AT
         w[START_AT], w[END_AT], w[REDZONE_AT], w[START_REDZONE_AT] = (
@@ -162,16 +159,16 @@ class NativeEdges:
 
     def add_site_hook(self, address: int, record: int) -> HookHandle:
         """The C hook at a probe site; ``record``: the site's in SiteCounters."""
-        return add_native_code_hook(self.cpu, self._site_code, record, address, address)
+        return self.cpu.hooks.add_native_code(self._site_code, record, address, address)
 
     def set_ret_fallback(self, on_ret: RawCodeHook) -> None:
         """The Python hook every ``ret`` hook hands over to."""
-        self.words[PY_RET] = raw_code_hook_address(self.cpu, on_ret)
+        self.words[PY_RET] = self.cpu.hooks.python_address(on_ret)
 
     def add_ret_hook(self, address: int) -> HookHandle:
         """A hook on a ``ret``; it settles only a transaction armed for that ``ret``."""
         assert self.words[PY_RET], "set_ret_fallback first"
-        return add_native_code_hook(self.cpu, self._ret_code, self.address, address, address)
+        return self.cpu.hooks.add_native_code(self._ret_code, self.address, address, address)
 
     def start_raw(self) -> bytes:
         """The state the site hook read (the RawState layout)."""

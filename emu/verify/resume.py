@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 from emu import hotpath
 from emu.abi import RED_ZONE, U64
-from emu.cpu import add_raw_code_hook, flush_all_code, hook_failed, hook_raised
 from emu.disasm import cs64
 from emu.kernel.uprobes.regs import ExitPath
 from emu.verify.state import RAW_RIP, RAW_RSP
@@ -61,8 +60,8 @@ class ResumeWatch:
         self._armable: dict[int, int] = {}  # ... and ends in this ret, whose hook is C (emu/verify/native_edges.py)
         self._native_rets: set[int] = set()  # hooked rets whose hook is C
         self.watching_blocks = False  # the fallback is on (it stays on)
-        self.cpu.after_interrupt.append(self._after_interrupt)
-        self.cpu.after_syscall.append(self._after_syscall)
+        self.cpu.hooks.after_interrupt.append(self._after_interrupt)
+        self.cpu.hooks.after_syscall.append(self._after_syscall)
         if tracker.edges is not None:
             tracker.edges.set_ret_fallback(self._on_ret)
 
@@ -93,7 +92,7 @@ class ResumeWatch:
             if tx is not None:
                 self._kernel_returns(tx, 0)
         except BaseException as exc:
-            hook_raised(self.cpu, exc)
+            self.cpu.hooks.raised(exc)
 
     def _after_syscall(self) -> None:
         try:
@@ -102,7 +101,7 @@ class ResumeWatch:
                 return
             at, exits_before = opened
             irets = self._exits.get(_IRET, 0) - exits_before.get(_IRET, 0)
-            if not irets and at.address in self._sysret_watched and not hook_failed(self.cpu):
+            if not irets and at.address in self._sysret_watched and not self.cpu.hooks.failed:
                 ret = self._armable.get(at.address)
                 if ret is not None:
                     self.tracker.arm(ret, 8 + self._rets[ret])
@@ -120,12 +119,12 @@ class ResumeWatch:
                     self._armable[tx.site] = ret
                     hotpath.touch()  # the C syscall front may arm it from now on
         except BaseException as exc:
-            hook_raised(self.cpu, exc)
+            self.cpu.hooks.raised(exc)
 
     def _kernel_returns(self, tx: Transaction, rip_advance: int) -> int | None:
         """The kernel returns to rip + ``rip_advance`` during ``tx``; that address if it is
         straight-line code now watched to its ``ret``."""
-        if hook_failed(self.cpu):
+        if self.cpu.hooks.failed:
             self.tracker.lost = tx  # the session's finish() judges it if the run ends here
             self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
             return None
@@ -169,7 +168,7 @@ class ResumeWatch:
             edges.add_ret_hook(pc)
             self._native_rets.add(pc)
         else:
-            add_raw_code_hook(self.cpu, self._on_ret, pc, pc)
+            self.cpu.hooks.add_raw_code(self._on_ret, pc, pc)
 
     def _straight_line_end(self, addr: int) -> tuple[int, int, str, str] | None:
         vma = self.mem.find(addr)
@@ -208,7 +207,7 @@ class ResumeWatch:
             else:
                 self._follow(target)
         except BaseException as exc:
-            hook_raised(self.cpu, exc)
+            self.cpu.hooks.raised(exc)
 
     # ------------------------------------------------------------------ the fallback
     def _watch_blocks(self) -> None:
@@ -217,8 +216,8 @@ class ResumeWatch:
             self.machine.kernel.defer(self._add_block_hook)  # outside the run: the hook, then a flush
 
     def _add_block_hook(self) -> None:
-        self.cpu.add_block_hook(self._on_block)
-        flush_all_code(self.cpu)
+        self.cpu.hooks.add_block(self._on_block)
+        self.cpu.flush_all_code()
 
     def _on_block(self, addr: int, _size: int) -> None:
         tx = self.tracker.active

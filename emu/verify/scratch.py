@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from emu.abi import PAGE_SIZE, U64, Prot, page_down
-from emu.cpu import BadAccess, Cpu, RawState, StopReason, add_raw_mem_read_hook, add_raw_mem_write_hook
+from emu.cpu import BadAccess, Cpu, RawState, StopReason
 from emu.memory import Memory
 
 MAX_PAGES = 8  # an instruction touching more pages than this (at one site, over time) starts afresh
@@ -46,8 +46,8 @@ class ScratchCpu:
         self.cpu = Cpu()
         self.raw = RawState(self.cpu)
         self.cpu.on_unmapped = self._fault_in
-        add_raw_mem_write_hook(self.cpu, self._record, 1, U64)
-        add_raw_mem_read_hook(self.cpu, self._record_read, 1, U64)
+        self.cpu.hooks.add_raw_mem_write(self._record, 1, U64)
+        self.cpu.hooks.add_raw_mem_read(self._record_read, 1, U64)
         self._pages: dict[int, _Page] = {}  # mapped here
         self._site_pages: dict[tuple[int, bytes], frozenset[int]] = {}  # pages the last execution there used
         self._faulted: set[int] = set()

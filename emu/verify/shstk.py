@@ -77,7 +77,7 @@ class CallRetTracker:
         self._ends: dict[tuple[int, int], BlockEnd] = {}
         self._pending: BlockEnd | None = None
         self._stepping = False
-        self.cpu.add_block_hook(self._on_block)
+        self.cpu.hooks.add_block(self._on_block)
         machine.kernel.sched.switch_observers.append(self._switch)
 
     def _on_block(self, addr: int, size: int) -> None:

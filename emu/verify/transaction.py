@@ -44,9 +44,6 @@ from emu.abi import RED_ZONE, Prot
 from emu.cpu import (
     HookHandle,
     RawState,
-    add_raw_code_hook,
-    hook_failed,
-    hook_raised,
 )
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, Path
 from emu.kernel.uprobes.core import Uprobe
@@ -270,8 +267,8 @@ class TransactionTracker:
             return None
         edges = NativeEdges.create(self.cpu, self.log, self._on_site)
         if edges is not None:
-            self.cpu.before_syscall.append(self._before_kernel)
-            self.cpu.before_interrupt.append(self._before_kernel)
+            self.cpu.hooks.before_syscall.append(self._before_kernel)
+            self.cpu.hooks.before_interrupt.append(self._before_kernel)
         return edges
 
     @property
@@ -421,7 +418,7 @@ class TransactionTracker:
         """The kernel returns to user mode at rip + ``rip_advance``: True if the open transaction,
         one the site hook opened and Python has not needed since, is done with everything as it
         was (a NOP site) or as the cached reference says, compared in C."""
-        at = None if hook_failed(self.cpu) else self._pending_site()
+        at = None if self.cpu.hooks.failed else self._pending_site()
         edges = self.edges
         if at is None or edges is None:
             return False
@@ -443,7 +440,7 @@ class TransactionTracker:
         """Watch these attachments' sites, forgetting earlier ones and their hit counts: one tracker
         serves a process whose probes are detached and attached again (the fuzzer's reuse)."""
         for hook in self._site_hooks:
-            self.cpu.remove_hook(hook)
+            self.cpu.hooks.remove(hook)
         self._by_site, self._site_hooks, self.active = {}, [], None
         self._suspended.clear()
         for att in attachments:
@@ -458,7 +455,7 @@ class TransactionTracker:
             if self.edges is not None:
                 self._site_hooks.append(self.edges.add_site_hook(site, self._counters.record(at.index)))
             else:
-                self._site_hooks.append(add_raw_code_hook(self.cpu, self._on_site, site, site))
+                self._site_hooks.append(self.cpu.hooks.add_raw_code(self._on_site, site, site))
 
     def _on_site(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
         """Raw code hook at each probe site (its body is inline: a frame costs on every hit); with
@@ -474,7 +471,7 @@ class TransactionTracker:
             base = tx.redzone_base
             self.log.start(base, snapshot_wanted=True)
         except BaseException as exc:
-            hook_raised(self.cpu, exc)
+            self.cpu.hooks.raised(exc)
 
     # ------------------------------------------------------------------ threads
     def switch(self, prev: Task, nxt: Task) -> None:

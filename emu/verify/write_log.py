@@ -31,8 +31,6 @@ import struct
 from collections.abc import Callable
 from types import ModuleType
 
-import unicorn.x86_const as x86
-
 from emu import hotpath
 from emu.abi import RED_ZONE
 from emu.cpu import (
@@ -40,9 +38,6 @@ from emu.cpu import (
     HookHandle,
     RawWriteHook,
     Reg,
-    add_native_mem_write_hook,
-    add_raw_mem_write_hook,
-    hook_raised,
     native_function,
 )
 
@@ -74,7 +69,7 @@ class WriteLog:
         self._words[MEM_READ] = native_function("uc_mem_read")
         self._words[REG_READ] = native_function("uc_reg_read")
         self._words[TAKEN] = 1
-        self._words[RIP_ID] = x86.UC_X86_REG_RIP
+        self._words[RIP_ID] = Reg.RIP
         self._words[SCRATCH_WORD] = SCRATCH
 
     def add_hook(self, cpu: Cpu, begin: int, end: int, mem: MemReader) -> tuple[HookHandle, bool]:
@@ -82,8 +77,8 @@ class WriteLog:
         reads guest memory with ``mem``. True: C."""
         native = native_hot_path()
         if native is None:
-            return add_raw_mem_write_hook(cpu, self._python_hook(cpu, mem), begin, end), False
-        return add_native_mem_write_hook(cpu, native.writelog_hook, ctypes.addressof(self._buf), begin, end), True
+            return cpu.hooks.add_raw_mem_write(self._python_hook(cpu, mem), begin, end), False
+        return cpu.hooks.add_native_mem_write(native.writelog_hook, ctypes.addressof(self._buf), begin, end), True
 
     def _python_hook(self, cpu: Cpu, mem: MemReader) -> RawWriteHook:
         """What writelog.c does, in Python."""
@@ -104,7 +99,7 @@ class WriteLog:
                     self.set_snapshot(mem(base, WINDOW))
                 self.record(cpu.read(Reg.RIP), addr, size, value)
             except BaseException as exc:
-                hook_raised(cpu, exc)
+                cpu.hooks.raised(exc)
             return True
 
         return on_write

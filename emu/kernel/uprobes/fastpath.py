@@ -84,7 +84,7 @@ class FastPaths:
         slice and whenever the front hands a sys_uprobe over."""
         if traced is not None:
             self.traced = traced
-        front = self.up.cpu.fast_front
+        front = self.up.cpu.hooks.fast_front
         if front is None:
             return
         if not self._configured:
@@ -101,15 +101,15 @@ class FastPaths:
         up, cpu = self.up, self.up.cpu
         if self.traced or up.shadow_stack is not None:
             return False
-        observers = (*up.chain_observers, *up.step_observers, *cpu.before_syscall, *cpu.after_syscall,
-                     *cpu.before_interrupt, *cpu.after_interrupt)
+        observers = (*up.chain_observers, *up.step_observers, *cpu.hooks.before_syscall, *cpu.hooks.after_syscall,
+                     *cpu.hooks.before_interrupt, *cpu.hooks.after_interrupt)
         verifier = self.verifier
         return all(verifier is not None and verifier.mirrors(o) for o in observers)
 
     def _configure(self, front: Any) -> None:
         self._configured = True
         self._ret_configured = False
-        self.up.cpu.fast_take_over = self.take_over
+        self.up.cpu.hooks.fast_take_over = self.take_over
         self._set_handler(front)
 
     def _set_handler(self, front: Any) -> None:
@@ -161,7 +161,7 @@ class FastPaths:
 
     def returns_moved(self) -> None:
         """Tell the C front where the XOL page is and what return instances Python holds (it pushes over them)."""
-        front = self.up.cpu.fast_front
+        front = self.up.cpu.hooks.fast_front
         if front is None:
             return
         pending = self.up.return_instances
@@ -173,7 +173,7 @@ class FastPaths:
     def take_over(self) -> None:
         """The return instances the C front pushed, onto the task's list (oldest first), before Python
         looks at that list: any Python handling mid-slice, the end of a slice, a rebuild of the tables."""
-        front = self.up.cpu.fast_front
+        front = self.up.cpu.hooks.fast_front
         if front is None or not front.pending:
             return
         pending = self.up.return_instances
@@ -189,7 +189,7 @@ class FastPaths:
 
     def fold_stats(self, counts: Counter[int]) -> None:
         """As fold, leaving the return instances the C front pushed where they are (it may pop them)."""
-        front = self.up.cpu.fast_front
+        front = self.up.cpu.hooks.fast_front
         if front is None:
             return
         calls, locks, copied, sysret, iret, traps, emulated, ret_calls, ret_hits = front.take_stats()
@@ -234,7 +234,7 @@ class FastPaths:
         """sys_uprobe on the fast path. ``entry``: the dispatcher's register snapshot (rip, flags, sp at 7-9)."""
         if not self.enabled:
             return False
-        front = self.up.cpu.fast_front
+        front = self.up.cpu.hooks.fast_front
         if front is not None and not front.current:
             self.sync()  # the C front handed it over for stale tables: this hit here, the next ones there
         up, handler, words = self.up, self.handler, self.words

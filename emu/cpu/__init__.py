@@ -1,0 +1,36 @@
+"""The one package that imports Unicorn: a CPU's registers, memory, hooks and runs.
+
+- engine.py: :class:`Cpu`: registers, contexts, memory, runs;
+- hooks.py: :class:`Hooks` (``Cpu.hooks``): Python, raw and C hooks, and the syscall front;
+- regs.py: the registers, the register sets read together, user-mode rflags;
+- state.py: :class:`RawState`, the verifiers' whole-state snapshots;
+- binding.py: Unicorn's C functions, bound without the Python binding's conversions;
+- scratch.py: what Unicorn itself does with an instruction, on a CPU of its own.
+"""
+
+from emu.cpu.binding import native_function
+from emu.cpu.engine import Access, BadAccess, Cpu, CpuContext, StopReason
+from emu.cpu.hooks import HookHandle, Hooks, RawCodeHook, RawWriteHook
+from emu.cpu.regs import (
+    EXEC_FCW,
+    EXEC_MXCSR,
+    FXSAVE_SIZE,
+    GPRS,
+    STATE_BYTES,
+    STATE_FLAGS_OFFSET,
+    STATE_OFFSETS,
+    STATE_REGS,
+    STATE_X87_OFFSET,
+    STATE_XMM_OFFSET,
+    Reg,
+    user_flags,
+)
+from emu.cpu.scratch import instructions_run, unicorn_cpuid
+from emu.cpu.state import RawState
+
+__all__ = [
+    "EXEC_FCW", "EXEC_MXCSR", "FXSAVE_SIZE", "GPRS", "STATE_BYTES", "STATE_FLAGS_OFFSET", "STATE_OFFSETS",
+    "STATE_REGS", "STATE_X87_OFFSET", "STATE_XMM_OFFSET", "Access", "BadAccess", "Cpu", "CpuContext",
+    "HookHandle", "Hooks", "RawCodeHook", "RawState", "RawWriteHook", "Reg", "StopReason", "instructions_run",
+    "native_function", "unicorn_cpuid", "user_flags",
+]

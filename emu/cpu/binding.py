@@ -1,0 +1,75 @@
+"""Unicorn's C functions, bound without the Python binding's argument conversion.
+
+The binding's ``reg_read`` costs ~1.9 us a call, the raw call ~0.5 us (notes/peers-and-unicorn.md
+4.2): register and memory I/O and hook registration go through these instead. Only public
+functions of unicorn.h are bound; nothing here depends on a private structure.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import unicorn
+from unicorn.unicorn_py3.unicorn import uclib
+
+# uc_reg_* bound again without argtypes: the binding's POINTER argtypes cost ~0.7 us of
+# conversion per call on the syscall hot path; these take the arrays as plain pointers.
+_raw = ctypes.CDLL(uclib._name, handle=uclib._handle)
+reg_read, reg_write = _raw.uc_reg_read, _raw.uc_reg_write
+reg_read_batch, reg_write_batch = _raw.uc_reg_read_batch, _raw.uc_reg_write_batch
+ctl = _raw.uc_ctl
+for _f in (reg_read, reg_write, reg_read_batch, reg_write_batch, ctl):
+    _f.restype = ctypes.c_int
+# UC_CTL_WRITE(UC_CTL_TB_REMOVE_CACHE, 2 arguments), as the binding encodes it
+CTL_REMOVE_CACHE = (unicorn.UC_CTL_IO_WRITE << 30) | (2 << 26) | unicorn.UC_CTL_TB_REMOVE_CACHE
+CTL_FLUSH_TB = (unicorn.UC_CTL_IO_WRITE << 30) | unicorn.UC_CTL_TB_FLUSH
+
+# Bound through PyDLL: these calls keep the GIL (releasing and taking it back costs more than they
+# do; they never call back into Python). No argtypes: their conversion costs more than the call;
+# a size goes as a C int, sign-extended to size_t (no single copy comes near 2 GiB).
+_gil_held = ctypes.PyDLL(uclib._name, handle=uclib._handle)
+state_read_batch, mem_read, mem_write = _gil_held.uc_reg_read_batch, _gil_held.uc_mem_read, _gil_held.uc_mem_write
+state_read_batch.restype = mem_read.restype = mem_write.restype = ctypes.c_int
+
+hook_add, hook_del, emu_stop, close = uclib.uc_hook_add, uclib.uc_hook_del, uclib.uc_emu_stop, uclib.uc_close
+OK = unicorn.UC_ERR_OK
+UcError: type[Exception] = unicorn.UcError  # (the binding is untyped: its errors and engines are typed here)
+
+
+def new_engine() -> Any:
+    """A Unicorn x86-64 engine (the binding's Uc, whose methods the engine calls for what is not hot)."""
+    return unicorn.Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_64)  # type: ignore[no-untyped-call]
+
+# Hook callback shapes (unicorn.h)
+SYSCALL_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+CPUID_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+INTR_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p)
+CODE_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p)
+MEM_CB = ctypes.CFUNCTYPE(
+    ctypes.c_bool, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+)
+
+
+class TranslatedBlock(ctypes.Structure):
+    """uc_tb, as UC_HOOK_EDGE_GENERATED reports a block Unicorn has just translated."""
+
+    _fields_ = [("pc", ctypes.c_uint64), ("icount", ctypes.c_uint16), ("size", ctypes.c_uint16)]
+
+
+EDGE_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(TranslatedBlock),
+                           ctypes.POINTER(TranslatedBlock), ctypes.c_void_p)
+
+
+def native_function(name: str) -> int:
+    """The address of one of libunicorn's public functions (for C that calls it)."""
+    address = ctypes.cast(getattr(_raw, name), ctypes.c_void_p).value
+    assert address is not None
+    return address
+
+
+def callback_address(cfunc: Any) -> int:
+    """The C address of a ctypes callback (the caller keeps it alive)."""
+    address = ctypes.cast(cfunc, ctypes.c_void_p).value
+    assert address is not None
+    return address
