@@ -17,83 +17,27 @@ refuses an inconsistent design with a message naming the problem, before anythin
 from __future__ import annotations
 
 import dataclasses
-import enum
 import errno
 import functools
 import re
 from dataclasses import dataclass, field
 
 from emu.abi import NR_UPROBE, NR_URETPROBE, NR_URETPROBE_RFC, PAGE_SIZE, RED_ZONE
+from emu.design_choices import Branch as Branch  # the choices are part of this API: re-exported
+from emu.design_choices import Detach as Detach
+from emu.design_choices import Exit as Exit
+from emu.design_choices import Layout as Layout
+from emu.design_choices import ProbeFrom as ProbeFrom
+from emu.design_choices import SiteForm as SiteForm
+from emu.design_choices import WriteOrder as WriteOrder
+from emu.design_choices import coerce_choices
 from emu.errors import UsageError
 
 Code = str | bytes
 
 
-# Each choice a design makes is one of these. A design file writes the value (``exit="iret"``); the
-# part's __post_init__ turns it into the member, and the kernel's code compares members only. Each
-# member's comment names the function that implements it.
-class SiteForm(enum.StrEnum):
-    """The long NOP a design optimizes (sites.can_optimize)."""
-
-    NOP5 = "nop5"  # any of the kernel's nop5 forms (insn.is_nop5)
-    NOP10 = "nop10"  # 66 2e 0f 1f 84 00 00 00 00 00 (sites.NOP10_HEAD)
-
-
-class Branch(enum.StrEnum):
-    """The rel32 branch a patched site takes (sites.patched_bytes; the hit's path, syscalls.hit_path)."""
-
-    CALL = "call"  # into the shared trampoline, pushing the return address sys_uprobe finds the probe by
-    JMP = "jmp"  # into this probe's slot: nothing pushed
-
-
-class WriteOrder(enum.StrEnum):
-    """How SitePatcher.optimize writes the patch (spec 3.5)."""
-
-    INT3_FIRST = "int3-first"  # bytes 1.. while byte 0 still traps, then byte 0
-    FRONT_TO_BACK = "front-to-back"  # every byte in turn: a thread may run a torn instruction
-
-
-class Detach(enum.StrEnum):
-    """What SitePatcher.unoptimize leaves at a detached site (spec 3.8)."""
-
-    RESTORE = "restore"  # the original bytes
-    JUMP_OVER = "jump-over"  # `eb rel8` over the stale tail
-
-
-class Layout(enum.StrEnum):
-    """Where SitePatcher.optimize points a site (sites._trampoline_for, sites._slot_for)."""
-
-    SHARED = "shared"  # one trampoline page for every site in rel32 reach
-    SLOTS = "slots"  # a slot of its own per probe, found by sys_uprobe from the slot (SitePatcher.probe_of_slot)
-
-
-class ProbeFrom(enum.StrEnum):
-    """How sys_uprobe finds the probe (syscalls._locate)."""
-
-    RETURN_ADDRESS = "return-address"  # the call's return address, minus Patch.branch_end
-    SLOT = "slot"  # which slot the syscall came from
-
-
-class Exit(enum.StrEnum):
-    """How sys_uprobe returns to user mode (syscalls.sys_uprobe, and syscalls.sys_uretprobe for a
-    ReturnTrampoline, which has TRAMPOLINE and IRET)."""
-
-    TRAMPOLINE = "trampoline"  # the words written back, SYSRET into the trampoline, whose pops and ret restore them
-    IRET = "iret"  # everything restored, IRET to the instruction after the site (syscalls._leave, force_iret)
-    SYSRET = "sysret"  # restored, then rcx = ip and r11 = flags: SYSRET straight past the site
-
-
 SITE_LENGTH: dict[str, int] = {SiteForm.NOP5: 5, SiteForm.NOP10: 10}
 BRANCH_OPCODE: dict[str, int] = {Branch.CALL: 0xE8, Branch.JMP: 0xE9}
-
-
-def _coerce_choices(part: object, **choices: type[enum.StrEnum]) -> None:
-    """A frozen part's choice fields as members: a value that names one becomes it; anything else
-    stays as it is, for problems() and shape_problems() to name."""
-    for name, choice in choices.items():
-        value = getattr(part, name)
-        if isinstance(value, str) and not isinstance(value, choice) and value in choice._value2member_map_:
-            object.__setattr__(part, name, choice(value))
 SAVABLE = ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15", "flags")
 XOL_SLOT_BYTES = 128  # UPROBE_XOL_SLOT_BYTES (spec 4.3)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -149,7 +93,7 @@ class Patch:
     detach: Detach | str = Detach.RESTORE  # original bytes, or `eb rel8` over the stale tail (spec 3.8)
 
     def __post_init__(self) -> None:
-        _coerce_choices(self, site=SiteForm, branch=Branch, write_order=WriteOrder, detach=Detach)
+        coerce_choices(self, site=SiteForm, branch=Branch, write_order=WriteOrder, detach=Detach)
 
     @property
     def length(self) -> int:
@@ -188,7 +132,7 @@ class Trampoline:
     inherited_on_fork: bool = True  # False: VM_DONTCOPY, as 6.18's [uprobes-trampoline] (linux-6.18-observed.md)
 
     def __post_init__(self) -> None:
-        _coerce_choices(self, layout=Layout)
+        coerce_choices(self, layout=Layout)
 
     @functools.cached_property
     def code_bytes(self) -> bytes:
@@ -237,7 +181,7 @@ class Handler:
     outside_errno: int = errno.ENXIO  # returned to a call from anywhere but a trampoline (spec 2.1 step 1)
 
     def __post_init__(self) -> None:
-        _coerce_choices(self, probe_from=ProbeFrom, exit=Exit)
+        coerce_choices(self, probe_from=ProbeFrom, exit=Exit)
 
     def problems(self) -> list[str]:
         found = _saved_problems("handler.saved", self.saved)
@@ -264,7 +208,7 @@ class ReturnTrampoline:
     exit: Exit | str = Exit.TRAMPOLINE  # SYSRET into its pops and ret (2.2), or IRET to the caller (not SYSRET)
 
     def __post_init__(self) -> None:
-        _coerce_choices(self, exit=Exit)
+        coerce_choices(self, exit=Exit)
 
     @functools.cached_property
     def code_bytes(self) -> bytes:
