@@ -14,7 +14,7 @@ from emu.designs import DESIGNS, Design, Trampoline
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 from emu.pytest_plugin import assert_no_violations
-from emu.verify.checks import FLAG_BITS, flag_changes
+from emu.verify.checks.regs import FLAG_BITS, flag_changes
 from emu.verify.mutate import global_address
 from emu.verify.session import VerifySession
 from emu.verify.violations import Check, Violation

@@ -29,8 +29,9 @@ from emu.kernel.tasks import Task, TaskState
 from emu.kernel.uprobes.core import Uprobe
 from emu.machine import Machine, RunOptions
 from emu.verify.lockstep import Observed, SyscallLog, first_divergence
+from emu.verify.records import ProbeSite, Transaction
 from emu.verify.session import Verifier, VerifySession
-from emu.verify.transaction import ProbeSite, Transaction, TransactionTracker, others_folded_in
+from emu.verify.tracker import TransactionTracker, others_folded_in
 from emu.verify.violations import Check
 
 THREADS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "threads")

@@ -21,8 +21,8 @@ from emu.survey.corpus import Entry
 
 if TYPE_CHECKING:
     from emu.machine import Machine
+    from emu.verify.records import Transaction
     from emu.verify.session import VerifySession
-    from emu.verify.transaction import Transaction
 
 DYNAMIC_VERSION = 1  # bump when a dynamic verdict could change: stored runs of older versions are redone
 

@@ -6,7 +6,7 @@ it found it is settled without entering Python:
   only if that read failed; emu/verify/write_log.py) and numbers the now *open* transaction
   (SEQ). A store outside the red zone and the scratch below it keeps every fast path here from
   settling the hit. The tracker makes a Transaction of it only when Python needs one
-  (emu/verify/transaction.py): a consumer with a handler, a context switch, a hit the C hands over.
+  (emu/verify/tracker.py): a consumer with a handler, a context switch, a hit the C hands over.
 * the **ret hook** settles an *armed* transaction: the ``ret`` is the one it was armed for, it
   returns to the address right after the site, rsp comes back to where it was, every other
   register (rflags exactly) and the extended state are byte for byte the start state, and the red

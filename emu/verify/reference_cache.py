@@ -31,7 +31,7 @@ from emu.verify.scratch import Reference, ScratchCpu
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, SLOTS
 
 if TYPE_CHECKING:
-    from emu.verify.transaction import Transaction
+    from emu.verify.records import Transaction
 
 MAX_KEYS = 256  # per site; a site whose inputs keep changing starts afresh past this
 ALWAYS_READ = ("rflags", "fs_base", "gs_base", "mxcsr")

@@ -23,7 +23,7 @@ record (no IRET counted) instead of reading rip.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from emu import hotpath
 from emu.abi import RED_ZONE, U64
@@ -32,8 +32,12 @@ from emu.kernel.uprobes.regs import ExitPath
 from emu.verify.state import RAW_RIP, RAW_RSP
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from emu.cpu import RawState
     from emu.machine import Machine
-    from emu.verify.transaction import Transaction, TransactionTracker
+    from emu.verify.native_edges import NativeEdges
+    from emu.verify.records import ProbeSite, Transaction
 
 KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
 TAIL_SCAN_BYTES = 256
@@ -45,8 +49,27 @@ _IRET = ExitPath.IRET.value  # its count in the kernel's exit record (UprobeStat
 _QWORD = struct.Struct("<Q")
 
 
+class Tracker(Protocol):
+    """What the watch needs of the transaction tracker (emu/verify/tracker.py, which makes the watch)."""
+
+    edges: NativeEdges | None
+    raw: RawState
+    lost: Transaction | None
+
+    @property
+    def active(self) -> Transaction | None: ...
+    def opened(self) -> tuple[ProbeSite, Mapping[str, int]] | None: ...
+    def arm(self, ret: int, popped: int) -> None: ...
+    def settle_at_kernel_return(self, rip_advance: int) -> bool: ...
+    def read_end(self, tx: Transaction) -> tuple[bytes, bytes | None]: ...
+    def finish(self, tx: Transaction, resume: int, raw: bytes, rsp: int | None = None,
+               redzone: bytes | None = None) -> None: ...
+    def fold_log(self, tx: Transaction) -> None: ...
+    def abandon(self) -> None: ...
+
+
 class ResumeWatch:
-    def __init__(self, machine: Machine, tracker: TransactionTracker) -> None:
+    def __init__(self, machine: Machine, tracker: Tracker) -> None:
         self.machine = machine
         self.cpu = machine.cpu
         self.mem = machine.mem

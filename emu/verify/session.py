@@ -8,13 +8,17 @@ from typing import TYPE_CHECKING
 
 from emu.disasm import insn_text
 from emu.errors import UsageError
-from emu.verify.checks import check_consumer_view, check_fired, check_memory, check_redzone, check_regs, check_resume
+from emu.verify.checks.memory import check_memory
+from emu.verify.checks.redzone import check_redzone
+from emu.verify.checks.regs import check_consumer_view, check_regs
+from emu.verify.checks.resume import check_fired, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
+from emu.verify.records import ProbeSite, Transaction
 from emu.verify.reference_cache import Prepared, ReferenceCache
 from emu.verify.rsb import RsbModel
 from emu.verify.scratch import ScratchCpu
 from emu.verify.shstk import CallRetTracker, ShadowStack
-from emu.verify.transaction import ProbeSite, Transaction, TransactionTracker
+from emu.verify.tracker import TransactionTracker
 from emu.verify.violations import Check, Violation
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ the red zone is copied: that copy is the reference the red-zone check compares w
 the SCRATCH bytes right below the red zone (the design's own stack use) is ignored. Any other store
 (the interrupted frame above rsp, a global, another thread's stack) is logged too, with the bytes
 it overwrites (``old``, read before the store lands), and counted in ``outside``: no fast path
-settles a hit while that count is not zero, and the memory check (emu/verify/checks.py) reads the
+settles a hit while that count is not zero, and the memory check (emu/verify/checks/memory.py) reads the
 entries.
 
 The hook is one permanent write hook over the whole address space, added only for a verified run;

@@ -17,7 +17,7 @@ or whenever the C side hands a hit over, :meth:`FastPaths.uprobe` does the same 
 returns False whenever the full path is needed (an error, a fault, a consumer that looks at registers).
 Nothing in Python may need to see the hit for the C side to take it: no chain or step observer (the
 hit-path report), no syscall or interrupt observer, no strace, no shadow stack, except the verifiers'
-transaction tracker (emu/verify/transaction.py), whose observers' work the C side does itself for the
+transaction tracker (emu/verify/tracker.py), whose observers' work the C side does itself for the
 hits it takes (a NOP-class site: FastSys's WATCH_OPEN).
 """
 
@@ -43,7 +43,7 @@ EXIT_KINDS = (Exit.TRAMPOLINE, Exit.IRET, Exit.SYSRET)  # fastsys.c's EXIT_* ord
 
 
 class NativeVerifier(Protocol):
-    """The verifiers' tracker, as the C front sees it (emu/verify/transaction.py)."""
+    """The verifiers' tracker, as the C front sees it (emu/verify/tracker.py)."""
 
     edges: Any  # its NativeEdges: the control block the C front shares
 

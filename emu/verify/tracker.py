@@ -1,4 +1,5 @@
-"""Probe transactions: from the moment execution reaches a patched site until the guest resumes.
+"""The transaction tracker: it follows each probe hit from the moment execution reaches a patched
+site until the guest resumes (the records it keeps: emu/verify/records.py).
 
 Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
 after the code was translated): an exact-address code hook per probe site (free elsewhere); one
@@ -33,11 +34,9 @@ has exited, gets no verdict (as for one thread).
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
-from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, cast
 
 from emu import hotpath
 from emu.abi import RED_ZONE, Prot
@@ -67,130 +66,18 @@ from emu.verify.native_edges import (
     NativeEdges,
     SiteCounters,
 )
+from emu.verify.records import Finished, Prepare, ProbeSite, Transaction
 from emu.verify.reference_cache import MAX_PLANS, Prepared
 from emu.verify.resume import KERNEL_SIDE, ResumeWatch
-from emu.verify.state import RAW_KEPT, RAW_RSP, ExtendedState, decode_extended, decode_state
+from emu.verify.state import RAW_KEPT, RAW_RSP
 from emu.verify.write_log import SCRATCH, WriteLog, classify
-from emu.verify.write_log import entries as log_entries
 
 if TYPE_CHECKING:
     from emu.kernel.tasks import Task
     from emu.machine import Attachment, Machine
 
-RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
-RIP_INDEX = 16
-FLAGS_INDEX = 17
-MAX_STORE = 8  # the widest store a write hook reports: Unicorn's x86 splits SSE/fxsave stores into 8-byte ones
 ADDRESS_SPACE_END = (1 << 64) - 1
 _QWORD = struct.Struct("<Q")
-
-
-class GuestWrite(NamedTuple):  # a NamedTuple: built for each logged store when a hit is checked
-    pc: int
-    addr: int
-    size: int
-    value: int
-
-
-@dataclass(slots=True)
-class ProbeSite:
-    """A watched probe site: what every transaction there shares."""
-
-    name: str  # the probe spec's text
-    uprobe: Uprobe
-    address: int
-    original: bytes
-    nop: bool  # a NOP-class instruction (its whole effect is ip += length)
-    next: int  # the address right after it: where the guest resumes, in the common case
-    index: int  # in the tracker's SiteCounters
-
-
-class Transaction:
-    """One probe hit. ``start_raw``/``end_raw`` are RawState snapshots; the decoded views are
-    computed on first use (only a transaction that is not obviously clean needs them). A plain
-    class whose constructor sets only what every hit needs: it is built inside a hook, on every
-    hit; the rest are class-level defaults until set."""
-
-    prepared: Prepared | None = None  # its reference, taken before the instruction ran (not for a NOP)
-    logged: tuple[bytes, ...] = ()  # raw WriteLog entries of the guest's stores into the window
-    unrecorded = False  # more stores than the log holds: some guest stores are not in guest_writes
-    chain: tuple[PtRegs, PtRegs] | None = None  # pt_regs before and after the consumers
-    path: Path | None = None
-    end_addr = 0
-    end_rsp = 0
-    end_raw = b""
-    redzone_before: bytes | None = None  # read before the first write that reaches it; None: untouched
-    redzone_changed = False  # a write reached it that may have changed it (not one storing what it held)
-    redzone_after = b""
-    exits_after: Mapping[str, int] = MappingProxyType({})
-    outside = False  # a store landed outside the red zone and the scratch below it: the memory check looks
-    kernel_stores: tuple[tuple[int, bytes, bytes], ...] = ()  # (address, old, new) of the kernel's writes there
-
-    def __init__(self, at: ProbeSite, hit: int, start_raw: bytes, exits_before: Mapping[str, int]) -> None:
-        self.at = at
-        self.site = at.address
-        self.nop = at.nop
-        self.hit = hit
-        self.start_raw = start_raw
-        self.start_rsp = rsp = _QWORD.unpack_from(start_raw, RAW_RSP)[0]
-        self.redzone_base = rsp - RED_ZONE
-        self.exits_before = exits_before
-
-    @property
-    def probe(self) -> str:
-        return self.at.name
-
-    @property
-    def original(self) -> bytes:
-        return self.at.original
-
-    @cached_property
-    def start_state(self) -> list[int]:
-        return decode_state(self.start_raw)
-
-    @cached_property
-    def start_ext(self) -> ExtendedState:
-        return decode_extended(self.start_raw)
-
-    @cached_property
-    def end_state(self) -> list[int]:
-        """Where the guest resumed, with the state it resumed with."""
-        state = decode_state(self.end_raw)
-        state[RIP_INDEX] = self.end_addr
-        state[RSP_INDEX] = self.end_rsp
-        return state
-
-    @cached_property
-    def end_ext(self) -> ExtendedState:
-        return decode_extended(self.end_raw)
-
-    @cached_property
-    def exits(self) -> dict[str, int]:
-        """SYSRET/IRET exits the kernel took during the transaction."""
-        before, now = self.exits_before, self.exits_after
-        return {k: now[k] - before.get(k, 0) for k in now if now[k] != before.get(k, 0)}
-
-
-def guest_writes(logged: tuple[bytes, ...], base: int, before: bytes | None, nop: bool) -> list[GuestWrite]:
-    """The guest's stores into the red zone at ``base`` in the raw write log ``logged``, in order;
-    for a NOP, not those that stored what the red zone held ``before`` (its reference red zone is
-    that snapshot: such a store leaves no difference of its own, and a byte found changed later was
-    changed by a later store or by the kernel)."""
-    out = []
-    for chunk in logged:
-        for pc, addr, size, value, _old in log_entries(chunk):
-            offset = addr - base
-            if offset + size <= 0 or offset >= RED_ZONE:
-                continue
-            if not (nop and before is not None and 0 <= offset <= RED_ZONE - size
-                    and (value & ((1 << 8 * size) - 1)).to_bytes(size, "little") == before[offset : offset + size]):
-                out.append(GuestWrite(pc, addr, size, value))
-    return out
-
-
-Finished = Callable[[Transaction], None]
-
-Prepare = Callable[["Transaction | None", "ProbeSite", bytes], "Prepared | None"]  # (tx or None, site, start snapshot)
 
 
 def _reaches_redzone(addr: int, size: int, base: int) -> bool:

@@ -1,0 +1,3 @@
+"""The per-hit checks, one module each: regs, resume, redzone, memory. Each takes a finished
+Transaction (emu/verify/records.py) and its reference (emu/verify/expected.py) and returns the
+violations it proves."""
