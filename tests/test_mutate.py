@@ -10,7 +10,7 @@ import pytest
 
 from emu import cli
 from emu.designs import DESIGNS
-from emu.verify.mutate import (
+from emu.mutation import (
     LIVE_STATE,
     OPERATORS,
     Outcome,

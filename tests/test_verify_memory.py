@@ -13,9 +13,9 @@ from emu import cli
 from emu.designs import DESIGNS, Design, Trampoline
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
+from emu.mutation import global_address
 from emu.pytest_plugin import assert_no_violations
 from emu.verify.checks.regs import FLAG_BITS, flag_changes
-from emu.verify.mutate import global_address
 from emu.verify.session import VerifySession
 from emu.verify.violations import Check, Violation
 

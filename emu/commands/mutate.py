@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from emu.design_file import load_design_files
     from emu.designs import DESIGNS, get_design
     from emu.errors import UsageError
-    from emu.verify.mutate import OPERATORS, Outcome, optimizing, score_design, score_table, survivors_text
+    from emu.mutation import OPERATORS, Outcome, optimizing, score_design, score_table, survivors_text
 
     unknown = [op for op in args.operator if op not in OPERATORS]
     if unknown:
