@@ -32,7 +32,7 @@ from emu.machine import Machine, RunOptions
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
 from emu.verify.violations import Violation
 
-LIVE_STATE = str(Path(__file__).resolve().parent.parent.parent / "elf_samples" / "live_state")
+LIVE_STATE = str(Path(__file__).resolve().parent.parent / "elf_samples" / "live_state")
 ROUNDS = "3"  # hits per site: the first is INT3 (it optimizes the site), the next two take the trampoline
 STRAY = "0x5a"  # what the stray stores write (no live value of live_state holds it)
 Edit = Callable[[Design, "Target"], Iterator[tuple[str, Design]]]
