@@ -12,7 +12,7 @@ import pytest
 from emu import hotpath
 from emu.designs import DESIGNS, Design, Trampoline
 from emu.guestio import GuestIO
-from emu.kernel.uprobes import core
+from emu.kernel.uprobes import x86
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.kernel.uprobes.regs import PtRegs
 from emu.machine import Machine, RunOptions
@@ -107,10 +107,10 @@ def test_an_emulation_bug_at_a_cached_site_is_handed_to_python_and_caught(monkey
     """A site that is not a NOP, settled from the cached reference in C while the kernel
     emulates it right; from the hit the emulation goes wrong (harmlessly for the program), every
     hit is reported as without the C."""
-    original = core.Uprobes._push
+    original = x86._push
     seen: Counter[int] = Counter()
 
-    def push(up: core.Uprobes, regs: PtRegs, value: int) -> None:
+    def push(up: x86.ProbedProcess, regs: PtRegs, value: int) -> None:
         seen[id(up)] += 1
         original(up, regs, value)
         if seen[id(up)] > ITERATIONS // 2 and bug == "stray-store":
@@ -118,7 +118,7 @@ def test_an_emulation_bug_at_a_cached_site_is_handed_to_python_and_caught(monkey
         elif seen[id(up)] > ITERATIONS // 2:
             regs.flags ^= 0x10  # AF
 
-    monkeypatch.setattr(core.Uprobes, "_push", push)
+    monkeypatch.setattr(x86, "_push", push)
     session = _run(TRIG, ["push", str(ITERATIONS)], "uprobe:uprobe_target_push", "int3", python_only=False)
     assert session.tracker.edges is not None and session.tracker.edges.finished >= ITERATIONS // 2 - 2  # settled in C
     seen.clear()

@@ -1,5 +1,6 @@
-"""The generic uprobe core for one process: registry, install/remove, handle_swbp, handler_chain,
-XOL single-step, return instances (spec 2.3, 3.2, 3.3, 4.4, 5)."""
+"""The generic uprobe core for one process (the kernel's kernel/events/uprobes.c): registry,
+install/remove, handle_swbp, handler_chain, the XOL area, return instances (spec 2.3, 3.2, 3.3, 5).
+Running the probed instruction itself is the x86 side's (emu/kernel/uprobes/x86.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from emu import hotpath
-from emu.abi import PAGE_SIZE, TASK_SIZE, U64, Prot, Signal
-from emu.cpu import Cpu, Reg, StopReason
+from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, Signal
+from emu.cpu import Cpu, Reg
 from emu.designs import XOL_SLOT_BYTES, Design, ReturnTrampoline
 from emu.kernel.exits import GuestKilled
+from emu.kernel.uprobes import x86
 from emu.kernel.uprobes.consumers import (
     UPROBE_HANDLER_IGNORE,
     UPROBE_HANDLER_REMOVE,
@@ -21,7 +23,7 @@ from emu.kernel.uprobes.consumers import (
     Hit,
     Path,
 )
-from emu.kernel.uprobes.insn import Analysis, Fixup, Kind, analyze, jcc_taken
+from emu.kernel.uprobes.insn import Analysis, Kind, analyze
 from emu.kernel.uprobes.regs import PtRegs, regs_from_cpu, regs_to_cpu
 from emu.kernel.uprobes.sites import INT3, SitePatcher
 from emu.memory import Memory, UserFault
@@ -134,7 +136,7 @@ class Uprobes:
         self.task = UprobeTask()  # the running thread's; the scheduler switches it with the thread
         self.pid = 0  # of the process (its mm), for the consumers' filters
         self.stats = UprobeStats()
-        self._defer = defer
+        self.defer = defer  # run work between two CPU runs (an out-of-line step: x86.start_xol)
         self.chain_observers: list[ChainObserver] = []
         self.step_observers: list[StepObserver] = []  # right before a probed instruction runs (emulated or out of line)
         self.fast: FastPaths | None = None  # set with the design's syscall rows (fastpath.py)
@@ -257,9 +259,9 @@ class Uprobes:
         for observer in self.step_observers:
             observer(probe, regs)
         if probe.insn.kind is Kind.XOL:
-            self._start_xol(probe, regs)
+            x86.start_xol(self, probe, regs)
         else:
-            self._emulate(probe.insn, regs)
+            x86.emulate(self, probe.insn, regs)
             regs_to_cpu(self.cpu, regs)
         return True
 
@@ -277,72 +279,6 @@ class Uprobes:
             probe.optimize_failed = True
         if probe.optimize_failed or places != (len(sites.trampolines), len(sites.slot_of)):
             hotpath.touch()  # a new trampoline page or slot, or a probe that stays on INT3 for good
-
-    def _emulate(self, insn: Analysis, regs: PtRegs) -> None:
-        """branch_xol_ops / push_xol_ops (spec 4.2)."""
-        self.stats.emulated += 1
-        next_ip = regs.ip + insn.length
-        if insn.kind is Kind.NOP:
-            regs.ip = next_ip
-        elif insn.kind is Kind.JMP:
-            regs.ip = (next_ip + insn.rel) & U64
-        elif insn.kind is Kind.JCC:
-            regs.ip = (next_ip + insn.rel) & U64 if jcc_taken(insn.cc, regs.flags) else next_ip
-        elif insn.kind is Kind.CALL:
-            self._push(regs, next_ip)
-            if self.shadow_stack is not None:
-                self.shadow_stack.push(next_ip)  # LATE10 (spec 4.2)
-            regs.ip = (next_ip + insn.rel) & U64
-        elif insn.kind is Kind.PUSH:
-            self._push(regs, getattr(regs, insn.push_reg))
-            regs.ip = next_ip
-
-    def _push(self, regs: PtRegs, value: int) -> None:
-        self.stats.copied += 8
-        try:
-            self.mem.write_user((regs.sp - 8) & U64, struct.pack("<Q", value & U64))
-        except UserFault as fault:
-            raise GuestKilled(Signal.SIGSEGV, regs.ip, f"push to {fault.addr:#x} while emulating a probed insn") from None
-        regs.sp = (regs.sp - 8) & U64
-
-    def _start_xol(self, probe: Uprobe, regs: PtRegs) -> None:
-        """pre_ssout: copy the insn to a slot, point ip at it; the machine runs exactly one instruction."""
-        xol = self.get_xol_area()
-        insn = probe.insn
-        slot = xol.get_slot(insn.xol_bytes)
-        saved_scratch = getattr(regs, insn.scratch) if insn.scratch else 0
-        if insn.scratch:
-            setattr(regs, insn.scratch, probe.vaddr + insn.length)
-        regs.ip = slot
-        regs_to_cpu(self.cpu, regs)
-        self.stats.xol_steps += 1
-        self._defer(lambda: self._finish_xol(probe, slot, saved_scratch))
-
-    def _finish_xol(self, probe: Uprobe, slot: int, saved_scratch: int) -> None:
-        insn = probe.insn
-        self.stepping = True
-        try:
-            reason = self.cpu.step(slot)
-        finally:
-            self.stepping = False
-        regs = regs_from_cpu(self.cpu)
-        if insn.scratch:
-            setattr(regs, insn.scratch, saved_scratch)
-        self.get_xol_area().free_slot(slot)
-        if reason is not StopReason.FINISHED:  # arch_uprobe_abort_xol: the fault is reported at vaddr
-            regs.ip = probe.vaddr
-            regs_to_cpu(self.cpu, regs)
-            bad = self.cpu.last_bad_access
-            detail = f"{bad.access.value} of {bad.address:#x}" if bad else reason.value
-            signal = Signal.SIGILL if reason is StopReason.INVALID_INSN else Signal.SIGSEGV
-            raise GuestKilled(signal, probe.vaddr, f"{detail} by the probed instruction, stepped out of line")
-        if insn.fixups & Fixup.IP:
-            regs.ip = (regs.ip + probe.vaddr - slot) & U64
-        if insn.fixups & Fixup.CALL:
-            self.mem.write_user(regs.sp, struct.pack("<Q", probe.vaddr + insn.length))
-            if self.shadow_stack is not None:
-                self.shadow_stack.update_last_frame(probe.vaddr + insn.length)  # LATE10 (spec 4.4)
-        regs_to_cpu(self.cpu, regs)
 
     def get_xol_area(self) -> XolArea:
         if self.xol is None:
