@@ -13,7 +13,7 @@ from emu.errors import EmuError, UsageError
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.consumers import Consumer
 from emu.loader import LoadedImage
-from emu.memory import Vma
+from emu.vma import Vma
 
 if TYPE_CHECKING:  # probes.py loads when a library probe is added (a plain run needs none)
     from emu.machine import Attachment, Machine

@@ -37,7 +37,8 @@ from emu.kernel.uprobes.syscalls import uprobe_rows
 from emu.kernel.vdso import adopt as adopt_vdso
 from emu.kernel.vdso import map_vdso
 from emu.loader import LoadedImage, choose_bias, map_image
-from emu.memory import Memory, Vma
+from emu.memory import Memory
+from emu.vma import Vma
 
 if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a binary needs neither
     from emu.kernel.threads import CloneArgs

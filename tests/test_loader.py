@@ -13,7 +13,8 @@ from emu.abi import MMAP_BASE, PAGE_SIZE, PIE_BASE, TASK_SIZE, Prot, page_up
 from emu.elf import EHDR, PHDR, FileId, LoadPlan, load_plan, plan_from_bytes
 from emu.errors import LoadError
 from emu.loader import choose_bias, map_image
-from emu.memory import Memory, SharedPages
+from emu.memory import Memory
+from emu.vma import SharedPages
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "elf_samples"

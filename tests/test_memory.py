@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from emu.abi import MMAP_BASE, PAGE_SIZE, TASK_SIZE, Prot
 from emu.errors import EmuError, MapFailed, MemoryFault, PatchMismatch
-from emu.memory import Memory, SharedPages, StringTooLong, UserFault, Vma
+from emu.memory import Memory, StringTooLong, UserFault
+from emu.vma import SharedPages, Vma
 
 REPO = Path(__file__).resolve().parent.parent
 P = PAGE_SIZE

@@ -11,7 +11,8 @@ import pytest
 from emu.abi import PAGE_SIZE, Prot
 from emu.cli import main
 from emu.cpu import Cpu
-from emu.memory import Memory, SharedPages
+from emu.memory import Memory
+from emu.vma import SharedPages
 
 PY = "/usr/bin/python3.11"
 RW = Prot.READ | Prot.WRITE

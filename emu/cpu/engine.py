@@ -35,7 +35,7 @@ from emu.cpu.regs import (
 )
 
 if TYPE_CHECKING:
-    from emu.memory import SharedPages
+    from emu.vma import SharedPages
 
 # Linux's selectors (arch/x86/include/asm/segment.h): STAR[63:48] = __USER32_CS, so SYSRET loads
 # SS = 0x2b (__USER_DS) and CS = 0x33 (__USER_CS) with RPL and DPL 3.

@@ -31,7 +31,8 @@ from emu.kernel.signal import SignalState
 from emu.kernel.table import Row, build_table
 from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
-from emu.memory import Memory, UserFault, Vma
+from emu.memory import Memory, UserFault
+from emu.vma import Vma
 
 if TYPE_CHECKING:
     from emu.kernel.perf import PerfAttach

@@ -35,7 +35,7 @@ from emu.kernel.mm import Brk
 from emu.kernel.signal import SIG_IGN, SignalState
 from emu.kernel.uprobes.core import UprobeTask
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
-from emu.memory import Vma
+from emu.vma import Vma
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

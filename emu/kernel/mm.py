@@ -18,7 +18,8 @@ from emu.errors import MapFailed
 from emu.kernel import limits
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fs.mapped import mapped, write_back
-from emu.memory import SPECIAL, SharedPages
+from emu.memory import SPECIAL
+from emu.vma import SharedPages
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

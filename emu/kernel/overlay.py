@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import DT_TYPES, StatInfo
-from emu.memory import SharedPages
+from emu.vma import SharedPages
 
 if TYPE_CHECKING:
     from emu.memory import Memory

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import HostFile, OpenFile, StatInfo
 from emu.kernel.overlay import Inode, SharedMap
-from emu.memory import SharedPages
+from emu.vma import SharedPages
 
 if TYPE_CHECKING:
     from emu.memory import Memory

@@ -32,7 +32,7 @@ from emu.memory import SPECIAL
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.memory import Vma
+    from emu.vma import Vma
 
 _SELF = re.compile(r"^/proc/(self|thread-self|\d+)(/.*)?$")
 _DIRS = ("", "/fd")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from emu.kernel.uprobes.core import Uprobe
     from emu.kernel.uprobes.regs import PtRegs
     from emu.machine import Machine
-    from emu.memory import Vma
+    from emu.vma import Vma
 
 KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})  # the kernel's pages mapped into the process
 MAX_HITS = 2  # hits followed per site: the designs that optimize do it on the first hit

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from emu.abi import Prot
-from emu.memory import MemoryBackend, SharedPages
+from emu.vma import MemoryBackend, SharedPages
 
 WriteSeen = Callable[[int, bytes], None]  # (address, the bytes about to be written)
 
