@@ -89,7 +89,7 @@ def test_negative_control_handler_not_restoring_rcx() -> None:
 def test_negative_control_resume_at_plus_4(monkeypatch: pytest.MonkeyPatch) -> None:
     original = Uprobes.handle_syscall_uprobe
 
-    def short(up: Uprobes, regs: PtRegs, vaddr: int, path: consumers.Path) -> None:
+    def short(up: Uprobes, regs: PtRegs, vaddr: int, path: consumers.EntryPath) -> None:
         original(up, regs, vaddr, path)
         regs.ip = vaddr + 4  # jmp-slots resumes at regs.ip: one byte short of the nop5's end
 

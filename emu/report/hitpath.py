@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emu.disasm import cs64
-from emu.kernel.uprobes.consumers import Path
+from emu.kernel.uprobes.consumers import EntryPath
 
 if TYPE_CHECKING:
     from emu.cpu import HookHandle
@@ -43,7 +43,7 @@ class HitPath:
     probe: str
     site: int
     steps: list[Step] = field(default_factory=list)
-    path: str = "?"  # how the kernel was entered (emu.kernel.uprobes.consumers.Path)
+    path: str = "?"  # how the kernel was entered (emu.kernel.uprobes.consumers.EntryPath)
     kernel_at: int = -1  # the number of steps run before the kernel's handler chain
     exit: str = "none"  # "sysret", "iret" or "none" (an INT3 trap's return is not counted as either)
     resume: int = 0
@@ -116,7 +116,7 @@ class HitTracer:
         elif where != "site":  # the site's own block was recorded by the code hook
             self._append(address, size)
 
-    def _on_chain(self, probe: Uprobe, _regs: PtRegs | None, path: Path, after: bool) -> None:
+    def _on_chain(self, probe: Uprobe, _regs: PtRegs | None, path: EntryPath, after: bool) -> None:
         current = self._current
         if current is not None and not after and current.kernel_at < 0:
             current.path, current.kernel_at = path.value, len(current.steps)
@@ -143,7 +143,7 @@ class HitTracer:
         if not any(p.path == current.path for p in self.paths):
             self.paths.append(current)
         self._pending[current.site] -= 1
-        if current.path != Path.INT3.value or not self._pending[current.site]:
+        if current.path != EntryPath.INT3.value or not self._pending[current.site]:
             del self._pending[current.site]
         if not self._pending:
             self._stop()

@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from emu.abi import RED_ZONE
-from emu.kernel.uprobes.consumers import Path
+from emu.kernel.uprobes.consumers import EntryPath
 from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.state import RAW_RSP, ExtendedState, decode_extended, decode_state
@@ -58,7 +58,7 @@ class Transaction:
     logged: tuple[bytes, ...] = ()  # raw WriteLog entries of the guest's stores into the window
     unrecorded = False  # more stores than the log holds: some guest stores are not in guest_writes
     chain: tuple[PtRegs, PtRegs] | None = None  # pt_regs before and after the consumers
-    path: Path | None = None
+    path: EntryPath | None = None
     end_addr = 0
     end_rsp = 0
     end_raw = b""

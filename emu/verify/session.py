@@ -22,7 +22,7 @@ from emu.verify.tracker import TransactionTracker
 from emu.verify.violations import Check, Violation
 
 if TYPE_CHECKING:
-    from emu.kernel.uprobes.consumers import Path
+    from emu.kernel.uprobes.consumers import EntryPath
     from emu.kernel.uprobes.core import Uprobe
     from emu.kernel.uprobes.regs import PtRegs
     from emu.machine import Machine
@@ -103,7 +103,7 @@ class VerifySession:
     def transactions(self) -> int:
         return self.tracker.count
 
-    def _on_chain(self, probe: Uprobe, _regs: PtRegs | None, _path: Path, after: bool) -> None:
+    def _on_chain(self, probe: Uprobe, _regs: PtRegs | None, _path: EntryPath, after: bool) -> None:
         if after:
             return
         name = self._names.get(probe.vaddr, f"uprobe:{probe.vaddr:#x}")

@@ -44,7 +44,7 @@ from emu.cpu import (
     HookHandle,
     RawState,
 )
-from emu.kernel.uprobes.consumers import NATIVE_PATHS, Path
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
 from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.regs import PtRegs
@@ -130,7 +130,7 @@ class TransactionTracker:
         # if _seq is its number. What one still without a Transaction met in the kernel:
         self._seq = self._entry_seq = self._path_seq = self._kernel_wrote_seq = self._adopted_seq = 0
         self._entry_exits: Mapping[str, int] = {}  # the exit counts when it entered the kernel
-        self._entry_path: Path | None = None  # the path the handler chain took
+        self._entry_path: EntryPath | None = None  # the path the handler chain took
         self._counters = SiteCounters(0, 0)
         self.prepare: Prepare | None = None  # the session's: a reference, before the instruction runs
         self._prepared_seq = 0
@@ -248,7 +248,7 @@ class TransactionTracker:
         fast = self._up.fast
         assert fast is not None
         fast.fold_stats(self.machine.kernel.counts)
-        self._path_seq, self._entry_path = seq, Path(NATIVE_PATHS[words[KERNEL_PATH]])
+        self._path_seq, self._entry_path = seq, EntryPath(NATIVE_PATHS[words[KERNEL_PATH]])
         exits, name = dict(self._exits), KERNEL_EXITS[words[KERNEL_EXIT]]
         if name is not None:
             exits[name] = exits.get(name, 0) - 1
@@ -536,7 +536,7 @@ class TransactionTracker:
         if tx is not None and tx.site == probe.vaddr:
             tx.prepared = self.prepare(tx, at, tx.start_raw)
 
-    def _on_chain(self, probe: Uprobe, regs: PtRegs | None, path: Path, after: bool) -> None:
+    def _on_chain(self, probe: Uprobe, regs: PtRegs | None, path: EntryPath, after: bool) -> None:
         words = self._edge_words
         if self._unmaterialized() and words is not None:  # no Transaction yet: a handler needs one
             if probe.vaddr != words[SITE]:

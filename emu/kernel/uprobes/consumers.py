@@ -19,7 +19,7 @@ UPROBE_HANDLER_REMOVE = 1  # include/linux/uprobes.h [HDR]
 UPROBE_HANDLER_IGNORE = 2
 
 
-class Path(enum.Enum):
+class EntryPath(enum.Enum):
     """How execution reached the fake kernel for a hit."""
 
     INT3 = "int3"
@@ -28,9 +28,9 @@ class Path(enum.Enum):
     RETURN = "return"  # a uretprobe firing on the way back
 
 
-def branch_path(branch: Branch | str) -> Path:
+def branch_path(branch: Branch | str) -> EntryPath:
     """The path of an optimized hit through a site patched with ``branch``."""
-    return Path.CALL if branch is Branch.CALL else Path.JMP
+    return EntryPath.CALL if branch is Branch.CALL else EntryPath.JMP
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Hit:
 
     regs: PtRegs
     address: int
-    path: Path
+    path: EntryPath
     mem: Memory
     func: int = 0  # for return handlers: the probed function's address
     cookie: object = None  # session consumers: what the entry handler stored
@@ -98,14 +98,14 @@ class Consumer:
 
     @property
     def paths(self) -> dict[str, int]:
-        """Hits by Path value (a copy: count() adds one)."""
+        """Hits by EntryPath value (a copy: count() adds one)."""
         merged = dict(self._paths)
         for name, n in self._native_paths().items():
             merged[name] = merged.get(name, 0) + n
         return merged
 
     def count(self, path: str) -> None:
-        """One more hit, reached by ``path`` (a Path value)."""
+        """One more hit, reached by ``path`` (a EntryPath value)."""
         self._hits += 1
         self._paths[path] = self._paths.get(path, 0) + 1
 
@@ -161,5 +161,5 @@ class Consumer:
         hotpath.touch()
 
 
-NATIVE_PATHS = (Path.INT3.value, Path.CALL.value, Path.JMP.value)  # fastsys.c's PATH_* order
+NATIVE_PATHS = (EntryPath.INT3.value, EntryPath.CALL.value, EntryPath.JMP.value)  # fastsys.c's PATH_* order
 NATIVE_RETURN = len(NATIVE_PATHS)  # the word after them counts returns (PATH_RETURN)

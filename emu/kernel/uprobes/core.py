@@ -20,8 +20,8 @@ from emu.kernel.uprobes.consumers import (
     UPROBE_HANDLER_IGNORE,
     UPROBE_HANDLER_REMOVE,
     Consumer,
+    EntryPath,
     Hit,
-    Path,
 )
 from emu.kernel.uprobes.insn import Analysis, Kind, analyze
 from emu.kernel.uprobes.regs import PtRegs, regs_from_cpu, regs_to_cpu
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 DeferFn = Callable[[Callable[[], None]], None]
 # (probe, regs, path, after_consumers); regs None: the fast path, where no consumer can change them
-ChainObserver = Callable[["Uprobe", PtRegs | None, Path, bool], None]
+ChainObserver = Callable[["Uprobe", PtRegs | None, EntryPath, bool], None]
 StepObserver = Callable[["Uprobe", PtRegs], None]
 MAX_URETPROBE_DEPTH = 64  # [HDR]
 XOL_NAME = "[uprobes]"
@@ -251,7 +251,7 @@ class Uprobes:
         self.stats.traps += 1
         regs = regs_from_cpu(self.cpu)
         regs.ip = bp
-        self.handler_chain(probe, regs, Path.INT3)
+        self.handler_chain(probe, regs, EntryPath.INT3)
         self.optimize_now(probe)
         if regs.ip != bp:  # a consumer redirected: no emulation, no step [IPCHG]
             regs_to_cpu(self.cpu, regs)
@@ -287,7 +287,7 @@ class Uprobes:
         return self.xol
 
     # ---------------------------------------------------------------- consumers
-    def handler_chain(self, probe: Uprobe, regs: PtRegs, path: Path) -> None:
+    def handler_chain(self, probe: Uprobe, regs: PtRegs, path: EntryPath) -> None:
         """Run the entry handlers; allocate a return instance if any consumer has a ret_handler (spec 2.3)."""
         for observer in self.chain_observers:
             observer(probe, regs, path, False)
@@ -326,7 +326,7 @@ class Uprobes:
         if self.probes.get(probe.vaddr) is probe:
             self._remove(probe)
 
-    def handle_syscall_uprobe(self, regs: PtRegs, vaddr: int, path: Path) -> None:
+    def handle_syscall_uprobe(self, regs: PtRegs, vaddr: int, path: EntryPath) -> None:
         """No emulation, no step: the NOP is skipped by returning past it (spec 2.1)."""
         probe = self.probes.get(vaddr)
         if probe is not None:
@@ -417,7 +417,7 @@ class Uprobes:
             if consumer.ret_handler is None or not consumer.enabled:
                 continue
             consumer.ret_hits += 1
-            consumer.ret_handler(Hit(regs, ri.func, Path.RETURN, self.mem, func=ri.func, cookie=cookie))
+            consumer.ret_handler(Hit(regs, ri.func, EntryPath.RETURN, self.mem, func=ri.func, cookie=cookie))
 
 
 

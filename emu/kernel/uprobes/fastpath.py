@@ -31,7 +31,7 @@ from emu import hotpath
 from emu.abi import PAGE_SIZE, U64
 from emu.cpu import Reg
 from emu.designs import Exit, ProbeFrom
-from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer, Path, branch_path
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer, EntryPath, branch_path
 from emu.kernel.uprobes.core import ReturnInstance, Uprobe, Uprobes
 from emu.kernel.uprobes.insn import Kind
 from emu.memory import UserFault
@@ -210,7 +210,7 @@ class FastPaths:
                 stats.exits[name] += n
 
     # --------------------------------------------------------- the Python path
-    def _counting_only(self, vaddr: int, path: Path) -> bool:
+    def _counting_only(self, vaddr: int, path: EntryPath) -> bool:
         """Count the hit if no consumer can change a register; observers hear of it with regs=None
         (nothing changed). False: the full path must run."""
         up = self.up
