@@ -3,6 +3,7 @@ without Python, and every verdict is the one the Python hooks give."""
 
 from __future__ import annotations
 
+import ctypes
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from emu import hotpath
+from emu.cpu import STATE_REGS, snapshots
 from emu.designs import DESIGNS, Design, Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.uprobes import x86
@@ -138,3 +140,49 @@ def test_an_execution_of_a_detached_site_is_not_a_hit() -> None:
     m.run()
     assert session.transactions == 0
     assert session.tracker._counters.hits(0) <= 1  # at most the last one, still open when the run ended
+
+
+# Whole-CPU snapshots (emu/cpu/snapshots.py): checked before use, and the same verdicts without them.
+SNAPSHOT_FLAWS = {
+    "xmm0": _nop10_variant("clears-xmm0", "pxor %xmm0,%xmm0"),
+    "st0": _nop10_variant("pushes-the-x87-stack", "fld1"),
+    "mxcsr": _nop10_variant("changes-mxcsr", "push %rax; stmxcsr (%rsp); xorl $0x8000,(%rsp); ldmxcsr (%rsp); pop %rax"),
+    "id-flag": _nop10_variant("toggles-id", "pushf; xorl $0x200000,(%rsp); popf"),
+    "df": _nop10_variant("sets-df", "std"),
+    "fs-base-untouched": DESIGNS["nop10"],  # the control: nothing changes, nothing is flagged
+}
+
+
+def test_a_snapshot_that_misreads_a_register_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    from emu.cpu import Cpu
+
+    assert (found := snapshots.context_snapshots(Cpu())) is not None and found.skip > 0  # this Unicorn passes
+    reads = snapshots._context_reg_read
+
+    def misreads_st7(context: object, reg: int, into: object) -> int:
+        status = int(reads(context, reg, into))
+        if reg == STATE_REGS[-1]:
+            ctypes.memset(into, 0x11, 1)
+        return status
+
+    monkeypatch.setattr(snapshots, "_checked", [])
+    monkeypatch.setattr(snapshots, "_context_reg_read", misreads_st7)
+    assert snapshots.context_snapshots(Cpu()) is None
+
+
+@needs_c
+@pytest.mark.parametrize("flaw", list(SNAPSHOT_FLAWS))
+def test_verdicts_are_the_same_with_and_without_snapshots(monkeypatch: pytest.MonkeyPatch, flaw: str) -> None:
+    design = SNAPSHOT_FLAWS[flaw]
+    with_snapshots = _run(TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", design, python_only=False)
+    assert with_snapshots.tracker.edges is not None and with_snapshots.tracker.edges.snapshots
+    monkeypatch.setattr(snapshots, "_checked", [None])  # as where the check fails: registers are read
+    without = _run(TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", design, python_only=False)
+    assert without.tracker.edges is not None and not without.tracker.edges.snapshots
+    seen = [[(v.kind.value, v.hit, v.summary) for v in s.violations] for s in (with_snapshots, without)]
+    assert seen[0] == seen[1] and with_snapshots.transactions == without.transactions == ITERATIONS
+    flagged = {hit for kind, hit, _ in seen[0] if kind == Check.REGS.value}
+    if flaw == "fs-base-untouched":
+        assert seen[0] == []
+    else:  # the first trampoline hit at least (one that leaves what the last one left changes nothing)
+        assert 2 in flagged

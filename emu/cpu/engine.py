@@ -312,6 +312,14 @@ class Cpu:
         fs, gs, _xmm, _mxcsr = self.read_extended()
         self.write_extended((fs, gs, bytes(image[160:416]), mxcsr))
 
+    def read_raw(self, reg: int, into: ctypes.Array[ctypes.c_char]) -> None:
+        """Register ``reg`` into ``into`` as Unicorn stores it (any width: an xmm register is 16 bytes)."""
+        binding.reg_read(self._uch, reg, into)
+
+    def write_raw(self, reg: int, value: ctypes.Array[ctypes.c_char]) -> None:
+        """Inverse of read_raw (no user-mode rule applies: for checks on a CPU that is not running)."""
+        binding.reg_write(self._uch, reg, value)
+
     def write_xmm(self, index: int, value: int) -> None:
         self._uc.reg_write(x86.UC_X86_REG_XMM0 + index, value)
 

@@ -36,14 +36,81 @@ static int nothing_outside(const struct edges *e)
     return log_of(e)->outside == 0;
 }
 
-/* The end buffer (just read) holds every register but rip and rsp, rflags exactly and the extended
- * state as the start buffer, and the red zone now is the site hook's copy. */
-static int same_as_start(uc_engine *uc, const struct edges *e)
+/* ---------------------------------------------------------------- the state at the two edges
+ *
+ * With whole-CPU snapshots, the site hook saves the CPU (one copy) and reads rip and rsp; the other
+ * registers go into the start buffer only if Python asks for them (fill_start). Two snapshots are
+ * compared as bytes once each has its rflags in the form a register write leaves (the value is the
+ * same; the emulator keeps flags lazily, in more than one form) and the later one has the earlier
+ * one's rip and rsp (compared apart): equal bytes mean every register reads the same. Unequal bytes
+ * need not mean a difference, so they fall back to reading and comparing every register.
+ */
+
+/* The snapshot of the CPU now into ctx_end, or the registers into the end buffer; rip and rsp are
+ * in the end buffer either way. */
+static void read_end_state(uc_engine *uc, struct edges *e)
+{
+    if (e->ctx_start == 0) {
+        read_state(uc, e, e->end_ptrs);
+        return;
+    }
+    AS_FN(uc_context_save_fn, e->ctx_save)(uc, AS_PTR(void, e->ctx_end));
+    AS_FN(uc_reg_read_batch_fn, e->reg_read_batch)(uc, AS_PTR(int, e->ids), AS_PTR(void *, e->end_ptrs), 2);
+}
+
+static void fill_start(struct edges *e)
+{
+    if (e->start_full)
+        return;
+    AS_FN(uc_context_reg_read_batch_fn, e->ctx_reg_read_batch)(AS_PTR(void, e->ctx_start), AS_PTR(int, e->ids),
+                                                               AS_PTR(void *, e->start_ptrs), (int)e->nregs);
+    e->start_full = 1;
+}
+
+static void canonical_flags(const struct edges *e, uint64_t context)
+{
+    uint64_t flags = 0;
+    AS_FN(uc_context_reg_fn, e->ctx_reg_read)(AS_PTR(void, context), (int)e->flags_id, &flags);
+    AS_FN(uc_context_reg_fn, e->ctx_reg_write)(AS_PTR(void, context), (int)e->flags_id, &flags);
+}
+
+/* ctx_end with ctx_start's rip and rsp is byte for byte ctx_start, rflags made canonical in both. */
+static int same_snapshots(struct edges *e)
+{
+    if (!e->start_canonical) {
+        canonical_flags(e, e->ctx_start);
+        e->start_canonical = 1;
+    }
+    canonical_flags(e, e->ctx_end);
+    uint64_t rip = STATE_RIP(e->start), rsp = STATE_RSP(e->start);
+    AS_FN(uc_context_reg_fn, e->ctx_reg_write)(AS_PTR(void, e->ctx_end), (int)AS_PTR(int, e->ids)[0], &rip);
+    AS_FN(uc_context_reg_fn, e->ctx_reg_write)(AS_PTR(void, e->ctx_end), (int)AS_PTR(int, e->ids)[1], &rsp);
+    return memcmp(AS_PTR(uint8_t, e->ctx_start) + e->ctx_skip, AS_PTR(uint8_t, e->ctx_end) + e->ctx_skip,
+                  e->ctx_size - e->ctx_skip) == 0;
+}
+
+/* Every register but rip and rsp, rflags exactly and the extended state, is as the site hook found
+ * it (read_end_state has run). */
+static int registers_as_at_start(uc_engine *uc, struct edges *e)
+{
+    if (e->ctx_start != 0) {
+        if (same_snapshots(e))
+            return 1;
+        fill_start(e);
+        read_state(uc, e, e->end_ptrs);
+    }
+    return memcmp(AS_PTR(uint8_t, e->start) + e->kept, AS_PTR(uint8_t, e->end) + e->kept,
+                  e->state_bytes - e->kept) == 0;
+}
+
+/* Every register but rip and rsp as at the start, no store outside, and the red zone now the site
+ * hook's copy. */
+static int same_as_start(uc_engine *uc, struct edges *e)
 {
     const struct write_log *log = log_of(e);
     if (!nothing_outside(e) || e->start_redzone_status != 0)
         return 0;
-    if (memcmp(AS_PTR(uint8_t, e->start) + e->kept, AS_PTR(uint8_t, e->end) + e->kept, e->state_bytes - e->kept))
+    if (!registers_as_at_start(uc, e))
         return 0;
     if (read_memory(uc, e, STATE_RSP(e->start) - log->length, e->redzone, log->length))
         return 0;
@@ -60,7 +127,14 @@ static void edges_site_hook(uc_engine *uc, uint64_t address, uint32_t size, void
         return;
     }
     record[1]++;
-    read_state(uc, e, e->start_ptrs);
+    if (e->ctx_start != 0) {
+        AS_FN(uc_context_save_fn, e->ctx_save)(uc, AS_PTR(void, e->ctx_start));
+        AS_FN(uc_reg_read_batch_fn, e->reg_read_batch)(uc, AS_PTR(int, e->ids), AS_PTR(void *, e->start_ptrs), 2);
+        e->start_full = 0, e->start_canonical = 0;
+    } else {
+        read_state(uc, e, e->start_ptrs);
+        e->start_full = 1;
+    }
     struct write_log *log = log_of(e);
     uint64_t base = STATE_RSP(e->start) - log->length;
     uc_err status = read_memory(uc, e, base, e->start_redzone, log->length);
@@ -86,7 +160,7 @@ static void edges_ret_hook(uc_engine *uc, uint64_t address, uint32_t size, void 
         if (address != e->ret_pc) {
             e->state = EDGES_OPEN; /* not the ret it was armed for: Python judges */
         } else {
-            read_state(uc, e, e->end_ptrs);
+            read_end_state(uc, e);
             uint64_t rsp = STATE_RSP(e->end);
             if (rsp + e->popped == STATE_RSP(e->start) && read_memory(uc, e, rsp, (uint64_t)(uintptr_t)&e->word, 8) == 0
                 && e->word == e->next && same_as_start(uc, e)) {
@@ -118,7 +192,7 @@ static int unsigned_args(PyObject *const *args, Py_ssize_t nargs, uint64_t *out,
 
 int edges_settle_at_return(uc_engine *uc, struct edges *e, uint64_t rip_advance, uint64_t resume)
 {
-    read_state(uc, e, e->end_ptrs);
+    read_end_state(uc, e);
     int ok = STATE_RIP(e->end) + rip_advance == resume && STATE_RSP(e->end) == STATE_RSP(e->start) &&
              same_as_start(uc, e);
     if (ok)
@@ -155,6 +229,7 @@ static PyObject *edges_settle_compared(PyObject *module, PyObject *const *args, 
         return NULL;
     uc_engine *uc = ENGINE(a[0]);
     struct edges *e = AS_PTR(struct edges, a[1]);
+    fill_start(e); /* the comparison's spans read the start buffer */
     read_state(uc, e, e->end_ptrs);
     int ok = nothing_outside(e) && read_memory(uc, e, a[2], e->redzone, log_of(e)->length) == 0;
     for (const struct comparison_op *op = AS_PTR(struct comparison_op, a[3]); ok && op->length; op++)
@@ -177,11 +252,23 @@ static PyObject *edges_read_end(PyObject *module, PyObject *const *args, Py_ssiz
     return PyLong_FromLong((long)read_memory(uc, e, a[2], e->redzone, log_of(e)->length));
 }
 
+/* fill_start(block): the start buffer gets every register (from the site's snapshot, if it has only
+ * rip and rsp), for Python to read. */
+static PyObject *edges_fill_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t a[1];
+    if (unsigned_args(args, nargs, a, 1) < 0)
+        return NULL;
+    fill_start(AS_PTR(struct edges, a[0]));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef edges_functions[] = {
     {"edges_settle_return", (PyCFunction)(void (*)(void))edges_settle_return, METH_FASTCALL,
      "settle_return(uc, block, rip_advance, resume) -> bool"},
     {"edges_settle_compared", (PyCFunction)(void (*)(void))edges_settle_compared, METH_FASTCALL,
      "settle_compared(uc, block, base, ops) -> bool"},
+    {"edges_fill_start", (PyCFunction)(void (*)(void))edges_fill_start, METH_FASTCALL, "fill_start(block)"},
     {"edges_read_end", (PyCFunction)(void (*)(void))edges_read_end, METH_FASTCALL,
      "read_end(uc, block, base) -> status of the red zone's read"},
     {NULL, NULL, 0, NULL},

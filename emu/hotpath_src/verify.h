@@ -54,7 +54,19 @@ struct edges {
     uint64_t kernel_seq;  /* the last transaction whose kernel part the syscall front did (fastsys.c) */
     uint64_t kernel_path; /* ... the handler chain's path then (consumers.NATIVE_PATHS index) */
     uint64_t kernel_exit; /* ... and the exit it took (EDGES_EXIT_*) */
+    /* Whole-CPU snapshots (uc_context_save) instead of register reads, where Python found them
+     * faithful (emu/verify/native_edges.py: context_snapshots); ctx_start 0: read registers. */
+    uint64_t ctx_save, ctx_reg_read, ctx_reg_write, ctx_reg_read_batch; /* the uc_context_* functions */
+    uint64_t ctx_start, ctx_end; /* uc_context *: the site's, and the one taken to compare with it */
+    uint64_t ctx_size, ctx_skip; /* a context's bytes, and the leading ones that are not the CPU's */
+    uint64_t start_full;         /* the start buffer holds every register (else rip and rsp only) */
+    uint64_t start_canonical;    /* ctx_start's rflags is in the form a register write leaves */
+    uint64_t flags_id;           /* UC_X86_REG_EFLAGS */
 };
+
+typedef uc_err (*uc_context_save_fn)(uc_engine *uc, void *context);
+typedef uc_err (*uc_context_reg_fn)(void *context, int regid, void *value);
+typedef uc_err (*uc_context_reg_read_batch_fn)(void *context, int *regs, void **vals, int count);
 
 enum { EDGES_EXIT_SYSRET, EDGES_EXIT_IRET, EDGES_EXIT_NONE }; /* none: an INT3 handled in the kernel */
 

@@ -39,6 +39,18 @@ Control block layout (64-bit words, struct edges in emu/hotpath_src/verify.h), t
   24 PY_SEQ: the transaction the tracker has a Transaction for
   25-27 KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT: the last transaction whose kernel part the C syscall front
         did (emu/hotpath_src/fastsys.c), the handler chain's path (NATIVE_PATHS) and the exit (KERNEL_EXITS)
+  28-31 the uc_context_save, _reg_read, _reg_write and _reg_read_batch functions
+  32, 33 the start and end snapshots (uc_context *; 0: the hooks read registers instead)
+  34, 35 a snapshot's bytes and the leading ones that are not the CPU's
+  36 the start buffer holds every register (else rip and rsp only)   37 the start snapshot's rflags
+  is canonical   38 the rflags register's id
+
+Snapshots: a uc_context_save copies the whole CPU in one memcpy, where reading the 48 registers of a
+state buffer costs a call each. The site hook saves one and reads only rip and rsp; the end of a hit
+compares a second one with it as bytes (edges.c says how), and reads registers only if they differ.
+context_snapshots() checks first that a snapshot holds every register of STATE_REGS exactly as the
+CPU reads it, and finds where the CPU's part of a snapshot begins; if either fails, the hooks read
+registers, as before.
 """
 
 from __future__ import annotations
@@ -53,17 +65,20 @@ from emu.cpu import (
     Cpu,
     HookHandle,
     RawCodeHook,
+    Reg,
     native_function,
 )
+from emu.cpu.snapshots import context_snapshots
 from emu.verify.reference_cache import EffectSpans
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP
 from emu.verify.write_log import WINDOW, WriteLog, native_hot_path
 
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, NREGS, IDS, START_PTRS, END_PTRS,
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ, START_AT, END_AT, REDZONE_AT, START_REDZONE_AT, STATE_LEN,
- KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT) = range(28)
+ KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT, CTX_SAVE, CTX_REG_READ, CTX_REG_WRITE, CTX_READ_BATCH,
+ CTX_START, CTX_END, CTX_SIZE, CTX_SKIP, START_FULL, START_CANONICAL, FLAGS_ID) = range(39)
 KERNEL_EXITS = ("sysret", "iret", None)  # EDGES_EXIT_*: the exit counted in UprobeStats.exits (none for an INT3)
-START = 28 * 8  # byte offsets of the buffers
+START = 39 * 8  # byte offsets of the buffers
 END = START + STATE_BYTES
 REDZONE = END + STATE_BYTES
 START_REDZONE = REDZONE + WINDOW
@@ -151,6 +166,14 @@ class NativeEdges:
         w[START_AT], w[END_AT], w[REDZONE_AT], w[START_REDZONE_AT] = (
             base + START, base + END, base + REDZONE, base + START_REDZONE)
         w[STATE_LEN], w[KEPT] = STATE_BYTES, RAW_KEPT
+        w[START_FULL] = 1
+        self._fill_start = native.edges_fill_start
+        self._snapshots = context_snapshots(cpu)
+        if self._snapshots is not None:
+            w[CTX_SAVE], w[CTX_REG_READ], w[CTX_REG_WRITE], w[CTX_READ_BATCH] = (native_function(name) for name in (
+                "uc_context_save", "uc_context_reg_read", "uc_context_reg_write", "uc_context_reg_read_batch"))
+            w[CTX_START], w[CTX_END] = self._snapshots.addresses
+            w[CTX_SIZE], w[CTX_SKIP], w[FLAGS_ID] = self._snapshots.size, self._snapshots.skip, Reg.RFLAGS
 
     @classmethod
     def create(cls, cpu: Cpu, log: WriteLog, on_site: RawCodeHook) -> NativeEdges | None:
@@ -171,8 +194,14 @@ class NativeEdges:
         return self.cpu.hooks.add_native_code(self._ret_code, self.address, address, address)
 
     def start_raw(self) -> bytes:
-        """The state the site hook read (the RawState layout)."""
+        """The state the site hook found (the RawState layout)."""
+        self._fill_start(self.address)
         return self._bytes[START:END].tobytes()
+
+    @property
+    def snapshots(self) -> bool:
+        """The hooks compare whole-CPU snapshots (else they read every register)."""
+        return self._snapshots is not None
 
     def start_redzone(self) -> bytes | None:
         """The red zone as the site hook found it; None if it could not be read (unmapped)."""
