@@ -159,7 +159,7 @@ def test_a_snapshot_that_misreads_a_register_is_not_used(monkeypatch: pytest.Mon
     assert (found := snapshots.context_snapshots(Cpu())) is not None and found.skip > 0  # this Unicorn passes
     reads = snapshots._context_reg_read
 
-    def misreads_st7(context: object, reg: int, into: object) -> int:
+    def misreads_st7(context: object, reg: int, into: ctypes.Array[ctypes.c_char]) -> int:
         status = int(reads(context, reg, into))
         if reg == STATE_REGS[-1]:
             ctypes.memset(into, 0x11, 1)
