@@ -2,7 +2,8 @@
 
     python3 benchmarks/probe_hits.py [--iterations N] [--repeat R] [--verify] [--json FILE]
 
-Each row runs elf_samples/trig WORKLOAD N with one probe attached and reports hits/s
+Each row runs elf_samples/trig WORKLOAD N with one probe attached (20 N for the rows the C extension
+takes) and reports hits/s
 (hits / CPU time of the emulation, median of --repeat runs: the machines these run on are
 shared, and CPU time moves far less than wall time when others are busy). --verify also runs
 every row with the red-zone, register and resume verifiers on, alternating with the plain
@@ -27,16 +28,17 @@ from emu.machine import Machine, RunOptions  # noqa: E402
 from emu.verify.session import VerifySession  # noqa: E402
 
 TRIG = str(Path(__file__).resolve().parent.parent / "elf_samples" / "trig")
-ROWS = [
-    ("int3", "uprobe:uprobe_target_nop", "nop", "INT3 + emulated nop"),
-    ("linux-6.18", "uprobe:uprobe_target_push", "push", "INT3 + emulated push"),
-    ("linux-6.18", "uprobe:uprobe_target_ret", "ret", "INT3 + XOL step"),
-    ("linux-6.18", "uprobe:uprobe_target_nop5", "nop5", "optimized: call + syscall 336"),
-    ("jmp-slots", "uprobe:uprobe_target_nop5", "nop5", "optimized: jmp slot + syscall 336 (IRET)"),
-    ("nop10", "uprobe:uprobe_target_nop10", "nop10", "optimized: lea+call + syscall 336"),
-    ("int3", "uretprobe:uprobe_target_nop", "nop", "uretprobe via INT3 trampoline"),
-    ("uretprobe-rfc", "uretprobe:uprobe_target_nop", "nop", "uretprobe via syscall 462"),
-    ("linux-6.18", "uretprobe:uprobe_target_nop5", "nop5", "uretprobe: optimized entry + syscall 335"),
+FAST = 20  # the rows whose hits the C extension takes run this many times --iterations (a run's fixed costs
+ROWS = [   # would otherwise weigh on a figure of a few tens of milliseconds)
+    ("int3", "uprobe:uprobe_target_nop", "nop", "INT3 + emulated nop", FAST),
+    ("linux-6.18", "uprobe:uprobe_target_push", "push", "INT3 + emulated push", 1),
+    ("linux-6.18", "uprobe:uprobe_target_ret", "ret", "INT3 + XOL step", 1),
+    ("linux-6.18", "uprobe:uprobe_target_nop5", "nop5", "optimized: call + syscall 336", FAST),
+    ("jmp-slots", "uprobe:uprobe_target_nop5", "nop5", "optimized: jmp slot + syscall 336 (IRET)", FAST),
+    ("nop10", "uprobe:uprobe_target_nop10", "nop10", "optimized: lea+call + syscall 336", FAST),
+    ("int3", "uretprobe:uprobe_target_nop", "nop", "uretprobe via INT3 trampoline", 1),
+    ("uretprobe-rfc", "uretprobe:uprobe_target_nop", "nop", "uretprobe via syscall 462", 1),
+    ("linux-6.18", "uretprobe:uprobe_target_nop5", "nop5", "uretprobe: optimized entry + syscall 335", FAST),
 ]
 
 
@@ -72,9 +74,10 @@ def main() -> None:
     header = f"{'design':<14} {'probe':<30} {'path':<42} {'hits/s':>10}"
     print(header + ("  verified/s   ratio" if args.verify else ""))
     out = []
-    for design, spec, workload, path in ROWS:
-        runs = [(hits_per_second(design, spec, workload, args.iterations, False),
-                 hits_per_second(design, spec, workload, args.iterations, True) if args.verify else 0.0)
+    for design, spec, workload, path, scale in ROWS:
+        n = args.iterations * scale
+        runs = [(hits_per_second(design, spec, workload, n, False),
+                 hits_per_second(design, spec, workload, n, True) if args.verify else 0.0)
                 for _ in range(args.repeat)]
         off = statistics.median(r[0] for r in runs)
         row = {"design": design, "probe": spec, "path": path, "hits_per_s": off}
