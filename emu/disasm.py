@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import capstone
@@ -25,3 +25,16 @@ def insn_text(code: bytes, address: int) -> str | None:
     for _addr, _size, mnemonic, op_str in cs64().disasm_lite(code, address, 1):
         return f"{mnemonic} {op_str}".strip()
     return None
+
+
+class Readable(Protocol):
+    def read(self, addr: int, size: int, /) -> bytes: ...
+
+
+def describe_insn(mem: Readable, address: int) -> str:
+    """The instruction at ``address`` for a message: its text, or why there is none."""
+    try:
+        code = mem.read(address, 16)
+    except Exception:
+        return "<unmapped>"
+    return insn_text(code, address) or f"<undecodable {code[:4].hex()}>"
