@@ -22,11 +22,11 @@ from emu.kernel.fs.namei import lookup
 from emu.kernel.uprobes.consumers import Consumer, count_return
 from emu.kernel.uprobes.core import Uprobe, Uprobes
 from emu.kernel.uprobes.sites import usdt_combo_site
+from emu.kernel.vfs import Vfs
 from emu.loader import LoadedImage
 from emu.memory import Memory, Vma
 
 if TYPE_CHECKING:  # probes and library probes load on first use: a plain run of a binary needs neither
-    from emu.kernel.vfs import Vfs
     from emu.libprobes import LibraryProbe, LibraryProbes
     from emu.probes import ProbeSpec, ResolvedProbe, Resolver
 
@@ -106,7 +106,7 @@ class ProbeAttacher:
     def resolver(self) -> Resolver:
         """Symbols and USDT notes of the executable (probes.py loads only when a probe or a caller needs them)."""
         if self._resolver is None:
-            from emu.probes import Resolver
+            from emu.probes import Resolver  # probes.py loads with the first probe or symbol lookup
 
             self._resolver = Resolver(self.process.exe)
         return self._resolver
@@ -115,7 +115,7 @@ class ProbeAttacher:
     def libraries(self) -> LibraryProbes:
         """Probes by spec on shared libraries (libprobes.py loads with the first one)."""
         if self._libraries is None:
-            from emu.libprobes import LibraryProbes
+            from emu.libprobes import LibraryProbes  # libprobes.py loads with the first library probe
 
             self._libraries = LibraryProbes(self)
         return self._libraries
@@ -134,7 +134,7 @@ class ProbeAttacher:
         return self.process.kernel.vfs
 
     @property
-    def mem(self) -> Memory:
+    def mappings(self) -> Memory:
         return self.process.mem
 
     # ------------------------------------------------------------ attaching
@@ -143,7 +143,7 @@ class ProbeAttacher:
 
         A spec naming another file (a shared library) is installed whenever that file is mapped
         executable, like the kernel's uprobe_mmap; it returns a LibraryProbe."""
-        from emu.probes import ProbeKind, parse_spec
+        from emu.probes import ProbeKind, parse_spec  # probes.py loads with the first probe
 
         parsed = parse_spec(spec) if isinstance(spec, str) else spec
         consumer = consumer or Consumer()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -15,11 +16,11 @@ from emu.elf import LoadPlan, load_plan
 from emu.errors import EmuError, UsageError
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.consumers import Consumer
+from emu.kernel.vfs import Vfs
 from emu.loader import LoadedImage
-from emu.memory import Memory, Vma
+from emu.memory import Vma
 
 if TYPE_CHECKING:  # probes.py loads when a library probe is added (a plain run needs none)
-    from emu.kernel.vfs import Vfs
     from emu.probes import ProbeSpec, ResolvedProbe
 
 
@@ -28,6 +29,8 @@ class Installed(Protocol):
 
     library: bool
 
+    @property
+    def address(self) -> int: ...
     def detach(self) -> None: ...
     def summary(self) -> dict[str, Any]: ...
 
@@ -38,7 +41,7 @@ class Installer(Protocol):
     @property
     def vfs(self) -> Vfs: ...
     @property
-    def mem(self) -> Memory: ...
+    def mappings(self) -> Iterable[Vma]: ...  # the process's VMAs (its Memory)
     def attach_resolved(self, resolved: ResolvedProbe, consumer: Consumer,
                         images: tuple[LoadedImage | None, ...]) -> Installed: ...
 
@@ -102,7 +105,7 @@ class LibraryProbes:
     def _add(self, probe: LibraryProbe) -> LibraryProbe:
         """Keep it for later mappings and install it on the ones already there."""
         self.probes.append(probe)
-        for vma in list(self.installer.mem):
+        for vma in list(self.installer.mappings):
             if vma.prot & 4 and (vma.dev, vma.inode) == probe.file_id:
                 self._install(probe, vma)
         return probe
