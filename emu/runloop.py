@@ -75,12 +75,12 @@ class RunLoop:
 
     def __init__(self, process: RunHost, first: bool) -> None:
         self.process = process
-        self.first = first
-        self.counted = False  # the last slice ran with an instruction count (several threads)
-        self.stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
-        self.signalled = False  # another process sent a signal: act on it before running on
-        self.process_slice = False  # the last slice was counted because another process could run
-        self.waiting = False  # stopped in a syscall that waits: it restarts when the process runs on
+        self._first = first
+        self._counted = False  # the last slice ran with an instruction count (several threads)
+        self._stalls = 0  # syscalls restarted in a row with no slice run in between (a thread deadlock past a bound)
+        self._signalled = False  # another process sent a signal: act on it before running on
+        self._process_slice = False  # the last slice was counted because another process could run
+        self._waiting = False  # stopped in a syscall that waits: it restarts when the process runs on
         self.spurious_stops = 0  # emu_start returns with nothing to report (see _spurious_stop)
 
     # ------------------------------------------------------------ entry points
@@ -109,7 +109,7 @@ class RunLoop:
         return True
 
     def signal_arrived(self) -> None:
-        self.signalled = True
+        self._signalled = True
 
     def end_process(self, ending: Ending, status: int, signal: Signal | None) -> None:
         kernel = self.process.kernel
@@ -148,16 +148,16 @@ class RunLoop:
         yield_first = False
         while True:
             try:
-                if self.signalled or self.process.kernel.timers:
+                if self._signalled or self.process.kernel.timers:
                     self._act_on_signals()
-                self.waiting = False
+                self._waiting = False
                 if yield_first:
                     yield_first = False
                     self._switch(yielding=True)
                 reason = self._run_slices(sched.current.pc, timeout_us, start)
                 signal = self._fault_signal(reason)
                 if signal is None and self._slice_ended(timeout_us, start):
-                    self.stalls = 0
+                    self._stalls = 0
                     self._switch()
                     self._share_cpu()
                     continue
@@ -167,7 +167,7 @@ class RunLoop:
             except GuestKilled as kill:
                 signal = kill
             except WouldBlock as wait:
-                self.waiting = True  # until the restarted syscall runs (a signal may interrupt it)
+                self._waiting = True  # until the restarted syscall runs (a signal may interrupt it)
                 ended = self._wait_for_others(wait)
                 if isinstance(ended, _Wait):
                     yield_first = ended is _Wait.YIELD
@@ -199,11 +199,11 @@ class RunLoop:
             if timeout_us:
                 remaining = max(1, timeout_us - int((time.perf_counter() - start) * 1e6))
             count = sched.slice_length()
-            self.process_slice = (not count and len(process.family.procs) > 1  # (the usual case: one process)
-                                  and process.family.runnable_others(kernel.ident.pid))
-            if self.process_slice:
+            self._process_slice = (not count and len(process.family.procs) > 1  # (the usual case: one process)
+                                   and process.family.runnable_others(kernel.ident.pid))
+            if self._process_slice:
                 count = PROCESS_QUANTUM
-            self.counted = count > 0
+            self._counted = count > 0
             fast = process.uprobes.fast
             if fast is not None:  # the C hot path takes counting-only hits while nothing watches them
                 fast.sync(kernel.tracer is not None)
@@ -235,7 +235,7 @@ class RunLoop:
         uncounted (single-thread) run reports hlt as Linux does (#GP, SIGSEGV)."""
         if self.process.kernel.sched.switch_requested:
             return True
-        if not self.counted or self._at_limit():
+        if not self._counted or self._at_limit():
             return False
         return not self._timed_out(timeout_us, start)
 
@@ -304,13 +304,13 @@ class RunLoop:
         """At the end of a slice: let the other processes run if one can (or one this process woke
         waits further down the call stack); a process that is not the first is suspended for that."""
         kernel, family = self.process.kernel, self.process.family
-        if self.process_slice:  # virtual time goes on while processes share the CPU (timeouts come)
+        if self._process_slice:  # virtual time goes on while processes share the CPU (timeouts come)
             kernel.clock.advance(PROCESS_SLICE_NS)
         woke, family.preempt = family.preempt or family.due(kernel.clock.elapsed), False
         pid = kernel.ident.pid
         if not (woke or family.runnable_others(pid)):
             return
-        if not self.first:
+        if not self._first:
             raise ProcessSuspended("preempted")
         family.run_others(pid)
 
@@ -347,10 +347,10 @@ class RunLoop:
             kernel.cpu.write_syscall_return(wait.result, after, cpu.read(Reg.RFLAGS))
             sched.current.pc = after
             return _Wait.RESTART
-        if sched.threaded and self.stalls < 2 * len(sched.live()):
-            self.stalls += 1  # bounded: fruitless retries with nothing else running are a deadlock
+        if sched.threaded and self._stalls < 2 * len(sched.live()):
+            self._stalls += 1  # bounded: fruitless retries with nothing else running are a deadlock
             return _Wait.YIELD
-        if not self.first:
+        if not self._first:
             raise ProcessSuspended(str(wait), wait)
         until = family.take_wake(self._wake_time(wait))
         if until is not None:  # everyone waits, some with a timeout: time moves on to the first one
@@ -371,23 +371,23 @@ class RunLoop:
         """Before running on: signals another process sent and timers that fired are acted on as at a
         return to user mode (a handler frame on the interrupted state, or death)."""
         kernel, cpu = self.process.kernel, self.process.cpu
-        if not (self.signalled or kernel.timers):
+        if not (self._signalled or kernel.timers):
             return  # the common case: nothing to do, and procsig is not even imported
         from emu.kernel.procsig import acting_signal, fire_timers  # loaded with the first signal between processes
 
         fired = fire_timers(kernel) if kernel.timers else False
-        if not (self.signalled or fired):
+        if not (self._signalled or fired):
             return
-        self.signalled = False
+        self._signalled = False
         task = kernel.sched.current
         if not task.signals.pending & ~task.signals.mask:
             return
         rip = task.pc
-        if self.waiting and acting_signal(kernel) is not None:
+        if self._waiting and acting_signal(kernel) is not None:
             # it sleeps in a syscall about to be restarted: the signal interrupts it (EINTR), then acts
             rip += SYSCALL_INSN_LEN
             cpu.write_syscall_return(-errno.EINTR, rip, cpu.read(Reg.RFLAGS))
-            self.waiting = False
+            self._waiting = False
         cpu.write(Reg.RIP, rip)
         deliver_pending(kernel)  # may raise GuestKilled: the caller's loop ends the process
         self.run_deferred()

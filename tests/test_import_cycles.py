@@ -185,3 +185,7 @@ def test_a_long_cycle_is_one_knot(tmp_path: Path) -> None:
         "d.py": "import pkg.a\n",
     })
     assert knots(import_graph(root)) == [frozenset({"pkg.a", "pkg.b", "pkg.c"})]
+
+
+if __name__ == "__main__":  # python tests/test_import_cycles.py: every cycle in emu's import graph today
+    print(describe(knots(import_graph(EMU))))
