@@ -8,7 +8,7 @@ import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from emu import abi
 from emu.abi import Prot
@@ -26,29 +26,31 @@ from emu.kernel.vfs import Vfs
 from emu.loader import LoadedImage
 from emu.memory import Memory, Vma
 
-if TYPE_CHECKING:  # probes and library probes load on first use: a plain run of a binary needs neither
+if TYPE_CHECKING:  # probes and library probes load on first use: a plain run of a binary needs neither;
+    # the Protocol is for the type checker only (making its class costs start-up time)
+    from typing import Protocol
+
     from emu.libprobes import LibraryProbe, LibraryProbes
     from emu.probes import ProbeSpec, ResolvedProbe, Resolver
 
+    class ProbeHost(Protocol):
+        """The process probes attach to (emu/machine.py's Machine); read at each use, since an execve
+        replaces its image and its uprobes."""
 
-class ProbeHost(Protocol):
-    """The process probes attach to (emu/machine.py's Machine); read at each use, since an execve
-    replaces its image and its uprobes."""
-
-    @property
-    def mem(self) -> Memory: ...
-    @property
-    def kernel(self) -> Kernel: ...
-    @property
-    def uprobes(self) -> Uprobes: ...
-    @property
-    def design(self) -> Design: ...
-    @property
-    def path(self) -> str: ...  # the executable's host path
-    @property
-    def exe(self) -> LoadedImage: ...
-    @property
-    def interp(self) -> LoadedImage | None: ...
+        @property
+        def mem(self) -> Memory: ...
+        @property
+        def kernel(self) -> Kernel: ...
+        @property
+        def uprobes(self) -> Uprobes: ...
+        @property
+        def design(self) -> Design: ...
+        @property
+        def path(self) -> str: ...  # the executable's host path
+        @property
+        def exe(self) -> LoadedImage: ...
+        @property
+        def interp(self) -> LoadedImage | None: ...
 
 
 @dataclass(eq=False)

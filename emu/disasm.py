@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the Protocol is for the type checker only: making its class costs start-up time)
+    from typing import Protocol
+
     import capstone
+
+    class Readable(Protocol):
+        def read(self, addr: int, size: int, /) -> bytes: ...
 
 
 @functools.cache
@@ -25,10 +30,6 @@ def insn_text(code: bytes, address: int) -> str | None:
     for _addr, _size, mnemonic, op_str in cs64().disasm_lite(code, address, 1):
         return f"{mnemonic} {op_str}".strip()
     return None
-
-
-class Readable(Protocol):
-    def read(self, addr: int, size: int, /) -> bytes: ...
 
 
 def describe_insn(mem: Readable, address: int) -> str:

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from emu import abi, layout
 from emu.abi import Prot
-from emu.attach import Attachment, ProbeAttacher
 from emu.cpu import Cpu, Reg
 from emu.designs import Design, get_design
 from emu.disasm import describe_insn
@@ -27,16 +26,28 @@ from emu.kernel.uprobes.syscalls import uprobe_rows
 from emu.kernel.vdso import adopt as adopt_vdso
 from emu.loader import LoadedImage
 from emu.loading import ProcessImage, executable, install_stdio, load_process, replace_image, reset_registers
-from emu.memory import Memory
+from emu.memory import Memory, Vma
 from emu.runloop import RunLoop
 from emu.runtypes import Ending, Outcome, RunOptions, RunResult
 
 if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a binary needs neither
+    from collections.abc import Callable
+
+    from emu.attach import Attachment, ProbeAttacher
     from emu.kernel.threads import CloneArgs
     from emu.libprobes import LibraryProbe, LibraryProbes
     from emu.probes import ProbeSpec, ResolvedProbe, Resolver
 
 __all__ = ["Attachment", "Ending", "Machine", "RunOptions", "RunResult"]
+
+
+def __getattr__(name: str) -> Any:
+    """``from emu.machine import Attachment`` works as it always did, and loads attach.py only then."""
+    if name == "Attachment":
+        from emu.attach import Attachment  # attach.py loads with the first probe (a plain run attaches none)
+
+        return Attachment
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Machine:
@@ -70,9 +81,9 @@ class Machine:
         forked one); ``first``: the process the run started with (the others are its descendants)."""
         self._wire_uprobes()
         self.run_loop = RunLoop(self, first)
-        self.attacher = ProbeAttacher(self)
-        self.kernel.exec_mmap_observers.append(self.attacher.library_mmap)
-        self.kernel.perf_attach = self.attacher.perf_attach
+        self._attacher: ProbeAttacher | None = None  # made by the first probe (attacher)
+        self.kernel.exec_mmap_observers.append(self._library_mmap)
+        self.kernel.perf_attach = self._perf_attach
         self.kernel.fork = self._fork
         self.kernel.exec = self._exec
         self.kernel.family = self.family
@@ -177,7 +188,8 @@ class Machine:
         self.run_loop.fold_fast()  # the old image's hits, before its statistics go
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self._wire_uprobes()
-        self.attacher.new_image()
+        if self._attacher is not None:
+            self._attacher.new_image()
         for vma in self.mem:  # uprobe_mmap on the new image's text: probes by spec on that file install
             if vma.prot & Prot.EXEC:
                 for observer in self.kernel.exec_mmap_observers:
@@ -195,8 +207,18 @@ class Machine:
 
     # --------------------------------------------------------------- probes (emu/attach.py)
     @property
+    def attacher(self) -> ProbeAttacher:
+        """The process's probes and the ways to attach them (attach.py loads with the first probe)."""
+        if self._attacher is None:
+            from emu.attach import ProbeAttacher  # attach.py loads with the first probe (a plain run attaches none)
+
+            self._attacher = ProbeAttacher(self)
+        return self._attacher
+
+    @property
     def attachments(self) -> list[Attachment]:
-        return self.attacher.attachments
+        """The probe specs attached to the executable (and to libraries, marked ``library``)."""
+        return self._attacher.attachments if self._attacher is not None else []
 
     @property
     def libraries(self) -> LibraryProbes:
@@ -204,7 +226,7 @@ class Machine:
         return self.attacher.libraries
 
     def library_probes(self) -> list[LibraryProbe]:
-        return self.attacher.library_probes()
+        return self._attacher.library_probes() if self._attacher is not None else []
 
     @property
     def resolver(self) -> Resolver:
@@ -219,6 +241,14 @@ class Machine:
     def attach_resolved(self, resolved: ResolvedProbe, consumer: Consumer,
                         images: tuple[LoadedImage | None, ...]) -> Attachment:
         return self.attacher.attach_resolved(resolved, consumer, images)
+
+    def _perf_attach(self, path: str, offset: int, retprobe: bool, ref_ctr_offset: int,
+                     consumer: Consumer) -> Callable[[], None]:
+        return self.attacher.perf_attach(path, offset, retprobe, ref_ctr_offset, consumer)
+
+    def _library_mmap(self, vma: Vma) -> None:
+        if self._attacher is not None:  # no attacher, no library probes
+            self._attacher.library_mmap(vma)
 
     # --------------------------------------------------------------- running (emu/runloop.py)
     def run(self) -> RunResult:
@@ -235,7 +265,7 @@ class Machine:
             syscalls=self.kernel.syscall_counts(),
             unknown_syscalls=self.kernel.unknown_syscalls(),
             wall_s=time.perf_counter() - start,
-            probes=self.attacher.summaries(),
+            probes=self._attacher.summaries() if self._attacher is not None else (),
             exits=dict(self.uprobes.stats.exits),
             threads=len(self.kernel.sched.tasks),
             switches=self.kernel.sched.switches,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 import errno
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from emu.abi import SI_KERNEL, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
@@ -42,31 +42,34 @@ EXCEPTION_SIGNALS = {
 }
 
 
+if TYPE_CHECKING:  # for the type checker only: a Protocol class costs start-up time, and a run needs none
+    from typing import Protocol
+
+    class RunHost(Protocol):
+        """The process a RunLoop runs (emu/machine.py's Machine); read at each use, since an execve
+        replaces its uprobes."""
+
+        @property
+        def options(self) -> RunOptions: ...
+        @property
+        def cpu(self) -> Cpu: ...
+        @property
+        def mem(self) -> Memory: ...
+        @property
+        def kernel(self) -> Kernel: ...
+        @property
+        def uprobes(self) -> Uprobes: ...
+        @property
+        def family(self) -> Family: ...
+        @property
+        def counter(self) -> InsnCounter | None: ...
+
+
 class _Wait(enum.Enum):
     """What a syscall that must wait does next (RunLoop._wait_for_others)."""
 
     RESTART = "restart it now"
     YIELD = "let another thread of the process run first"
-
-
-class RunHost(Protocol):
-    """The process a RunLoop runs (emu/machine.py's Machine); read at each use, since an execve
-    replaces its uprobes."""
-
-    @property
-    def options(self) -> RunOptions: ...
-    @property
-    def cpu(self) -> Cpu: ...
-    @property
-    def mem(self) -> Memory: ...
-    @property
-    def kernel(self) -> Kernel: ...
-    @property
-    def uprobes(self) -> Uprobes: ...
-    @property
-    def family(self) -> Family: ...
-    @property
-    def counter(self) -> InsnCounter | None: ...
 
 
 class RunLoop:
