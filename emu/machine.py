@@ -30,7 +30,7 @@ from emu.memory import Memory, Vma
 from emu.runloop import RunLoop
 from emu.runtypes import Ending, Outcome, RunOptions, RunResult
 
-if TYPE_CHECKING:  # probes and threads load on first use: a plain run of a binary needs neither
+if TYPE_CHECKING:  # probes, their attachment and threads load on first use: a plain run of a binary needs none
     from collections.abc import Callable
 
     from emu.attach import Attachment, ProbeAttacher
