@@ -5,8 +5,13 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the Protocol is for the type checker only: making its class costs start-up time)
+    from typing import Protocol
+
     import capstone
+
+    class Readable(Protocol):
+        def read(self, addr: int, size: int, /) -> bytes: ...
 
 
 @functools.cache
@@ -25,3 +30,12 @@ def insn_text(code: bytes, address: int) -> str | None:
     for _addr, _size, mnemonic, op_str in cs64().disasm_lite(code, address, 1):
         return f"{mnemonic} {op_str}".strip()
     return None
+
+
+def describe_insn(mem: Readable, address: int) -> str:
+    """The instruction at ``address`` for a message: its text, or why there is none."""
+    try:
+        code = mem.read(address, 16)
+    except Exception:
+        return "<unmapped>"
+    return insn_text(code, address) or f"<undecodable {code[:4].hex()}>"

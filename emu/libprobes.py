@@ -1,23 +1,49 @@
-"""Probes in shared libraries: installed whenever the library is mapped executable (uprobe_mmap)."""
+"""Probes in shared libraries: installed whenever the library is mapped executable (uprobe_mmap).
+
+They are installed through an Installer (emu/attach.py's ProbeAttacher), never the Machine itself:
+this module imports neither."""
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from emu.abi import page_down
 from emu.elf import LoadPlan, load_plan
 from emu.errors import EmuError, UsageError
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.consumers import Consumer
+from emu.kernel.vfs import Vfs
 from emu.loader import LoadedImage
 from emu.vma import Vma
 
 if TYPE_CHECKING:  # probes.py loads when a library probe is added (a plain run needs none)
-    from emu.machine import Attachment, Machine
-    from emu.probes import ProbeSpec
+    from emu.probes import ProbeSpec, ResolvedProbe
+
+
+class Installed(Protocol):
+    """One mapping's probe (emu/attach.py's Attachment)."""
+
+    library: bool
+
+    @property
+    def address(self) -> int: ...
+    def detach(self) -> None: ...
+    def summary(self) -> dict[str, Any]: ...
+
+
+class Installer(Protocol):
+    """What installs a library's probes in one process: its files, its mappings, and the attach."""
+
+    @property
+    def vfs(self) -> Vfs: ...
+    @property
+    def mappings(self) -> Iterable[Vma]: ...  # the process's VMAs (its Memory)
+    def attach_resolved(self, resolved: ResolvedProbe, consumer: Consumer,
+                        images: tuple[LoadedImage | None, ...]) -> Installed: ...
 
 
 @dataclass(eq=False)
@@ -27,7 +53,7 @@ class LibraryProbe:
     spec: ProbeSpec
     consumer: Consumer
     plan: LoadPlan
-    installed: list[Attachment] = field(default_factory=list)
+    installed: list[Installed] = field(default_factory=list)
     detached: bool = False
     file_offset: int | None = None  # perf_event_open's probe_offset, instead of a symbol
     ref_ctr_offset: int = 0
@@ -42,7 +68,7 @@ class LibraryProbe:
             att.detach()
 
     def summary(self) -> dict[str, Any]:
-        from emu.probes import ProbeKind
+        from emu.probes import ProbeKind  # probes.py loads with the first probe (see above)
 
         hits = self.consumer.ret_hits if self.spec.kind is ProbeKind.URETPROBE else self.consumer.hits
         first = self.installed[0].summary() if self.installed else None
@@ -57,13 +83,13 @@ class LibraryProbe:
 
 
 class LibraryProbes:
-    def __init__(self, machine: Machine) -> None:
-        self.machine = machine
-        self.probes: list[LibraryProbe] = []  # the machine calls on_exec_mmap for each executable mapping
+    def __init__(self, installer: Installer) -> None:
+        self.installer = installer
+        self.probes: list[LibraryProbe] = []  # the installer calls on_exec_mmap for each executable mapping
 
     def add(self, spec: ProbeSpec, consumer: Consumer) -> LibraryProbe:
         assert spec.path is not None
-        vfs = self.machine.kernel.vfs
+        vfs = self.installer.vfs
         try:
             host = vfs.host_path(vfs.resolve(spec.path))
         except SyscallError:
@@ -79,7 +105,7 @@ class LibraryProbes:
     def _add(self, probe: LibraryProbe) -> LibraryProbe:
         """Keep it for later mappings and install it on the ones already there."""
         self.probes.append(probe)
-        for vma in list(self.machine.mem):
+        for vma in list(self.installer.mappings):
             if vma.prot & 4 and (vma.dev, vma.inode) == probe.file_id:
                 self._install(probe, vma)
         return probe
@@ -97,7 +123,7 @@ class LibraryProbes:
         return self._add(LibraryProbe(spec, consumer, plan, file_offset=offset, ref_ctr_offset=ref_ctr_offset))
 
     def _resolve(self, probe: LibraryProbe, bias: int) -> tuple[LoadedImage, Any]:
-        from emu.probes import ResolvedProbe, Resolver
+        from emu.probes import ResolvedProbe, Resolver  # probes.py loads with the first probe (see above)
 
         image = LoadedImage(probe.plan, bias)
         if probe.file_offset is not None:
@@ -114,7 +140,7 @@ class LibraryProbes:
         image, resolved = self._resolve(probe, bias)
         if not vma.start <= resolved.address < vma.end:
             return  # another segment of the same file: wait for the text mapping
-        att = self.machine.attach_resolved(resolved, probe.consumer, (image,))
+        att = self.installer.attach_resolved(resolved, probe.consumer, (image,))
         att.library = True
         probe.installed.append(att)
 

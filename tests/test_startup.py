@@ -31,6 +31,7 @@ _MODULES_AFTER = (
 NOT_FOR_A_PLAIN_RUN = (
     "emu.probes",  # probe specs and symbol resolution: only with -p
     "emu.libprobes",
+    "emu.attach",  # attaching probes: only with -p (or perf_event_open)
     "emu.kernel.sigframe",  # signal frames: only when a signal is delivered
     "emu.kernel.perf",  # perf_event_open: only when called
     "emu.kernel.net",
@@ -75,7 +76,7 @@ def test_plain_run_of_a_static_binary_loads_none_of_the_optional_parts() -> None
     assert [m for m in NOT_FOR_A_PLAIN_RUN if loaded(modules, m)] == []
 
 
-@pytest.mark.parametrize("module", ["emu.probes", "emu.render"])
+@pytest.mark.parametrize("module", ["emu.probes", "emu.render", "emu.attach"])
 def test_a_probe_loads_what_the_plain_run_left_out(module: str) -> None:
     """Negative control: the check above sees modules that a run does load."""
     status, _out, modules = modules_after(["run", "-p", "uprobe:main", HELLO])

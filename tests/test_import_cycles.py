@@ -1,0 +1,191 @@
+"""The import graph of emu's own modules, read from the source with ``ast``: every import counts,
+those under ``if TYPE_CHECKING:`` and those inside functions included (a cycle hidden behind a
+function-local import is still a knot a reader has to untie)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+EMU = Path(__file__).resolve().parent.parent / "emu"
+
+# Building and running a process (emu/machine.py's neighbourhood): none of these is in a cycle.
+PROCESS_MODULES = frozenset({
+    "emu.machine", "emu.runtypes", "emu.loading", "emu.attach", "emu.libprobes", "emu.runloop",
+})
+
+# Cycles outside the process modules that the source still has. The check below is a ratchet: a
+# knot may shrink or go, never grow or appear (drop an entry here once its cycle is gone).
+KNOWN_KNOTS: tuple[frozenset[str], ...] = (
+    frozenset({  # the kernel package: the syscall table binds handlers that reach back into dispatch
+        "emu.kernel.blocking", "emu.kernel.cpufs", "emu.kernel.dispatch", "emu.kernel.fork", "emu.kernel.fs.dirs",
+        "emu.kernel.fs.fds", "emu.kernel.fs.ioctl", "emu.kernel.fs.layer", "emu.kernel.fs.mapped",
+        "emu.kernel.fs.namei", "emu.kernel.fs.open_", "emu.kernel.fs.read_write", "emu.kernel.fs.stat_",
+        "emu.kernel.fs.statfs", "emu.kernel.fs.xattr", "emu.kernel.futex", "emu.kernel.limits", "emu.kernel.locks",
+        "emu.kernel.mm", "emu.kernel.perf", "emu.kernel.pipe", "emu.kernel.process", "emu.kernel.procfs",
+        "emu.kernel.procsig", "emu.kernel.sched", "emu.kernel.sigframe", "emu.kernel.signal", "emu.kernel.table",
+        "emu.kernel.tasks", "emu.kernel.threads", "emu.kernel.unix", "emu.kernel.vfs",
+    }),
+    frozenset({  # the counting-only fast path and the core it counts for
+        "emu.kernel.uprobes.core", "emu.kernel.uprobes.fastpath",
+    }),
+    frozenset({  # the verification engine's transaction and its checks
+        "emu.verify.native_edges", "emu.verify.reference_cache", "emu.verify.resume", "emu.verify.transaction",
+    }),
+)
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules_under(root: Path) -> dict[str, Path]:
+    return {module_name(path, root): path for path in sorted(root.rglob("*.py"))}
+
+
+def imported(tree: ast.AST, here: str, is_package: bool, known: Iterable[str]) -> set[str]:
+    """The package's modules ``tree`` imports anywhere in its body (a ``from P import N`` names the
+    module P.N when there is one, else P itself)."""
+    names = set(known)
+    top = next(iter(names)).split(".")[0] if names else ""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = here.split(".") if is_package else here.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in names else base)
+    return {name for name in found if name in names and name.split(".")[0] == top and name != here}
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    modules = modules_under(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        graph[name] = imported(tree, name, path.name == "__init__.py", modules)
+    return graph
+
+
+def knots(graph: Mapping[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[frozenset[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work: list[tuple[str, list[str]]] = [(start, sorted(graph[start]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, targets = work[-1]
+            if targets:
+                nxt = targets.pop()
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, sorted(graph.get(nxt, ()))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(frozenset(component))
+    return found
+
+
+def describe(found: Iterable[frozenset[str]]) -> str:
+    return "\n".join("  " + " <-> ".join(sorted(knot)) for knot in found) or "  (none)"
+
+
+def test_process_modules_are_in_no_cycle() -> None:
+    graph = import_graph(EMU)
+    assert graph.keys() >= PROCESS_MODULES, sorted(PROCESS_MODULES - graph.keys())
+    tangled = [knot for knot in knots(graph) if knot & PROCESS_MODULES]
+    assert not tangled, "import cycles through the process modules:\n" + describe(tangled)
+
+
+def test_no_new_cycle_in_emu() -> None:
+    found = knots(import_graph(EMU))
+    grown = [knot for knot in found if not any(knot <= old for old in KNOWN_KNOTS)]
+    assert not grown, "import cycles among emu modules (the whole graph's):\n" + describe(found)
+
+
+def test_machine_libprobes_edge_goes_one_way() -> None:
+    graph = import_graph(EMU)
+    assert "emu.machine" not in graph["emu.libprobes"]
+    assert "emu.attach" not in graph["emu.libprobes"]
+
+
+# ----------------------------------------------------------- negative controls: the reader finds knots
+
+def write_package(tmp_path: Path, files: Mapping[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+@pytest.mark.parametrize("a_text, b_text", [
+    ("import pkg.b\n", "from pkg import a\n"),
+    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import B\n", "from pkg.a import A\n"),
+    ("def f():\n    from pkg.b import g\n    return g\n", "from pkg.a import f\n"),
+    ("from .b import g\n", "from . import a\n"),
+])
+def test_a_cycle_is_found_however_it_is_imported(tmp_path: Path, a_text: str, b_text: str) -> None:
+    root = write_package(tmp_path, {"__init__.py": "", "a.py": a_text, "b.py": b_text, "c.py": "import pkg.a\n"})
+    assert knots(import_graph(root)) == [frozenset({"pkg.a", "pkg.b"})]
+
+
+def test_a_chain_is_not_a_cycle(tmp_path: Path) -> None:
+    root = write_package(tmp_path, {
+        "__init__.py": "", "a.py": "import pkg.b\nimport os\n", "b.py": "from pkg.sub import c\n",
+        "sub/__init__.py": "", "sub/c.py": "import json\n",
+    })
+    graph = import_graph(root)
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.sub.c"}
+    assert knots(graph) == []
+
+
+def test_a_long_cycle_is_one_knot(tmp_path: Path) -> None:
+    root = write_package(tmp_path, {
+        "__init__.py": "", "a.py": "import pkg.b\n", "b.py": "import pkg.c\n", "c.py": "import pkg.a\n",
+        "d.py": "import pkg.a\n",
+    })
+    assert knots(import_graph(root)) == [frozenset({"pkg.a", "pkg.b", "pkg.c"})]
+
+
+if __name__ == "__main__":  # python tests/test_import_cycles.py: every cycle in emu's import graph today
+    print(describe(knots(import_graph(EMU))))
