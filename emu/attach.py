@@ -20,7 +20,8 @@ from emu.kernel.dispatch import Kernel
 from emu.kernel.errno_ import SyscallError, errno_name
 from emu.kernel.fs.namei import lookup
 from emu.kernel.uprobes.consumers import Consumer, count_return
-from emu.kernel.uprobes.core import Uprobe, Uprobes
+from emu.kernel.uprobes.core import Uprobes
+from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.vfs import Vfs
 from emu.loader import LoadedImage

@@ -11,7 +11,7 @@ from emu.guestio import GuestIO
 from emu.kernel.fork import SharedFdTable, wait_status
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.pipe import Pipe, PipeEnd
-from emu.kernel.uprobes.core import UprobeTask
+from emu.kernel.uprobes.records import UprobeTask
 from emu.machine import Machine, RunOptions
 from emu.native import NativeProbe
 from emu.native import available as native_available

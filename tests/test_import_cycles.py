@@ -29,12 +29,7 @@ KNOWN_KNOTS: tuple[frozenset[str], ...] = (
         "emu.kernel.procsig", "emu.kernel.sched", "emu.kernel.sigframe", "emu.kernel.signal", "emu.kernel.table",
         "emu.kernel.tasks", "emu.kernel.threads", "emu.kernel.unix", "emu.kernel.vfs",
     }),
-    frozenset({  # the counting-only fast path and the core it counts for
-        "emu.kernel.uprobes.core", "emu.kernel.uprobes.fastpath",
-    }),
-    frozenset({  # the verification engine's transaction and its checks
-        "emu.verify.native_edges", "emu.verify.reference_cache", "emu.verify.resume", "emu.verify.transaction",
-    }),
+
 )
 
 

@@ -179,5 +179,5 @@ def test_settles_says_what_matches_exactly_says(guest: Machine, index: int, rax:
                          redzone_base=base, redzone_before=redzone, redzone_after=bytes(after))
     exact = matches_exactly(tx, expected_outcome(tx, cache))  # type: ignore[arg-type]
     effect = cache.prepare(guest.exe.entry, original, start).effect
-    assert effect is not None and effect.settles(tx) == exact  # type: ignore[arg-type]
+    assert effect is not None and effect.settles(tx) == exact
     assert exact == (perturb == "none")

@@ -26,7 +26,7 @@ from emu.guestio import GuestIO
 from emu.kernel.sched import Scheduler
 from emu.kernel.signal import SignalState
 from emu.kernel.tasks import Task, TaskState
-from emu.kernel.uprobes.core import Uprobe
+from emu.kernel.uprobes.records import Uprobe
 from emu.machine import Machine, RunOptions
 from emu.verify.lockstep import Observed, SyscallLog, first_divergence
 from emu.verify.records import ProbeSite, Transaction

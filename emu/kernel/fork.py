@@ -33,7 +33,7 @@ from emu.kernel.fs.fdtable import FdEntry, FdTable
 from emu.kernel.fs.mapped import fork_maps
 from emu.kernel.mm import Brk
 from emu.kernel.signal import SIG_IGN, SignalState
-from emu.kernel.uprobes.core import UprobeTask
+from emu.kernel.uprobes.records import UprobeTask
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
 from emu.vma import Vma
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from emu.cpu import CpuContext, Reg
 from emu.kernel.signal import SignalState
-from emu.kernel.uprobes.core import UprobeTask
+from emu.kernel.uprobes.records import UprobeTask
 
 if TYPE_CHECKING:
     from emu.kernel.futex import FutexWait

@@ -21,7 +21,8 @@ from emu.designs import Design
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.consumers import Consumer
-from emu.kernel.uprobes.core import Uprobe, Uprobes
+from emu.kernel.uprobes.core import Uprobes
+from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.sites import SlotPage
 from emu.machine import Attachment, Machine, RunOptions
 from emu.probes import parse_spec

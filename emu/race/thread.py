@@ -18,7 +18,7 @@ from emu.cpu import GPRS, Reg, StopReason
 from emu.disasm import cs64
 from emu.errors import MemoryFault
 from emu.kernel.exits import GuestExit, GuestKilled
-from emu.kernel.uprobes.core import XOL_NAME
+from emu.kernel.uprobes.records import XOL_NAME
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
 from emu.race.scenario import Scenario, Site
 

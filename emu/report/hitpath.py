@@ -19,7 +19,7 @@ from emu.kernel.uprobes.consumers import EntryPath
 
 if TYPE_CHECKING:
     from emu.cpu import HookHandle
-    from emu.kernel.uprobes.core import Uprobe
+    from emu.kernel.uprobes.records import Uprobe
     from emu.kernel.uprobes.regs import PtRegs
     from emu.machine import Machine
     from emu.vma import Vma

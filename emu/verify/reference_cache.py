@@ -25,13 +25,23 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from emu.verify.scratch import Reference, ScratchCpu
 from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, SLOTS
 
-if TYPE_CHECKING:
-    from emu.verify.records import Transaction
+
+class FinishedHit(Protocol):
+    """What Effect.settles reads of a finished transaction (emu/verify/records.py: Transaction)."""
+
+    start_raw: bytes
+    start_rsp: int
+    end_raw: bytes
+    end_addr: int
+    end_rsp: int
+    redzone_base: int
+    redzone_before: bytes | None
+    redzone_after: bytes
 
 MAX_KEYS = 256  # per site; a site whose inputs keep changing starts afresh past this
 ALWAYS_READ = ("rflags", "fs_base", "gs_base", "mxcsr")
@@ -185,7 +195,7 @@ class Effect:
     def apply(self, raw: bytes) -> bytes:
         return b"".join(chain.from_iterable(zip(self._kept(raw), self._values, strict=False)))
 
-    def settles(self, tx: Transaction) -> bool:
+    def settles(self, tx: FinishedHit) -> bool:
         """``tx`` resumed where this run did, with the registers (rflags exactly), the extended
         state and the red zone as it leaves them: what matches_exactly() says of the reference
         apply() gives, without building it."""

@@ -23,7 +23,7 @@ from emu.verify.violations import Check, Violation
 
 if TYPE_CHECKING:
     from emu.kernel.uprobes.consumers import EntryPath
-    from emu.kernel.uprobes.core import Uprobe
+    from emu.kernel.uprobes.records import Uprobe
     from emu.kernel.uprobes.regs import PtRegs
     from emu.machine import Machine
 

@@ -45,8 +45,8 @@ from emu.cpu import (
     RawState,
 )
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
-from emu.kernel.uprobes.core import Uprobe
 from emu.kernel.uprobes.insn import Kind
+from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.kernel_writes import WatchedBackend
 from emu.verify.native_edges import (

@@ -32,8 +32,9 @@ from emu.abi import PAGE_SIZE, U64
 from emu.cpu import Reg
 from emu.designs import Exit, ProbeFrom
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer, EntryPath, branch_path
-from emu.kernel.uprobes.core import ReturnInstance, Uprobe, Uprobes
+from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.insn import Kind
+from emu.kernel.uprobes.records import ReturnInstance, Uprobe
 from emu.memory import UserFault
 
 SAVED_REG = {name: Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit() else name.upper()]

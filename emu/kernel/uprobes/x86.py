@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from emu.abi import U64, Signal
 from emu.cpu import Cpu, StopReason
 from emu.kernel.exits import GuestKilled
 from emu.kernel.uprobes.insn import Analysis, Fixup, Kind, jcc_taken
+from emu.kernel.uprobes.records import ShadowStackHooks, Uprobe, UprobeStats, XolArea
 from emu.kernel.uprobes.regs import PtRegs, regs_from_cpu, regs_to_cpu
 from emu.memory import Memory, UserFault
-
-if TYPE_CHECKING:
-    from emu.kernel.uprobes.core import ShadowStackHooks, Uprobe, UprobeStats, XolArea
 
 
 class ProbedProcess(Protocol):
