@@ -29,7 +29,6 @@ KNOWN_KNOTS: tuple[frozenset[str], ...] = (
         "emu.kernel.procsig", "emu.kernel.sched", "emu.kernel.sigframe", "emu.kernel.signal", "emu.kernel.table",
         "emu.kernel.tasks", "emu.kernel.threads", "emu.kernel.unix", "emu.kernel.vfs",
     }),
-
 )
 
 
