@@ -29,9 +29,9 @@ from emu.kernel.tasks import Task, TaskState
 from emu.kernel.uprobes.records import Uprobe
 from emu.machine import Machine, RunOptions
 from emu.verify.lockstep import Observed, SyscallLog, first_divergence
-from emu.verify.records import ProbeSite, Transaction
+from emu.verify.records import ProbeSite, Transaction, others_folded_in
 from emu.verify.session import Verifier, VerifySession
-from emu.verify.tracker import TransactionTracker, others_folded_in
+from emu.verify.tracker import TransactionTracker
 from emu.verify.violations import Check
 
 THREADS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "threads")
@@ -110,11 +110,11 @@ def test_a_transaction_waits_for_its_thread_and_ignores_the_others() -> None:
     first, second = Task(1, SignalState()), Task(2, SignalState())
     tx.redzone_before = bytes(RED_ZONE)  # the probed thread's own code has written there: snapshot taken
     tracker.machine.mem.write(tx.redzone_base + 8, b"\x11")  # ... that write
-    tracker.switch(first, second)
+    tracker.threads.switch(first, second)
     assert tracker.active is None  # the second thread cannot finish (nor abandon) the first one's hit
     tracker.machine.uprobes.stats.exits["sysret"] = 10  # the second thread's own probe hits: 7 exits
     tracker.machine.mem.write(tx.redzone_base, b"\x22")  # and a store of its into the first one's red zone
-    tracker.switch(second, first)
+    tracker.threads.switch(second, first)
     assert tracker.active is tx
     assert tx.exits_before == {"sysret": 10}  # as if the 7 had come before: they do not count for this hit
     assert tx.redzone_before == b"\x22" + bytes(RED_ZONE - 1)  # the other thread's store is the reference
@@ -123,13 +123,13 @@ def test_a_transaction_waits_for_its_thread_and_ignores_the_others() -> None:
 def test_a_signal_handler_first_or_an_exit_ends_a_suspended_transaction_without_verdict() -> None:
     tracker, tx = _tracker_with_open_transaction()
     first, second = Task(1, SignalState()), Task(2, SignalState())
-    tracker.switch(first, second)
+    tracker.threads.switch(first, second)
     first.signals.pending = 1 << 9  # SIGUSR1's bit, unblocked: delivered as the thread is switched in
-    tracker.switch(second, first)
+    tracker.threads.switch(second, first)
     assert tracker.active is None
     tracker.active = tx  # the same hit, now the running (second) thread's, which exits
     second.state = TaskState.EXITED
-    tracker.switch(second, first)
+    tracker.threads.switch(second, first)
     assert tracker.active is None and tracker.count == 0
 
 

@@ -117,7 +117,7 @@ class ReadBack:
 
     def _kernel_side(self) -> bool:
         from emu.cpu import Reg
-        from emu.verify.resume import KERNEL_SIDE
+        from emu.verify.kernel_writes import KERNEL_SIDE
 
         vma = self.mem.find(self.cpu.read(Reg.RIP))
         return vma is not None and vma.name in KERNEL_SIDE

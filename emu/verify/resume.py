@@ -29,6 +29,7 @@ from emu import hotpath
 from emu.abi import RED_ZONE, U64
 from emu.disasm import cs64
 from emu.kernel.uprobes.regs import ExitPath
+from emu.verify.kernel_writes import KERNEL_SIDE
 from emu.verify.state import RAW_RIP, RAW_RSP
 
 if TYPE_CHECKING:
@@ -39,7 +40,6 @@ if TYPE_CHECKING:
     from emu.verify.native_edges import NativeEdges
     from emu.verify.records import ProbeSite, Transaction
 
-KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})
 TAIL_SCAN_BYTES = 256
 # Instructions after which execution need not continue with the next one.
 _BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "into", "iret", "iretd", "iretq",

@@ -13,6 +13,7 @@ from emu.verify.checks.redzone import check_redzone
 from emu.verify.checks.regs import check_consumer_view, check_regs
 from emu.verify.checks.resume import check_fired, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
+from emu.verify.kernel_writes import kernel_page
 from emu.verify.records import ProbeSite, Transaction
 from emu.verify.reference_cache import Prepared, ReferenceCache
 from emu.verify.rsb import RsbModel
@@ -130,7 +131,7 @@ class VerifySession:
     def _allowed(self, tx: Transaction, addr: int, size: int) -> bool:
         """A write there is the hit's right: the kernel's own pages, or the design's scratch deeper
         than the write log's SCRATCH below the red zone, on the interrupted thread's own stack."""
-        if self.tracker.kernel_page(addr):
+        if kernel_page(self.machine.mem, addr):
             return True
         stack = self.machine.mem.find(tx.start_rsp)
         return stack is not None and stack.start <= addr and addr + size <= tx.redzone_base

@@ -11,35 +11,22 @@ anywhere else but the scratch and the kernel's own pages: recorded for the memor
 observer of the handler chain that records what the consumers changed; and emu/verify/resume.py,
 which says where and when the guest resumes.
 
-Every hook here fires on every hit, so the work per hit is counted in C calls and Python frames.
-With the C extension (emu.hotpath), the site hook, the write hook and the trampoline ``ret`` hooks
-are C (emu/verify/native_edges.py, write_log.py): the site hook opens a transaction without
-Python, and a Transaction is made of it only when Python needs one (a consumer with a handler, a
-switch, a hit the C hands over); a hit that provably left everything as it found it, or as its
-cached reference says, is settled in C. Without it, Python hooks do the same work: the state is
-read in one C call at each end as raw bytes (emu.cpu.RawState) and compared as bytes; the red
-zone is read only if something writes into it, before the write lands.
+Every hook here fires on every hit. With the C extension the site, write and ``ret`` hooks are C
+(emu/verify/native_edges.py says what they settle without Python); without it, Python hooks do
+the same work: the state is read in one C call at each end as raw bytes (emu.cpu.RawState) and
+compared as bytes; the red zone is read only if something writes into it, before the write lands.
 
-Threads (emu/kernel/sched.py): a transaction belongs to the thread that hit the site. ``active``
-is the running thread's; on a context switch it is suspended (the red-zone window closes) and the
-next thread's suspended one, if any, becomes active again (the window reopens on its red zone),
-so another thread's instructions can neither finish nor abandon it. What other threads do while
-it is suspended is not the probe's doing: SYSRET/IRET exits they cause are taken out of its
-count, and their stores into its red zone (legal, if rare: the red zone belongs to the probed
-thread's interrupted code, but memory is shared) are folded into its ``redzone_before``, so
-nothing is reported for them. A transaction whose thread is about to run a signal handler, or
-has exited, gets no verdict (as for one thread).
+Threads: emu/verify/threads.py.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from emu import hotpath
-from emu.abi import RED_ZONE, Prot
+from emu.abi import RED_ZONE
 from emu.cpu import (
     HookHandle,
     RawState,
@@ -48,7 +35,7 @@ from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
-from emu.verify.kernel_writes import WatchedBackend
+from emu.verify.kernel_writes import WatchedBackend, outside_the_hits_share
 from emu.verify.native_edges import (
     ARMED,
     IDLE,
@@ -68,12 +55,12 @@ from emu.verify.native_edges import (
 )
 from emu.verify.records import Finished, Prepare, ProbeSite, Transaction
 from emu.verify.reference_cache import MAX_PLANS, Prepared
-from emu.verify.resume import KERNEL_SIDE, ResumeWatch
+from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP
-from emu.verify.write_log import SCRATCH, WriteLog, classify
+from emu.verify.threads import ThreadWatch
+from emu.verify.write_log import SCRATCH, WriteLog
 
 if TYPE_CHECKING:
-    from emu.kernel.tasks import Task
     from emu.machine import Attachment, Machine
 
 ADDRESS_SPACE_END = (1 << 64) - 1
@@ -90,22 +77,6 @@ def _has_handler(probe: Uprobe) -> bool:
     return any(consumer.handler is not None for consumer in probe.consumers)
 
 
-def others_folded_in(before: bytes, suspended: bytes, resumed: bytes) -> bytes:
-    """The red zone's reference ``before`` with the bytes other threads changed while the probed
-    one was suspended (``suspended`` -> ``resumed``) taken as they left them: nothing is reported
-    for those bytes unless the probed thread's own code changes them again."""
-    return bytes(r if r != s else b for b, s, r in zip(before, suspended, resumed, strict=True))
-
-
-@dataclass(frozen=True, slots=True)
-class _Suspended:
-    """A transaction whose thread is not running: the exit counts and its red zone at suspension."""
-
-    tx: Transaction
-    exits: dict[str, int]
-    redzone: bytes | None
-
-
 class TransactionTracker:
     def __init__(self, machine: Machine, attachments: list[Attachment], on_finished: Finished) -> None:
         self.machine = machine
@@ -120,7 +91,7 @@ class TransactionTracker:
         self._count = 0
         self._by_site: dict[int, ProbeSite] = {}
         self._site_hooks: list[HookHandle] = []
-        self._suspended: dict[int, _Suspended] = {}  # tid -> its transaction, while another thread runs
+        self.threads = ThreadWatch(self)
         self.log = WriteLog()
         self._native_log = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self.raw.mem)[1]
         self.edges = self._native_edges()
@@ -136,7 +107,7 @@ class TransactionTracker:
         self._prepared_seq = 0
         self._prepared: Prepared | None = None  # for the site hook's transaction numbered _prepared_seq
         self.bind(attachments)
-        machine.kernel.sched.switch_observers.append(self.switch)
+        machine.kernel.sched.switch_observers.append(self.threads.switch)
         machine.uprobes.chain_observers.append(self._on_chain)
         machine.uprobes.step_observers.append(self._before_step)
         self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
@@ -329,7 +300,7 @@ class TransactionTracker:
         for hook in self._site_hooks:
             self.cpu.hooks.remove(hook)
         self._by_site, self._site_hooks, self.active = {}, [], None
-        self._suspended.clear()
+        self.threads.clear()
         for att in attachments:
             uprobe, addr = att.uprobe, att.address
             if addr not in self._by_site:
@@ -361,37 +332,24 @@ class TransactionTracker:
             self.cpu.hooks.raised(exc)
 
     # ------------------------------------------------------------------ threads
-    def switch(self, prev: Task, nxt: Task) -> None:
-        """Scheduler observer: suspend ``prev``'s transaction, resume ``nxt``'s (see the module doc)."""
+    # ------------------------------------------------------------------ threads
+    def put_aside(self) -> Transaction | None:
+        """A context switch: the running thread's transaction, if any, with its stores kept and no
+        longer the active one (what the edges' buffers hold of it goes stale)."""
         tx = self.active
         if tx is not None:
             self.keep_log(tx)
-            self._native_tx = None  # what the edges' buffers hold of it goes stale (and may be overwritten)
+            self._native_tx = None
         self.abandon()
-        if tx is not None and prev.alive:
-            self._suspended[prev.tid] = _Suspended(tx, dict(self._exits), self._redzone_if_touched(tx))
-        held = self._suspended.pop(nxt.tid, None)
-        if held is None:
-            return
-        if nxt.signals.pending & ~nxt.signals.mask:
-            return  # a handler runs first: the thread does not resume from this hit here
-        self._resume(held)
+        return tx
 
-    def _resume(self, held: _Suspended) -> None:
-        tx = held.tx
-        now = self._exits
-        tx.exits_before = {k: tx.exits_before.get(k, 0) + now[k] - held.exits.get(k, 0) for k in now}
-        if held.redzone is not None and tx.redzone_before is not None:
-            current = self._redzone(tx.redzone_base)
-            if current != held.redzone:  # another thread stored there: not this transaction's doing
-                tx.redzone_before = others_folded_in(tx.redzone_before, held.redzone, current)
+    def take_up(self, tx: Transaction) -> None:
+        """``tx``'s thread runs again: it is the active transaction, its red-zone window reopened."""
         self.active = tx
         self.log.start(tx.redzone_base, snapshot_wanted=tx.redzone_before is None)
 
-    def _redzone_if_touched(self, tx: Transaction) -> bytes | None:
-        """The red zone at suspension, if the transaction's own writes already reached it (else its
-        snapshot is taken at its first write, which already sees what other threads stored)."""
-        return None if tx.redzone_before is None else self._redzone(tx.redzone_base)
+    def exits_now(self) -> dict[str, int]:
+        return dict(self._exits)
 
     def finish(self, tx: Transaction, resume: int, raw: bytes, rsp: int | None = None,
                redzone: bytes | None = None) -> None:
@@ -411,7 +369,7 @@ class TransactionTracker:
             rsp = _QWORD.unpack_from(raw, RAW_RSP)[0]
         before = tx.redzone_before
         if redzone is None and before is not None:
-            redzone = self._redzone(tx.redzone_base) if tx.redzone_changed else before
+            redzone = self.redzone(tx.redzone_base) if tx.redzone_changed else before
         if (tx.nop and resume == tx.at.next and rsp == tx.start_rsp and tx.chain is None and not tx.outside
                 and tx.path is not None
                 and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and (before is None or redzone == before)):
@@ -420,7 +378,7 @@ class TransactionTracker:
             # were: the reference is the start state with rip moved, no check can find anything.
             return
         if redzone is None:  # nothing wrote into it, or nothing read it yet
-            redzone = self._redzone_at_start(tx) if before is None else self._redzone(tx.redzone_base)
+            redzone = self._redzone_at_start(tx) if before is None else self.redzone(tx.redzone_base)
         tx.redzone_before = redzone if before is None else before
         tx.end_raw, tx.end_addr, tx.end_rsp, tx.redzone_after = raw, resume, rsp, redzone
         tx.exits_after = dict(self._exits)
@@ -436,14 +394,14 @@ class TransactionTracker:
     def _redzone_at_start(self, tx: Transaction) -> bytes:
         """The red zone before anything wrote into it: the C site hook's copy, if it
         started ``tx`` and ``tx`` was never suspended, else read now (no write has reached it yet)."""
-        return self._site_copy(tx) or self._redzone(tx.redzone_base)
+        return self._site_copy(tx) or self.redzone(tx.redzone_base)
 
     def _site_copy(self, tx: Transaction) -> bytes | None:
         """The red zone as the C site hook copied it, if it started ``tx`` and ``tx``
         was never suspended (and the copy could be read)."""
         return self.edges.start_redzone() if tx is self._native_tx and self.edges is not None else None
 
-    def _redzone(self, base: int) -> bytes:
+    def redzone(self, base: int) -> bytes:
         return self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
 
     def _on_kernel_write(self, addr: int, data: bytes) -> None:
@@ -472,29 +430,12 @@ class TransactionTracker:
             tx.redzone_changed = True
 
     def _kernel_outside(self, addr: int, data: bytes, rsp: int) -> None:
-        """A kernel write during the transaction whose interrupted rsp is ``rsp`` that lands
-        outside the red zone and the scratch, and is not the kernel's own (its pages, a
-        uretprobe's return-address hijack: spec 5.1): recorded with the bytes it overwrites."""
-        if addr == rsp and len(data) == 8 and self.kernel_page(int.from_bytes(data, "little")):
-            return  # the return address replaced by the uretprobe trampoline's (first: on every uretprobe hit)
-        if classify(addr, len(data), rsp - RED_ZONE) != 2:
-            return
-        vma = self.mem.find(addr)
-        if vma is None or vma.name in KERNEL_SIDE or not vma.prot & Prot.WRITE:
-            return  # the kernel's own page (see kernel_page), or one it is mapping and filling (a trampoline's)
+        """A kernel write during the hit whose interrupted rsp is ``rsp``: recorded with the bytes it
+        overwrites if the memory check must see it (kernel_writes.outside_the_hits_share)."""
         tx = self.active
-        if tx is None:
-            return
-        old = self.raw.mem(addr, len(data)) or bytes(len(data))
-        tx.outside = True
-        tx.kernel_stores += ((addr, old, data),)
-
-    def kernel_page(self, addr: int) -> bool:
-        """``addr`` lies in a mapping the kernel made for uprobes (its XOL page, a trampoline) or
-        one user code cannot write (text the kernel patches a probe site in, as uprobes do by
-        forced writes: no user store can land there, so none is the design's mistake)."""
-        vma = self.mem.find(addr)
-        return vma is not None and (vma.name in KERNEL_SIDE or not vma.prot & Prot.WRITE)
+        if tx is not None and outside_the_hits_share(self.mem, addr, data, rsp):
+            tx.outside = True
+            tx.kernel_stores += ((addr, self.raw.mem(addr, len(data)) or bytes(len(data)), data),)
 
     def abandon(self) -> None:
         """No verdict on this hit: it ended (or the kernel is delivering a signal: it will not resume)."""
@@ -507,7 +448,7 @@ class TransactionTracker:
         now reads it). The stores stay in the log until keep_log()."""
         if self.log.count:
             if tx.redzone_before is None:  # the log copies it only where the site hook did not
-                tx.redzone_before = self._site_copy(tx) or self.log.snapshot() or self._redzone(tx.redzone_base)
+                tx.redzone_before = self._site_copy(tx) or self.log.snapshot() or self.redzone(tx.redzone_base)
             tx.redzone_changed = True
 
     def keep_log(self, tx: Transaction) -> None:
