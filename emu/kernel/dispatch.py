@@ -26,9 +26,9 @@ from emu.kernel.limits import default_memory_limit
 from emu.kernel.mm import Brk
 from emu.kernel.overlay import Overlay
 from emu.kernel.process import DEFAULT_RLIMITS
+from emu.kernel.rows import Row
 from emu.kernel.sched import Scheduler
 from emu.kernel.signal import SignalState
-from emu.kernel.table import Row, build_table
 from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
 from emu.memory import Memory, UserFault
@@ -83,11 +83,13 @@ ExecFn = Callable[[str, list[bytes], list[bytes]], None]
 class Kernel:
     """One process's view of the kernel: files, memory syscalls, identity, time, signals."""
 
-    def __init__(self, cpu: Cpu, mem: Memory, config: KernelConfig) -> None:
+    def __init__(self, cpu: Cpu, mem: Memory, config: KernelConfig, table: dict[int, Row] | None = None) -> None:
+        """``table``: number -> row (table.build_table(), which the machine passes); none: every
+        syscall is -ENOSYS. It comes from outside so that this module imports no handler."""
         self.cpu = cpu
         self.mem = mem
         self.config = config
-        self.table = build_table()
+        self.table: dict[int, Row] = {} if table is None else table
         self.files: SharedFdTable = SharedFdTable()
         cwd = config.cwd or (os.getcwd() if config.rootfs == "/" else "/")
         self.clock = VirtualClock(config.realtime_start_ns)
