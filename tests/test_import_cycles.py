@@ -23,9 +23,8 @@ KNOWN_KNOTS: tuple[frozenset[str], ...] = (
     frozenset({  # the kernel package: the Kernel's state types live beside the handlers that import it
         "emu.kernel.blocking", "emu.kernel.cpufs", "emu.kernel.dispatch", "emu.kernel.fork",
         "emu.kernel.fs.layer", "emu.kernel.fs.mapped", "emu.kernel.fs.namei", "emu.kernel.futex",
-        "emu.kernel.limits", "emu.kernel.locks", "emu.kernel.mm", "emu.kernel.perf", "emu.kernel.process",
-        "emu.kernel.procfs", "emu.kernel.procsig", "emu.kernel.sched", "emu.kernel.sigframe",
-        "emu.kernel.signal", "emu.kernel.tasks", "emu.kernel.threads", "emu.kernel.unix", "emu.kernel.vfs",
+        "emu.kernel.limits", "emu.kernel.perf", "emu.kernel.procfs", "emu.kernel.procsig",
+        "emu.kernel.sigframe", "emu.kernel.signal", "emu.kernel.threads", "emu.kernel.unix",
     }),
 )
 

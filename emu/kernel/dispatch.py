@@ -14,7 +14,6 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from emu.cpu import Cpu
 from emu.cpumodel import DEFAULT_CPUS, CpuModel
@@ -22,22 +21,14 @@ from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import Family, SharedFdTable
-from emu.kernel.limits import default_memory_limit
-from emu.kernel.mm import Brk
 from emu.kernel.overlay import Overlay
-from emu.kernel.process import DEFAULT_RLIMITS
 from emu.kernel.rows import Row
 from emu.kernel.sched import Scheduler
-from emu.kernel.signal import SignalState
+from emu.kernel.state import DEFAULT_RLIMITS, Brk, CloneArgs, PerfAttach, SignalState, Timer, default_memory_limit
 from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
 from emu.memory import Memory, UserFault
 from emu.vma import Vma
-
-if TYPE_CHECKING:
-    from emu.kernel.perf import PerfAttach
-    from emu.kernel.procsig import Timer
-    from emu.kernel.threads import CloneArgs
 
 SYSCALL_INSN_LEN = 2
 REALTIME_START_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z

@@ -31,15 +31,13 @@ from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import PollOthers, WouldBlock
 from emu.kernel.fs.fdtable import FdEntry, FdTable
 from emu.kernel.fs.mapped import fork_maps
-from emu.kernel.mm import Brk
-from emu.kernel.signal import SIG_IGN, SignalState
+from emu.kernel.state import SIG_IGN, Brk, CloneArgs, SignalState
 from emu.kernel.uprobes.records import UprobeTask
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
 from emu.vma import Vma
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.kernel.threads import CloneArgs
     from emu.kernel.unix import UnixSocket
 
 XOL_NAME = "[uprobes]"
@@ -371,14 +369,14 @@ def sys_waitid(k: Kernel, idtype: int, ident: int, infop: int, options: int, rus
 
 
 def sys_fork(k: Kernel, *_: int) -> int:
-    from emu.kernel.threads import CloneArgs, do_clone  # threads.py loads with the first clone (a plain run never forks)
+    from emu.kernel.threads import do_clone  # threads.py loads with the first clone (a plain run never forks)
 
     return do_clone(k, CloneArgs(0, 0, 0, Signal.SIGCHLD, 0, 0))
 
 
 def sys_vfork(k: Kernel, *_: int) -> int:
     # threads.py loads with the first clone (a plain run never forks)
-    from emu.kernel.threads import CLONE_VFORK, CLONE_VM, CloneArgs, do_clone
+    from emu.kernel.threads import CLONE_VFORK, CLONE_VM, do_clone
 
     return do_clone(k, CloneArgs(CLONE_VM | CLONE_VFORK, 0, 0, Signal.SIGCHLD, 0, 0))
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.abi import DEFAULT_IGNORED, SI_USER, Signal, signed32
@@ -19,7 +18,8 @@ from emu.kernel.blocking import wait
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
 from emu.kernel.sigframe import Action, SigInfo
-from emu.kernel.signal import NSIG, SIG_DFL, SIG_IGN, UNBLOCKABLE, deliver, send_to_self
+from emu.kernel.signal import NSIG, UNBLOCKABLE, deliver, send_to_self
+from emu.kernel.state import SIG_DFL, SIG_IGN, Timer
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -30,15 +30,6 @@ ITIMER_REAL = 0
 SIGEV_SIGNAL, SIGEV_NONE, SIGEV_THREAD_ID = 0, 1, 4
 SIGEVENT = struct.Struct("<iii")  # sigev_value (8) comes first: offsets 8, 12
 MAX_TIMERS = 1 << 15
-
-
-@dataclass
-class Timer:
-    signo: int
-    expiry: int | None = None  # virtual ns (clock.elapsed); None: disarmed
-    interval: int = 0
-    overrun: int = 0
-    realtime: bool = False  # CLOCK_REALTIME: TIMER_ABSTIME values are wall-clock times
 
 
 def _check(signo: int) -> None:

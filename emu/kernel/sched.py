@@ -18,6 +18,7 @@ from emu.cpu import Reg
 from emu.errors import UsageError
 from emu.kernel.clock import VirtualClock
 from emu.kernel.exits import GuestBlocked
+from emu.kernel.state import FutexWait
 from emu.kernel.tasks import Task, TaskState
 
 DEFAULT_QUANTUM = 20_000  # instructions
@@ -76,8 +77,6 @@ class Scheduler:
 
     # ------------------------------------------------------------- sleeping
     def block(self, task: Task, uaddr: int, bitset: int, deadline: int | None) -> None:
-        from emu.kernel.futex import FutexWait  # futex.py loads with the first futex call
-
         self._wait_seq += 1
         task.state = TaskState.BLOCKED
         task.wait = FutexWait(uaddr, bitset, deadline, self._wait_seq)
