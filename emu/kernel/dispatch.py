@@ -20,7 +20,8 @@ from emu.cpumodel import DEFAULT_CPUS, CpuModel
 from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.fork import Family, SharedFdTable
+from emu.kernel.family import FamilyOf
+from emu.kernel.fs.fdtable import SharedFdTable
 from emu.kernel.overlay import Overlay
 from emu.kernel.rows import Row
 from emu.kernel.sched import Scheduler
@@ -107,7 +108,7 @@ class Kernel:
         self.perf_attach: PerfAttach | None = None  # set by the machine: uprobes for perf_event_open
         self.fork: ForkFn | None = None  # set by the machine: clone without CLONE_VM (a new process)
         self.exec: ExecFn | None = None  # set by the machine: execve (path, argv, envp)
-        self.family: Family | None = None  # the run's processes (fork.py), set by the machine
+        self.family: FamilyOf[Kernel] | None = None  # the run's processes (family.py), set by the machine
         self.cpu_model = CpuModel(config.cpus)
         self.affinity = self.cpu_model.affinity_mask()  # sched_setaffinity's mask (one for the process)
         self.pgid = config.pid  # process group (procsig.py): a fork inherits it, setpgid changes it

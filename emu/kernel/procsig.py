@@ -296,15 +296,3 @@ def sys_timer_delete(k: Kernel, ident: int, *_: int) -> int:
     _posix_timer(k, ident)
     del k.timers[signed32(ident)]
     return 0
-
-
-def post(k: Kernel, signo: int, code: int) -> None:
-    """A signal from another process (or the kernel, for SIGCHLD): pending on a thread that does not
-    block it, waking that thread from a futex wait; acted on when the process next runs."""
-    bit = 1 << (signo - 1)
-    live = k.sched.live()
-    task = next((t for t in live if not t.signals.mask & bit), live[0] if live else k.task)
-    task.signals.pending |= bit
-    task.signals.pending_code[signo] = code
-    if task.wait is not None and not task.signals.mask & bit:
-        k.sched.wake(task, -errno.EINTR)

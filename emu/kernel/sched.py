@@ -60,6 +60,17 @@ class Scheduler:
     def live(self) -> list[Task]:
         return [t for t in self.tasks.values() if t.alive]
 
+    def post_signal(self, signo: int, code: int) -> None:
+        """A signal from another process (or the kernel, for SIGCHLD): pending on a thread that does not
+        block it, waking that thread from a futex wait; acted on when the process next runs."""
+        bit = 1 << (signo - 1)
+        live = self.live()
+        task = next((t for t in live if not t.signals.mask & bit), live[0] if live else self.current)
+        task.signals.pending |= bit
+        task.signals.pending_code[signo] = code
+        if task.wait is not None and not task.signals.mask & bit:
+            self.wake(task, -errno.EINTR)
+
     @property
     def threaded(self) -> bool:
         return sum(1 for t in self.tasks.values() if t.alive) > 1
