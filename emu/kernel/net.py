@@ -1,7 +1,7 @@
 """Sockets inside the guest only: AF_UNIX stream, datagram and seqpacket sockets between the run's
 threads and processes (socketpair, bind/listen/accept/connect on filesystem or abstract names, send
 and receive with SCM_RIGHTS, shutdown, names and peer credentials). Names live in the run's own
-namespace (fork.Family.unix_names): nothing is created on the host, and a filesystem name goes away
+namespace (family.FamilyOf.unix_names): nothing is created on the host, and a filesystem name goes away
 with its socket. AF_INET, AF_INET6 and every other family are refused as a sandbox without network
 refuses them (EACCES). The socket object and its queues: unix.py.
 """

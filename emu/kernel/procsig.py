@@ -1,7 +1,7 @@
 """Signals between the run's processes, process groups, waiting for a signal, and timers that send one.
 
 kill(2) reaches any process of the run (by pid, process group, or -1 for all but the caller); the
-target acts on it when it next runs, and one that sleeps is woken for it (fork.Family). A child's
+target acts on it when it next runs, and one that sleeps is woken for it (family.py). A child's
 end sends SIGCHLD to its parent. rt_sigsuspend and pause sleep until a signal is handled. alarm,
 setitimer(ITIMER_REAL) and POSIX timers (timer_create with SIGEV_SIGNAL) run on the virtual clock:
 when every process sleeps, time moves on to the first expiry and the timer's signal is sent.

@@ -1,6 +1,7 @@
 """A syscall table's row and its handler: what dispatch.py reads to run a syscall and strace to print
-it. The rows themselves are in table.py, which the machine hands to the Kernel it builds: this module
-imports no handler, so dispatch.py and the handler modules it serves import each other not at all."""
+it. The rows themselves are in table.py, which imports every handler module; the machine builds the
+table and hands it to the Kernel, so dispatch.py (which the handlers import for their Kernel type)
+imports none of them."""
 
 from __future__ import annotations
 
