@@ -20,6 +20,7 @@ from emu.icount import InsnCounter, make_counter
 from emu.kernel.dispatch import Kernel
 from emu.kernel.fork import Family, fork_kernel_state, inherited
 from emu.kernel.fs.namei import lookup
+from emu.kernel.table import build_table
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.syscalls import uprobe_rows
@@ -62,7 +63,7 @@ class Machine:
         self.execs = 0  # how many execve the process made (each draws a new layout with --aslr)
         self.layout = layout.for_seed(self.options.aslr)
         self.mem = Memory(self.cpu, self.layout.mmap_base)
-        self.kernel = Kernel(self.cpu, self.mem, self.options.kernel)
+        self.kernel = Kernel(self.cpu, self.mem, self.options.kernel, build_table())
         self.kernel.tracer = self.options.strace
         self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         envp = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else list(env)
@@ -132,7 +133,7 @@ class Machine:
         self.mem = Memory(self.cpu)
         parent.mem.copy_to(self.mem, inherited(parent.design))
         config = dataclasses.replace(parent.kernel.config, pid=pid, ppid=parent.kernel.ident.pid)
-        self.kernel = Kernel(self.cpu, self.mem, config)
+        self.kernel = Kernel(self.cpu, self.mem, config, build_table())
         self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         fork_kernel_state(parent.kernel, self.kernel, args)
         adopt_vdso(self.mem, self.kernel.clock)

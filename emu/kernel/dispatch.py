@@ -14,30 +14,22 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from emu.cpu import Cpu
 from emu.cpumodel import DEFAULT_CPUS, CpuModel
 from emu.errors import MapFailed
 from emu.kernel.clock import VirtualClock
 from emu.kernel.errno_ import SyscallError
-from emu.kernel.fork import Family, SharedFdTable
-from emu.kernel.limits import default_memory_limit
-from emu.kernel.mm import Brk
+from emu.kernel.family import FamilyOf
+from emu.kernel.fs.fdtable import SharedFdTable
 from emu.kernel.overlay import Overlay
-from emu.kernel.process import DEFAULT_RLIMITS
+from emu.kernel.rows import Row
 from emu.kernel.sched import Scheduler
-from emu.kernel.signal import SignalState
-from emu.kernel.table import Row, build_table
+from emu.kernel.state import DEFAULT_RLIMITS, Brk, CloneArgs, PerfAttach, SignalState, Timer, default_memory_limit
 from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
 from emu.memory import Memory, UserFault
 from emu.vma import Vma
-
-if TYPE_CHECKING:
-    from emu.kernel.perf import PerfAttach
-    from emu.kernel.procsig import Timer
-    from emu.kernel.threads import CloneArgs
 
 SYSCALL_INSN_LEN = 2
 REALTIME_START_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
@@ -83,11 +75,13 @@ ExecFn = Callable[[str, list[bytes], list[bytes]], None]
 class Kernel:
     """One process's view of the kernel: files, memory syscalls, identity, time, signals."""
 
-    def __init__(self, cpu: Cpu, mem: Memory, config: KernelConfig) -> None:
+    def __init__(self, cpu: Cpu, mem: Memory, config: KernelConfig, table: dict[int, Row] | None = None) -> None:
+        """``table``: number -> row (table.build_table(), which the machine passes); none: every
+        syscall is -ENOSYS. It comes from outside so that this module imports no handler."""
         self.cpu = cpu
         self.mem = mem
         self.config = config
-        self.table = build_table()
+        self.table: dict[int, Row] = {} if table is None else table
         self.files: SharedFdTable = SharedFdTable()
         cwd = config.cwd or (os.getcwd() if config.rootfs == "/" else "/")
         self.clock = VirtualClock(config.realtime_start_ns)
@@ -114,7 +108,7 @@ class Kernel:
         self.perf_attach: PerfAttach | None = None  # set by the machine: uprobes for perf_event_open
         self.fork: ForkFn | None = None  # set by the machine: clone without CLONE_VM (a new process)
         self.exec: ExecFn | None = None  # set by the machine: execve (path, argv, envp)
-        self.family: Family | None = None  # the run's processes (fork.py), set by the machine
+        self.family: FamilyOf[Kernel] | None = None  # the run's processes (family.py), set by the machine
         self.cpu_model = CpuModel(config.cpus)
         self.affinity = self.cpu_model.affinity_mask()  # sched_setaffinity's mask (one for the process)
         self.pgid = config.pid  # process group (procsig.py): a fork inherits it, setpgid changes it

@@ -347,7 +347,7 @@ class SignalFd(OpenFile):
 
     @property
     def wait_key(self) -> object:
-        return self.kernel  # procsig.post wakes the process it signals
+        return self.kernel  # FamilyOf.signal wakes the process it signals
 
     def k_read(self, k: Kernel, entry: FdEntry, size: int) -> bytes:
         if size < SIGNALFD_SIGINFO_SIZE:

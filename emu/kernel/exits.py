@@ -39,7 +39,7 @@ class WouldBlock(GuestBlocked):
     process writes): the machine restarts it once another process has run (-ERESTARTSYS style).
 
     ``on``: the kernel objects (a pipe, a socket) whose change may end the wait, so a process that
-    changes one of them lets the waiter run soon (fork.Family.notify); ``until``: the virtual time at
+    changes one of them lets the waiter run soon (family.FamilyOf.notify); ``until``: the virtual time at
     which the wait ends anyway (a poll's timeout, a timer), when nothing else can make progress."""
 
     def __init__(self, detail: str, on: tuple[object, ...] = (), until: int | None = None) -> None:

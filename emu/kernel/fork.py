@@ -1,5 +1,5 @@
-"""Processes: fork/vfork (a copied address space and kernel state), wait4, execve's kernel side, and
-the family of processes one harness run holds.
+"""Processes: fork/vfork (a copied address space and kernel state), wait4, execve's kernel side; the
+family of processes one harness run holds is in family.py.
 
 Model: every process is its own Machine (its own Unicorn CPU and memory); a forked child is a
 copy of the parent taken at the ``syscall``. The process the run started with drives the others: when
@@ -22,217 +22,32 @@ import dataclasses
 import errno
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from emu.abi import Signal
 from emu.designs import Design
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import PollOthers, WouldBlock
-from emu.kernel.fs.fdtable import FdEntry, FdTable
+from emu.kernel.family import CLD_EXITED, CLD_KILLED, FamilyOf, ProcessEntry
+from emu.kernel.fs.fdtable import SharedFdTable as SharedFdTable  # named here as before
 from emu.kernel.fs.mapped import fork_maps
-from emu.kernel.mm import Brk
-from emu.kernel.signal import SIG_IGN, SignalState
+from emu.kernel.state import SIG_IGN, Brk, CloneArgs, SignalState
 from emu.kernel.uprobes.records import UprobeTask
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
 from emu.vma import Vma
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.kernel.threads import CloneArgs
-    from emu.kernel.unix import UnixSocket
+
+Family = FamilyOf["Kernel"]  # every process of the run (family.py), each with its Kernel
 
 XOL_NAME = "[uprobes]"
-FIRST_CHILD_PID = 5000
-PID_STRIDE = 1000  # a process's threads take the tids after its pid
 WNOHANG = 1
 WAIT_OPTIONS = WNOHANG | 2 | 8 | 0x40000000 | 0x80000000 | 0x20000000  # WUNTRACED WCONTINUED __WNOTHREAD __WALL __WCLONE
 RUSAGE_SIZE = 144
 P_ALL, P_PID, P_PGID = 0, 1, 2
 WEXITED, WNOWAIT = 4, 0x01000000
 WAITID_OPTIONS = WNOHANG | 2 | 8 | WEXITED | WNOWAIT | 0x40000000 | 0x80000000 | 0x20000000
-CLD_EXITED, CLD_KILLED = 1, 2
-
-
-class Process(Protocol):
-    kernel: Kernel
-
-    def resume(self) -> bool: ...  # run until it ends or blocks; True if it made progress
-    def signal_arrived(self) -> None: ...  # act on pending signals before running on
-
-
-@dataclass(eq=False)
-class ProcessEntry:
-    pid: int
-    ppid: int
-    process: Process
-    status: int | None = None  # the wait status once it has ended (a zombie until reaped)
-    reaped: bool = False
-    running: bool = False  # on the host call stack (it ran another process while blocked)
-    waits: tuple[object, ...] | None = None  # blocked on these objects (() : on any change); None: runnable
-    until: int | None = None  # its wait ends by itself at this virtual time (a timeout, a sleep, a timer)
-
-
-class Family:
-    """Every process of one run, by pid."""
-
-    def __init__(self) -> None:
-        self.procs: dict[int, ProcessEntry] = {}
-        self._next_pid = FIRST_CHILD_PID
-        self.preempt = False  # the running process woke another one: its slice ends early
-        self.ends = 0  # processes ended so far (a poll for a child's end restarts when it changes)
-        self.unix_names: dict[bytes, UnixSocket] = {}  # bound AF_UNIX addresses of the run (net.py)
-        self._wake: int | None = None  # the earliest virtual time a suspended process's wait ends
-
-    def add(self, pid: int, ppid: int, process: Process, running: bool = False) -> None:
-        self.procs[pid] = ProcessEntry(pid, ppid, process, running=running)
-
-    def new_pid(self) -> int:
-        pid = self._next_pid
-        self._next_pid += PID_STRIDE
-        return pid
-
-    def ended(self, pid: int, status: int) -> None:
-        """A process ended: a zombie until reaped; its parent gets SIGCHLD and every waiter a look."""
-        entry = self.procs[pid]
-        entry.status, entry.waits, entry.until = status, None, None
-        self.ends += 1
-        parent = self.procs.get(entry.ppid)
-        if parent is not None and parent.status is None:
-            from emu.kernel.procsig import post  # procsig.py loads only when a child's end signals anyone
-
-            post(parent.process.kernel, Signal.SIGCHLD, CLD_KILLED if status & 0x7F else CLD_EXITED)
-            parent.process.signal_arrived()
-        self.notify(pid, None)
-
-    def signal(self, pid: int, signo: int, sender: int) -> None:
-        """kill() from ``sender``: pending in ``pid``, which is woken to act on it (a zombie ignores it)."""
-        from emu.kernel.procsig import post  # procsig.py loads with the first kill between processes
-
-        entry = self.procs[pid]
-        if entry.status is not None:
-            return
-        post(entry.process.kernel, signo, 0)
-        entry.process.signal_arrived()
-        if not entry.running:
-            entry.waits = None
-        self.preempt = True
-
-    def has_others(self, pid: int) -> bool:
-        return any(e.status is None and e.pid != pid for e in self.procs.values())
-
-    def runnable_others(self, pid: int) -> bool:
-        """Is another process ready to run now (not ended, not blocked, not on the call stack)? Then
-        this one runs in time slices."""
-        return any(e.status is None and e.pid != pid and (not e.running and e.waits is None or e.until is not None)
-                   for e in self.procs.values())  # a timed waiter needs time to pass: slices advance it
-
-    def due(self, now: int) -> bool:
-        """Wake the waiters whose time has come; True if there was one."""
-        woke = False
-        for entry in self.procs.values():
-            if entry.status is None and entry.until is not None and entry.until <= now:
-                woke = True
-                entry.until = None
-                if not entry.running:
-                    entry.waits = None
-        return woke
-
-    def notify(self, pid: int, changed: object | None) -> bool:
-        """Process ``pid`` changed ``changed`` (None: something every waiter may care about, e.g. a
-        process ended); wake whoever waits on it. True if one did: the caller's slice should end
-        soon (``preempt``) so it gets there, even when it waits further down the call stack."""
-        woke = False
-        for entry in self.procs.values():
-            if entry.pid == pid or entry.status is not None or entry.waits is None:
-                continue
-            if changed is None or not entry.waits or changed in entry.waits:
-                woke = True
-                if not entry.running:
-                    entry.waits = None
-        self.preempt |= woke
-        return woke
-
-    def note_wake(self, until: int | None) -> None:
-        if until is not None:
-            self._wake = until if self._wake is None else min(self._wake, until)
-
-    def take_wake(self, until: int | None) -> int | None:
-        """The earliest of ``until`` and the suspended processes' timeouts (which are then forgotten)."""
-        self.note_wake(until)
-        wake, self._wake = self._wake, None
-        return wake
-
-    def set_waiting(self, pid: int, wait: WouldBlock | None, until: int | None = None) -> None:
-        entry = self.procs[pid]
-        entry.waits, entry.until = (None, None) if wait is None else (wait.on, until)
-
-    def run_others(self, pid: int) -> bool:
-        """Run every other live process not already running, until each ends, blocks or is preempted;
-        True if any made progress. Those blocked on something nobody changed since are tried only
-        when the runnable ones made none (a change notify() missed still gets seen)."""
-        progress = self._run_each(pid, blocked=False)
-        return progress or self._run_each(pid, blocked=True)
-
-    def _run_each(self, pid: int, blocked: bool) -> bool:
-        progress = False
-        for entry in list(self.procs.values()):
-            if entry.pid == pid or entry.status is not None or entry.running or (entry.waits is not None) != blocked:
-                continue
-            entry.running = True
-            try:
-                progress |= entry.process.resume()
-            finally:
-                entry.running = False
-        return progress
-
-    def run(self, pid: int) -> None:
-        """Run one process now (a vfork child, before its parent continues)."""
-        entry = self.procs[pid]
-        entry.running = True
-        try:
-            entry.process.resume()
-        finally:
-            entry.running = False
-
-    def children(self, ppid: int, pid: int) -> list[ProcessEntry]:
-        """Unreaped children of ``ppid`` matching wait4's pid argument (>0: that one; else: any)."""
-        return [e for e in self.procs.values()
-                if e.ppid == ppid and not e.reaped and (pid <= 0 or e.pid == pid)]
-
-
-# ---------------------------------------------------------------------------- file tables
-class SharedFdTable(FdTable):
-    """An fd table whose open files may also be held by other processes' tables (after fork)."""
-
-    def __init__(self, holders: dict[int, int] | None = None) -> None:
-        super().__init__()
-        self.holders = holders if holders is not None else {}  # id(file) -> tables holding it, if > 1
-
-    def close(self, fd: int) -> None:
-        entry = self.entries.pop(fd, None)
-        if entry is None:
-            raise SyscallError(errno.EBADF)
-        file = entry.file
-        if any(e.file is file for e in self.entries.values()):
-            return
-        others = self.holders.get(id(file), 1) - 1
-        if others > 0:
-            self.holders[id(file)] = others
-            return
-        self.holders.pop(id(file), None)
-        file.close()
-
-    def fork(self) -> SharedFdTable:
-        child = SharedFdTable(self.holders)
-        child.entries = {fd: FdEntry(e.file, e.flags, e.cloexec) for fd, e in self.entries.items()}
-        for file in {id(e.file): e.file for e in self.entries.values()}:
-            self.holders[file] = self.holders.get(file, 1) + 1
-        return child
-
-    def close_on_exec(self) -> None:
-        for fd in [fd for fd, e in self.entries.items() if e.cloexec]:
-            self.close(fd)
 
 
 # ---------------------------------------------------------------------------- fork
@@ -316,7 +131,7 @@ def wait_status(exited: bool, code: int, signal: Signal | None) -> int:
 
 
 # ---------------------------------------------------------------------------- syscalls
-def _reapable(k: Kernel, pid: int, options: int, what: str) -> ProcessEntry | None:
+def _reapable(k: Kernel, pid: int, options: int, what: str) -> ProcessEntry[Kernel] | None:
     """The first ended child matching ``pid``; None with WNOHANG when none has ended yet; otherwise
     the caller waits (WouldBlock) until another process has run."""
     family = k.family
@@ -371,14 +186,14 @@ def sys_waitid(k: Kernel, idtype: int, ident: int, infop: int, options: int, rus
 
 
 def sys_fork(k: Kernel, *_: int) -> int:
-    from emu.kernel.threads import CloneArgs, do_clone  # threads.py loads with the first clone (a plain run never forks)
+    from emu.kernel.threads import do_clone  # threads.py loads with the first clone (a plain run never forks)
 
     return do_clone(k, CloneArgs(0, 0, 0, Signal.SIGCHLD, 0, 0))
 
 
 def sys_vfork(k: Kernel, *_: int) -> int:
     # threads.py loads with the first clone (a plain run never forks)
-    from emu.kernel.threads import CLONE_VFORK, CLONE_VM, CloneArgs, do_clone
+    from emu.kernel.threads import CLONE_VFORK, CLONE_VM, do_clone
 
     return do_clone(k, CloneArgs(CLONE_VM | CLONE_VFORK, 0, 0, Signal.SIGCHLD, 0, 0))
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
@@ -31,20 +30,6 @@ FUTEX_PRIVATE_FLAG, FUTEX_CLOCK_REALTIME = 128, 256
 FUTEX_CMD_MASK = 0x7F
 FUTEX_BITSET_MATCH_ANY = 0xFFFFFFFF
 INT_MAX = 0x7FFFFFFF
-
-
-@dataclass(frozen=True, slots=True)
-class FutexWait:
-    """Why a task sleeps: a futex word, the FUTEX_WAIT_BITSET mask, and when it gives up."""
-
-    uaddr: int
-    bitset: int
-    deadline: int | None  # in the virtual clock's elapsed nanoseconds; None: no timeout
-    seq: int  # wake order: first come, first woken
-
-    def describe(self) -> str:
-        timeout = "" if self.deadline is None else " with a timeout"
-        return f"futex {self.uaddr:#x}{timeout}"
 
 
 def sys_futex(k: Kernel, uaddr: int, op: int, val: int, timeout: int, uaddr2: int, val3: int) -> int:

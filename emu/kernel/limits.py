@@ -15,26 +15,16 @@ from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
 
+# the run's default cap (state.py, beside the other defaults a Kernel starts from), named here as before
+from emu.kernel.state import FALLBACK_LIMIT as FALLBACK_LIMIT
+from emu.kernel.state import default_memory_limit as default_memory_limit
+
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
     from emu.memory import Memory
 
 RLIMIT_NPROC = 6
 PROCESS_COST = 8 << 20  # a process's host CPU, translation cache and kernel state, charged as memory
-DEFAULT_FRACTION = 8  # the default memory limit: this fraction of the host's RAM
-FALLBACK_LIMIT = 2 << 30
-
-
-def default_memory_limit(meminfo: str = "/proc/meminfo") -> int:
-    """An eighth of the host's RAM (2 GiB where /proc/meminfo cannot say)."""
-    try:
-        with open(meminfo, encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024 // DEFAULT_FRACTION
-    except (OSError, ValueError, IndexError):
-        pass
-    return FALLBACK_LIMIT
 
 
 def _live_kernels(k: Kernel) -> Iterator[Kernel]:

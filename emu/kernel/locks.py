@@ -11,11 +11,11 @@ from __future__ import annotations
 import errno
 import os
 import struct
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import WouldBlock
+from emu.kernel.state import FileKey, RangeLock
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -28,45 +28,6 @@ F_RDLCK, F_WRLCK, F_UNLCK = 0, 1, 2
 LOCK_SH, LOCK_EX, LOCK_NB, LOCK_UN = 1, 2, 4, 8
 OFFSET_MAX = (1 << 63) - 1
 FLOCK = struct.Struct("<hh4xqqi4x")  # struct flock on x86-64
-
-FileKey = tuple[int, int]  # (st_dev, st_ino)
-
-
-@dataclass(frozen=True, slots=True)
-class RangeLock:
-    owner: int  # a pid (POSIX) or the id of an open description (OFD)
-    write: bool
-    start: int
-    end: int  # exclusive
-    pid: int  # what F_GETLK reports (-1 for OFD locks)
-
-
-@dataclass
-class LockTable:
-    ranges: dict[FileKey, list[RangeLock]] = field(default_factory=dict)
-    flocks: dict[FileKey, dict[int, bool]] = field(default_factory=dict)  # description id -> exclusive
-
-    def conflict(self, key: FileKey, owner: int, write: bool, start: int, end: int) -> RangeLock | None:
-        for lock in self.ranges.get(key, ()):
-            if lock.owner != owner and lock.start < end and start < lock.end and (write or lock.write):
-                return lock
-        return None
-
-    def set(self, key: FileKey, new: RangeLock, unlock: bool) -> None:
-        """The owner's locks over [start, end) are replaced (split where they stick out)."""
-        kept: list[RangeLock] = []
-        for lock in self.ranges.get(key, ()):
-            if lock.owner != new.owner or lock.end <= new.start or new.end <= lock.start:
-                kept.append(lock)
-                continue
-            if lock.start < new.start:
-                kept.append(RangeLock(lock.owner, lock.write, lock.start, new.start, lock.pid))
-            if new.end < lock.end:
-                kept.append(RangeLock(lock.owner, lock.write, new.end, lock.end, lock.pid))
-        if not unlock:
-            kept.append(new)
-        self.ranges[key] = kept
-
 
 def _key(file: OpenFile) -> FileKey:
     info = file.stat()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu import abi
@@ -29,14 +28,6 @@ PROT_MASK = 0x7
 MADV_DONTNEED = 4
 MADV_FREE = 8
 MAP_TYPE = 0x0F
-
-
-@dataclass
-class Brk:
-    """The program break: where the heap starts (after the loaded image) and where it ends now."""
-
-    start: int
-    current: int
 
 
 def _prot(prot: int) -> Prot:

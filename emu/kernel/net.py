@@ -1,7 +1,7 @@
 """Sockets inside the guest only: AF_UNIX stream, datagram and seqpacket sockets between the run's
 threads and processes (socketpair, bind/listen/accept/connect on filesystem or abstract names, send
 and receive with SCM_RIGHTS, shutdown, names and peer credentials). Names live in the run's own
-namespace (fork.Family.unix_names): nothing is created on the host, and a filesystem name goes away
+namespace (family.FamilyOf.unix_names): nothing is created on the host, and a filesystem name goes away
 with its socket. AF_INET, AF_INET6 and every other family are refused as a sandbox without network
 refuses them (EACCES). The socket object and its queues: unix.py.
 """
@@ -57,10 +57,16 @@ CMSGHDR = struct.Struct("<Qii")
 
 
 # ---------------------------------------------------------------------------- creating
-def _names(k: Kernel) -> dict[bytes, UnixSocket]:
+def _names(k: Kernel) -> dict[bytes, OpenFile]:
     if k.family is None:
         raise SyscallError(errno.EACCES)
     return k.family.unix_names
+
+
+def _bound(k: Kernel, path: bytes) -> UnixSocket | None:
+    """The socket bound to ``path`` (only sys_bind adds to the run's names: each is a UnixSocket)."""
+    target = _names(k).get(_key(k, path))
+    return target if isinstance(target, UnixSocket) else None
 
 
 def _new(k: Kernel, family: int, kind: int) -> tuple[UnixSocket, int]:
@@ -179,7 +185,7 @@ def sys_listen(k: Kernel, fd: int, backlog: int, *_: int) -> int:
 def sys_connect(k: Kernel, fd: int, addr: int, length: int, *_: int) -> int:
     entry, sock = _socket(k, fd)
     path = _read_addr(k, addr, length)
-    target = _names(k).get(_key(k, path))
+    target = _bound(k, path)
     if target is None:
         raise SyscallError(errno.ECONNREFUSED if path[:1] == b"\0" else errno.ENOENT)
     if sock.kind != target.kind:
@@ -281,7 +287,7 @@ def sys_setsockopt(k: Kernel, fd: int, level: int, name: int, value: int, length
 def _destination(k: Kernel, sock: UnixSocket, addr: int, length: int) -> UnixSocket | None:
     if not addr or sock.kind == SOCK_STREAM:
         return None
-    target = _names(k).get(_key(k, _read_addr(k, addr, length)))
+    target = _bound(k, _read_addr(k, addr, length))
     if target is None:
         raise SyscallError(errno.ECONNREFUSED)
     return target

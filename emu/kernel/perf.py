@@ -18,13 +18,14 @@ from __future__ import annotations
 import errno
 import stat
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import OpenFile, StatInfo, synthetic_stat
 from emu.kernel.fs.fdtable import FdEntry
+from emu.kernel.state import PerfAttach
 from emu.kernel.sysfs import UPROBE_PMU_TYPE
 from emu.kernel.uprobes.consumers import Consumer, Hit
 
@@ -44,8 +45,7 @@ DATA_HEAD, DATA_TAIL, DATA_OFFSET, DATA_SIZE = 1024, 1032, 1040, 1048
 PERF_REGS = ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "ip", "flags", "cs", "ss", None, None, None, None,
              "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
 
-# (guest path, file offset, return probe, ref_ctr offset, consumer) -> detach
-PerfAttach = Callable[[str, int, bool, int, Consumer], Callable[[], None]]
+
 
 
 @dataclass(frozen=True, slots=True)

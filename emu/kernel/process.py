@@ -20,32 +20,11 @@ if TYPE_CHECKING:
 ARCH_SET_GS, ARCH_SET_FS, ARCH_GET_FS, ARCH_GET_GS = 0x1001, 0x1002, 0x1003, 0x1004
 CLOCK_IDS = range(0, 12)
 RSEQ_SIG_MIN_LEN = 32
-RLIM_INFINITY = (1 << 64) - 1
 CPUMASK_SIZE = MAX_CPUS // 8  # bytes of a cpumask with NR_CPUS bits (Linux 6.18 here answers 32)
 RLIMIT_STACK_RESOURCE = 3
 SYSINFO_FORMAT = "<q3Q6QHH4xQQI"  # uptime loads[3] totalram..freeswap procs pad (pad) totalhigh freehigh mem_unit
 SYSINFO_SIZE = 112
 SYSINFO_TOTALRAM = 4 << 30
-
-DEFAULT_RLIMITS = {
-    0: (RLIM_INFINITY, RLIM_INFINITY),  # CPU
-    1: (RLIM_INFINITY, RLIM_INFINITY),  # FSIZE
-    2: (RLIM_INFINITY, RLIM_INFINITY),  # DATA
-    3: (8 << 20, RLIM_INFINITY),  # STACK
-    4: (0, RLIM_INFINITY),  # CORE
-    5: (RLIM_INFINITY, RLIM_INFINITY),  # RSS
-    6: (63432, 63432),  # NPROC
-    7: (1024, 1048576),  # NOFILE
-    8: (8 << 20, 8 << 20),  # MEMLOCK
-    9: (RLIM_INFINITY, RLIM_INFINITY),  # AS
-    10: (RLIM_INFINITY, RLIM_INFINITY),  # LOCKS
-    11: (63432, 63432),  # SIGPENDING
-    12: (819200, 819200),  # MSGQUEUE
-    13: (0, 0),  # NICE
-    14: (0, 0),  # RTPRIO
-    15: (RLIM_INFINITY, RLIM_INFINITY),  # RTTIME
-}
-
 
 def sys_exit_group(k: Kernel, status: int, *_: int) -> int:
     raise GuestExit(status)

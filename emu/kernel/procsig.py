@@ -1,7 +1,7 @@
 """Signals between the run's processes, process groups, waiting for a signal, and timers that send one.
 
 kill(2) reaches any process of the run (by pid, process group, or -1 for all but the caller); the
-target acts on it when it next runs, and one that sleeps is woken for it (fork.Family). A child's
+target acts on it when it next runs, and one that sleeps is woken for it (family.py). A child's
 end sends SIGCHLD to its parent. rt_sigsuspend and pause sleep until a signal is handled. alarm,
 setitimer(ITIMER_REAL) and POSIX timers (timer_create with SIGEV_SIGNAL) run on the virtual clock:
 when every process sleeps, time moves on to the first expiry and the timer's signal is sent.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.abi import DEFAULT_IGNORED, SI_USER, Signal, signed32
@@ -19,7 +18,8 @@ from emu.kernel.blocking import wait
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
 from emu.kernel.sigframe import Action, SigInfo
-from emu.kernel.signal import NSIG, SIG_DFL, SIG_IGN, UNBLOCKABLE, deliver, send_to_self
+from emu.kernel.signal import NSIG, UNBLOCKABLE, deliver, send_to_self
+from emu.kernel.state import SIG_DFL, SIG_IGN, Timer
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -30,15 +30,6 @@ ITIMER_REAL = 0
 SIGEV_SIGNAL, SIGEV_NONE, SIGEV_THREAD_ID = 0, 1, 4
 SIGEVENT = struct.Struct("<iii")  # sigev_value (8) comes first: offsets 8, 12
 MAX_TIMERS = 1 << 15
-
-
-@dataclass
-class Timer:
-    signo: int
-    expiry: int | None = None  # virtual ns (clock.elapsed); None: disarmed
-    interval: int = 0
-    overrun: int = 0
-    realtime: bool = False  # CLOCK_REALTIME: TIMER_ABSTIME values are wall-clock times
 
 
 def _check(signo: int) -> None:
@@ -305,15 +296,3 @@ def sys_timer_delete(k: Kernel, ident: int, *_: int) -> int:
     _posix_timer(k, ident)
     del k.timers[signed32(ident)]
     return 0
-
-
-def post(k: Kernel, signo: int, code: int) -> None:
-    """A signal from another process (or the kernel, for SIGCHLD): pending on a thread that does not
-    block it, waking that thread from a futex wait; acted on when the process next runs."""
-    bit = 1 << (signo - 1)
-    live = k.sched.live()
-    task = next((t for t in live if not t.signals.mask & bit), live[0] if live else k.task)
-    task.signals.pending |= bit
-    task.signals.pending_code[signo] = code
-    if task.wait is not None and not task.signals.mask & bit:
-        k.sched.wake(task, -errno.EINTR)

@@ -18,6 +18,7 @@ from emu.cpu import Reg
 from emu.errors import UsageError
 from emu.kernel.clock import VirtualClock
 from emu.kernel.exits import GuestBlocked
+from emu.kernel.state import FutexWait
 from emu.kernel.tasks import Task, TaskState
 
 DEFAULT_QUANTUM = 20_000  # instructions
@@ -59,6 +60,17 @@ class Scheduler:
     def live(self) -> list[Task]:
         return [t for t in self.tasks.values() if t.alive]
 
+    def post_signal(self, signo: int, code: int) -> None:
+        """A signal from another process (or the kernel, for SIGCHLD): pending on a thread that does not
+        block it, waking that thread from a futex wait; acted on when the process next runs."""
+        bit = 1 << (signo - 1)
+        live = self.live()
+        task = next((t for t in live if not t.signals.mask & bit), live[0] if live else self.current)
+        task.signals.pending |= bit
+        task.signals.pending_code[signo] = code
+        if task.wait is not None and not task.signals.mask & bit:
+            self.wake(task, -errno.EINTR)
+
     @property
     def threaded(self) -> bool:
         return sum(1 for t in self.tasks.values() if t.alive) > 1
@@ -76,8 +88,6 @@ class Scheduler:
 
     # ------------------------------------------------------------- sleeping
     def block(self, task: Task, uaddr: int, bitset: int, deadline: int | None) -> None:
-        from emu.kernel.futex import FutexWait  # futex.py loads with the first futex call
-
         self._wait_seq += 1
         task.state = TaskState.BLOCKED
         task.wait = FutexWait(uaddr, bitset, deadline, self._wait_seq)

@@ -3,7 +3,8 @@
 Argument kinds for tracing: d (int), u (unsigned), x (hex), fd, dirfd, path,
 wbuf (bytes written: address then length in the next argument), rbuf (bytes read
 back, length = the return value), oflags, prot, mflags, ptr, sig, how.
-A number absent from the table is -ENOSYS and is recorded (dispatch.py).
+A number absent from the table is -ENOSYS and is recorded (dispatch.py). The machine builds the
+table (build_table) and hands it to the Kernel, which imports no handler (rows.py).
 
 Rows are in number order, as arch/x86/entry/syscalls/syscall_64.tbl; each handler lives in the
 module of its family (the file-system families: emu/kernel/fs/__init__.py lists them).
@@ -14,52 +15,13 @@ short (benchmarks/overhead.py measures it against a bare Unicorn loader).
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
 from emu.kernel import fork, mm, pipe, process, signal
 from emu.kernel.fs import dirs, fds, ioctl, mapped, open_, read_write, stat_, statfs, xattr
+from emu.kernel.rows import LazyHandler as LazyHandler
+from emu.kernel.rows import Row as Row
+from emu.kernel.rows import lazy
 
-Handler = Callable[..., "int | None"]
 W = "in-memory layer; --read-only: EROFS"  # the note of every call that changes the file system
-
-
-class LazyHandler:
-    """``emu.kernel.<module>.<name>``, imported on the first call and called directly from then on."""
-
-    __slots__ = ("module", "name", "_fn")
-
-    def __init__(self, module: str, name: str) -> None:
-        self.module = module
-        self.name = name
-        self._fn: Handler | None = None
-
-    def resolve(self) -> Handler:
-        if self._fn is None:
-            self._fn = getattr(importlib.import_module(f"emu.kernel.{self.module}"), self.name)
-        return self._fn
-
-    def __call__(self, *args: Any) -> int | None:
-        return self.resolve()(*args)
-
-    def __repr__(self) -> str:
-        return f"<lazy emu.kernel.{self.module}.{self.name}>"
-
-
-def lazy(module: str, name: str) -> LazyHandler:
-    return LazyHandler(module, name)
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    nr: int
-    name: str
-    handler: Handler
-    args: tuple[str, ...]
-    note: str = ""
-    raw: bool = False  # the handler reads and writes every register itself (no rax/rcx/r11 epilogue)
 
 
 def _rows() -> tuple[Row, ...]:

@@ -10,14 +10,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from emu.cpu import CpuContext, Reg
-from emu.kernel.signal import SignalState
+from emu.kernel.state import FutexWait, SignalState
 from emu.kernel.uprobes.records import UprobeTask
-
-if TYPE_CHECKING:
-    from emu.kernel.futex import FutexWait
 
 
 class TaskState(enum.Enum):

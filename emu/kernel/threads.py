@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.cpu import Reg
@@ -18,7 +17,8 @@ from emu.kernel import limits
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestExit
 from emu.kernel.futex import FUTEX_BITSET_MATCH_ANY, futex_wake
-from emu.kernel.signal import SignalState
+from emu.kernel.state import CloneArgs as CloneArgs  # the machine names it from here
+from emu.kernel.state import SignalState
 from emu.kernel.tasks import Task
 from emu.memory import UserFault
 
@@ -36,16 +36,6 @@ THREAD_OPTIONAL = (CLONE_FS | CLONE_FILES | CLONE_SYSVSEM | CLONE_SETTLS | CLONE
 CLONE_ARGS_SIZE_VER0 = 64
 CLONE_ARGS_FORMAT = "<11Q"  # flags pidfd child_tid parent_tid exit_signal stack stack_size tls set_tid set_tid_size cgroup
 SS_DISABLE_ALTSTACK = struct.pack("<QiiQ", 0, 2, 0, 0)
-
-
-@dataclass(frozen=True, slots=True)
-class CloneArgs:
-    flags: int
-    child_tid: int
-    parent_tid: int
-    exit_signal: int
-    stack: int  # the child's initial rsp; 0: the caller's
-    tls: int
 
 
 def sys_clone(k: Kernel, flags: int, newsp: int, parent_tid: int, child_tid: int, tls: int, *_: int) -> int:

@@ -59,7 +59,7 @@ class UnixSocket(OpenFile):
         self.shut_rd = self.shut_wr = False  # this end's own shutdown
         self.peer_gone = False  # the peer closed or shut its writing side
         self.closed = False
-        self.names: dict[bytes, UnixSocket] | None = None  # the namespace it is bound in
+        self.names: dict[bytes, OpenFile] | None = None  # the namespace it is bound in (Family.unix_names)
 
     # ------------------------------------------------------------------ OpenFile
     def stat(self) -> StatInfo:

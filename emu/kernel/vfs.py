@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import StatInfo
-from emu.kernel.locks import LockTable
+from emu.kernel.state import LockTable
 
 if TYPE_CHECKING:
     from emu.kernel.overlay import Inode, Overlay

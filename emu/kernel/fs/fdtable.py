@@ -62,3 +62,36 @@ class FdTable:
     def close_all(self) -> None:
         for fd in list(self.entries):
             self.close(fd)
+
+
+class SharedFdTable(FdTable):
+    """An fd table whose open files may also be held by other processes' tables (after fork)."""
+
+    def __init__(self, holders: dict[int, int] | None = None) -> None:
+        super().__init__()
+        self.holders = holders if holders is not None else {}  # id(file) -> tables holding it, if > 1
+
+    def close(self, fd: int) -> None:
+        entry = self.entries.pop(fd, None)
+        if entry is None:
+            raise SyscallError(errno.EBADF)
+        file = entry.file
+        if any(e.file is file for e in self.entries.values()):
+            return
+        others = self.holders.get(id(file), 1) - 1
+        if others > 0:
+            self.holders[id(file)] = others
+            return
+        self.holders.pop(id(file), None)
+        file.close()
+
+    def fork(self) -> SharedFdTable:
+        child = SharedFdTable(self.holders)
+        child.entries = {fd: FdEntry(e.file, e.flags, e.cloexec) for fd, e in self.entries.items()}
+        for file in {id(e.file): e.file for e in self.entries.values()}:
+            self.holders[file] = self.holders.get(file, 1) + 1
+        return child
+
+    def close_on_exec(self) -> None:
+        for fd in [fd for fd, e in self.entries.items() if e.cloexec]:
+            self.close(fd)
