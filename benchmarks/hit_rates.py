@@ -161,7 +161,7 @@ def sites_binary(count: int, where: Path) -> Path:
 def steady_rate(exe: str, calls: int, sites: int, specs: list[str], repeat: int) -> float:
     """Calls per CPU second between the program's two getpid calls (every site already optimized),
     with ``specs`` attached: the median of ``repeat`` runs."""
-    from emu.kernel.table import Row
+    from emu.kernel.rows import Row
 
     rates = []
     for _ in range(repeat):

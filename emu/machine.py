@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # probes, their attachment and threads load on first use: a p
     from collections.abc import Callable
 
     from emu.attach import Attachment, ProbeAttacher
-    from emu.kernel.threads import CloneArgs
+    from emu.kernel.state import CloneArgs
     from emu.libprobes import LibraryProbe, LibraryProbes
     from emu.probes import ProbeSpec, ResolvedProbe, Resolver
 
@@ -199,7 +199,7 @@ class Machine:
         reset_registers(self.cpu, self.entry_sp)
         self.cpu.write(Reg.RIP, self.image.entry)
 
-    # fork.Process: how the other processes of the run drive this one
+    # family.Process: how the other processes of the run drive this one
     def resume(self) -> bool:
         """Run this (non-first) process until it ends, blocks or is preempted; True if it made progress."""
         return self.run_loop.resume()

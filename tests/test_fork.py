@@ -8,8 +8,8 @@ from conftest import GuestKernel, run_emulated, run_native, sample, symbol_file_
 
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
-from emu.kernel.fork import SharedFdTable, wait_status
-from emu.kernel.fs.fdtable import FdEntry
+from emu.kernel.fork import wait_status
+from emu.kernel.fs.fdtable import FdEntry, SharedFdTable
 from emu.kernel.pipe import Pipe, PipeEnd
 from emu.kernel.uprobes.records import UprobeTask
 from emu.machine import Machine, RunOptions

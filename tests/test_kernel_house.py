@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from emu.kernel.table import ROWS, LazyHandler
+from emu.kernel.rows import LazyHandler
+from emu.kernel.table import ROWS
 
 REPO = Path(__file__).resolve().parent.parent
 KERNEL = REPO / "emu" / "kernel"

@@ -12,7 +12,7 @@ from conftest import GuestKernel, run_emulated
 
 from emu import abi
 from emu.commands.common import size_arg
-from emu.kernel import limits
+from emu.kernel import limits, state
 
 RLIMIT_NPROC = 6
 THREAD = 0x100 | 0x200 | 0x400 | 0x800 | 0x10000 | 0x40000  # CLONE_VM FS FILES SIGHAND THREAD SYSVSEM
@@ -50,8 +50,8 @@ def test_mmap_and_brk_past_the_memory_limit_are_enomem() -> None:
 def test_default_memory_limit_is_a_fraction_of_the_hosts_ram(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       16000000 kB\nMemFree: 1 kB\n")
-    assert limits.default_memory_limit(str(meminfo)) == 16000000 * 1024 // 8
-    assert limits.default_memory_limit(str(tmp_path / "missing")) == limits.FALLBACK_LIMIT
+    assert state.default_memory_limit(str(meminfo)) == 16000000 * 1024 // 8
+    assert state.default_memory_limit(str(tmp_path / "missing")) == state.FALLBACK_LIMIT
 
 
 FORK_UNTIL_REFUSED = """

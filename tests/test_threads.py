@@ -17,7 +17,7 @@ from emu.guestio import GuestIO
 from emu.kernel.clock import VirtualClock
 from emu.kernel.exits import GuestBlocked
 from emu.kernel.sched import Scheduler
-from emu.kernel.signal import SignalState
+from emu.kernel.state import SignalState
 from emu.kernel.tasks import Task, TaskState
 from emu.machine import Ending, Machine, RunOptions
 

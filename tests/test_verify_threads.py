@@ -24,7 +24,7 @@ from emu.designs import DESIGNS as DESIGNS_TABLE
 from emu.designs import Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.sched import Scheduler
-from emu.kernel.signal import SignalState
+from emu.kernel.state import SignalState
 from emu.kernel.tasks import Task, TaskState
 from emu.kernel.uprobes.records import Uprobe
 from emu.machine import Machine, RunOptions

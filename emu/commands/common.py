@@ -112,7 +112,7 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
 
     if not os.path.isdir(args.rootfs):
         raise UsageError(f"--rootfs {args.rootfs}: not a directory")
-    from emu.kernel.limits import default_memory_limit
+    from emu.kernel.state import default_memory_limit
 
     cpus = {} if args.cpus is None else {"cpus": args.cpus}
     limit = default_memory_limit() if args.memory_limit is None else args.memory_limit or None

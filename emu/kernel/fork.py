@@ -29,7 +29,7 @@ from emu.designs import Design
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import PollOthers, WouldBlock
 from emu.kernel.family import CLD_EXITED, CLD_KILLED, FamilyOf, ProcessEntry
-from emu.kernel.fs.fdtable import SharedFdTable as SharedFdTable  # named here as before
+from emu.kernel.fs.fdtable import SharedFdTable
 from emu.kernel.fs.mapped import fork_maps
 from emu.kernel.state import SIG_IGN, Brk, CloneArgs, SignalState
 from emu.kernel.uprobes.records import UprobeTask

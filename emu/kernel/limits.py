@@ -16,8 +16,6 @@ from typing import TYPE_CHECKING
 from emu.kernel.errno_ import SyscallError
 
 # the run's default cap (state.py, beside the other defaults a Kernel starts from), named here as before
-from emu.kernel.state import FALLBACK_LIMIT as FALLBACK_LIMIT
-from emu.kernel.state import default_memory_limit as default_memory_limit
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -16,7 +16,6 @@ from emu.abi import DEFAULT_IGNORED, SI_TKILL, SI_USER, Signal
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
 from emu.kernel.state import SIG_DFL, SIG_IGN
-from emu.kernel.state import SignalState as SignalState  # where it always was, for the tests
 from emu.memory import UserFault
 
 if TYPE_CHECKING:  # sigframe.py loads when a signal is first delivered (most runs deliver none)

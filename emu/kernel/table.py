@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from emu.kernel import fork, mm, pipe, process, signal
 from emu.kernel.fs import dirs, fds, ioctl, mapped, open_, read_write, stat_, statfs, xattr
-from emu.kernel.rows import LazyHandler as LazyHandler
-from emu.kernel.rows import Row as Row
-from emu.kernel.rows import lazy
+from emu.kernel.rows import Row, lazy
 
 W = "in-memory layer; --read-only: EROFS"  # the note of every call that changes the file system
 

@@ -17,8 +17,7 @@ from emu.kernel import limits
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestExit
 from emu.kernel.futex import FUTEX_BITSET_MATCH_ANY, futex_wake
-from emu.kernel.state import CloneArgs as CloneArgs  # the machine names it from here
-from emu.kernel.state import SignalState
+from emu.kernel.state import CloneArgs, SignalState
 from emu.kernel.tasks import Task
 from emu.memory import UserFault
 

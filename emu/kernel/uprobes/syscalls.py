@@ -13,7 +13,7 @@ from collections.abc import Callable
 from emu.abi import U64, Signal
 from emu.designs import Exit, Handler, ProbeFrom
 from emu.kernel.exits import GuestKilled
-from emu.kernel.table import Row
+from emu.kernel.rows import Row
 from emu.kernel.uprobes.consumers import branch_path
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.fastpath import FastPaths
