@@ -422,21 +422,22 @@ static void fastsys_dealloc(FastSys *self)
  * as it is); a hook is added only once its fallback is set */
 static PyObject *fastsys_set_fallback(FastSys *self, PyObject *args)
 {
-    PyObject *syscall_cb, *interrupt_cb, *after_syscall_cb, *after_interrupt_cb;
-    if (!PyArg_ParseTuple(args, "OOOO", &syscall_cb, &interrupt_cb, &after_syscall_cb, &after_interrupt_cb))
+    PyObject *given[4];
+    void *address[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &given[0], &given[1], &given[2], &given[3]))
         return NULL;
-    void *syscall_fn = address_of(syscall_cb), *interrupt_fn = address_of(interrupt_cb);
-    void *after_syscall_fn = address_of(after_syscall_cb), *after_interrupt_fn = address_of(after_interrupt_cb);
+    for (int i = 0; i < 4; i++)
+        address[i] = address_of(given[i]);
     if (PyErr_Occurred())
         return NULL;
-    if (syscall_fn != NULL)
-        self->python_syscall = (hook_syscall_fn)syscall_fn;
-    if (interrupt_fn != NULL)
-        self->python_interrupt = (hook_intr_fn)interrupt_fn;
-    if (after_syscall_fn != NULL)
-        self->python_after_syscall = (hook_syscall_fn)after_syscall_fn;
-    if (after_interrupt_fn != NULL)
-        self->python_after_interrupt = (hook_intr_fn)after_interrupt_fn;
+    if (address[0] != NULL)
+        self->python_syscall = (hook_syscall_fn)address[0];
+    if (address[1] != NULL)
+        self->python_interrupt = (hook_intr_fn)address[1];
+    if (address[2] != NULL)
+        self->python_after_syscall = (hook_syscall_fn)address[2];
+    if (address[3] != NULL)
+        self->python_after_interrupt = (hook_intr_fn)address[3];
     Py_RETURN_NONE;
 }
 
