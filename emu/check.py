@@ -16,14 +16,14 @@ from emu.verify.lockstep import Observed, SyscallLog, first_divergence
 from emu.verify.rsb import RsbModel, RsbStats
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
 from emu.verify.shstk import CallRetTracker
-from emu.verify.violations import Check, Violation
+from emu.verify.violations import Check, ViolationLog
 
 
 @dataclass
 class DesignReport:
     design: str
     hits: int
-    violations: list[Violation]
+    violations: ViolationLog
     same_output: bool
     divergence: str | None
     exits: dict[str, int]
@@ -36,7 +36,7 @@ class DesignReport:
     watch: Any = None  # what CheckRequest.watcher returned for it
 
     def count(self, kind: Check) -> int:
-        return sum(1 for v in self.violations if v.kind is kind)
+        return self.violations.of_kind(kind)
 
     @property
     def rsb_extra(self) -> int | None:
@@ -68,7 +68,7 @@ class DesignReport:
             "exits": self.exits,
             "refused": self.refused,
             "details": [v.to_json() for v in self.violations],
-        }
+        } | ({"details_dropped": self.violations.dropped} if self.violations.dropped else {})
 
 
 @dataclass(frozen=True, slots=True)

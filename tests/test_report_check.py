@@ -10,7 +10,7 @@ import pytest
 from emu.check import DesignReport
 from emu.report.check_page import page, redzone_patterns, writer_kind
 from emu.report.hitpath import HitPath
-from emu.verify.violations import Check, Violation
+from emu.verify.violations import Check, Violation, ViolationLog
 
 SITE = 0x40186F
 PUSHES = {-8: "call 0x3ff000", -16: "push rcx", -24: "push r11", -32: "push rax"}
@@ -54,8 +54,8 @@ def test_hits_with_the_same_writes_are_one_row_and_a_different_writer_is_another
 
 def test_a_10000_hit_run_stays_small(tmp_path: Path) -> None:
     found = [clobber(hit, off) for hit in range(1, 10_001) for off in PUSHES]
-    report = DesignReport("linux-6.18", 10_000, found, False, "syscall #3: ...", {"sysret": 9999}, trace=Pages())
-    clean = DesignReport("jmp-slots", 10_000, [], True, None, {"iret": 9999})
+    report = DesignReport("linux-6.18", 10_000, ViolationLog.of(found), False, "syscall #3: ...", {"sysret": 9999}, trace=Pages())
+    clean = DesignReport("jmp-slots", 10_000, ViolationLog(), True, None, {"iret": 9999})
     size = page([report, clean], "uprobe-emu check x").write(str(tmp_path / "p.html"))
     assert size < 200_000
     assert (tmp_path / "p.html").read_text().count('data-writer-kind="trampoline"') == 4

@@ -43,7 +43,7 @@ def violations(design: str | Design, path: str = REDZONE, *args: str) -> list[Vi
         m.attach(spec)
     session = VerifySession(m)
     m.run()
-    return session.violations
+    return list(session.violations)
 
 
 def verdicts(found: list[Violation]) -> list[tuple[str, str, int, str]]:

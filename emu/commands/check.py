@@ -18,6 +18,7 @@ from emu.commands.common import (
     run_options,
     write_json,
 )
+from emu.verify.violations import ViolationLog
 
 NAME = "check"
 HELP = "run unprobed and under each design with verifiers; print one table"
@@ -69,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
         shown = report.violations if args.details else report.violations[:3]
         for violation in shown:
             print(f"{report.design}: " + (violation.details_text() if args.details else violation.line()))
-        if len(report.violations) > len(shown):
-            print(f"{report.design}: ... {len(report.violations) - len(shown)} more (--details shows all)")
+        if report.violations.total > len(shown):
+            print(f"{report.design}: ... {report.violations.total - len(shown)} more ({more_help(report.violations)})")
     if args.json:
         write_json(args.json, {"designs": {r.design: r.to_json() for r in reports}})
     if args.html:
@@ -79,3 +80,10 @@ def run(args: argparse.Namespace) -> int:
         page(reports, command_line(args)).write(args.html)
     bad = any(r.violations or not r.same_output for r in reports)
     return 1 if args.strict and bad else 0
+
+
+def more_help(log: ViolationLog) -> str:
+    """What the line after the shown violations says of the rest."""
+    if log.dropped:
+        return f"a run keeps the first {len(log):,} whole, and only counts the rest"
+    return "--details shows all"

@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     violations = session.violations if session else []
     for violation in violations:
         stderr_line(f"{PROG}: {violation.line()}")
+    if session is not None and session.violations.dropped:
+        stderr_line(f"{PROG}: ... {session.violations.dropped:,} more violations, counted but not kept")
     rsb = session.rsb.stats if session is not None and session.rsb is not None else None
     if rsb is not None:
         stderr_line(f"{PROG}: rsb (depth {rsb.depth}): {rsb.returns} returns, {rsb.predicted} predicted, "

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from emu.machine import Machine
     from emu.verify.records import Transaction
     from emu.verify.session import VerifySession
+    from emu.verify.violations import Violation
 
 DYNAMIC_VERSION = 1  # bump when a dynamic verdict could change: stored runs of older versions are redone
 
@@ -71,7 +72,8 @@ class ReadBack:
         self.bias = machine.resolver.image.bias  # runtime address - link-time address of the executable
         self.marked: dict[int, tuple[int, int]] = {}  # byte address -> (site, hit)
         self.confirmed: set[tuple[int, int]] = set()
-        self._seen = 0
+        self._new: list[Violation] = []  # found since the last finished hit (the log keeps only the first ones)
+        session.violations.listeners.append(self._new.append)
         inner = session.tracker.on_finished
 
         def finished(tx: Transaction) -> None:
@@ -90,8 +92,7 @@ class ReadBack:
     def _mark(self, tx: Transaction) -> None:
         from emu.verify.violations import Check
 
-        new = self.session.violations[self._seen:]
-        self._seen = len(self.session.violations)
+        new, self._new[:] = self._new[:], []
         for v in new:
             if v.kind is Check.REDZONE and "offset" in v.detail:  # a run of changed bytes, rsp-relative
                 first = tx.start_rsp + int(v.detail["offset"])
@@ -176,7 +177,7 @@ def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, 
                            stdin=entry.stdin, watcher=ReadBack, lenient=True)
     report = run_check(request)[0]
     assert report.result is not None and isinstance(report.watch, ReadBack)
-    flagged = Counter(a for a, _hit in {(v.address, v.hit) for v in report.violations if v.kind is Check.REDZONE})
+    flagged = report.violations.hits_flagged(Check.REDZONE)
     read_back = report.watch.counts()
     bias = report.watch.bias
     runs = [_site(p, bias, flagged, read_back) for p in report.result.probes]

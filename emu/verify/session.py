@@ -20,7 +20,7 @@ from emu.verify.rsb import RsbModel
 from emu.verify.scratch import ScratchCpu
 from emu.verify.shstk import CallRetTracker, ShadowStack
 from emu.verify.tracker import TransactionTracker
-from emu.verify.violations import Check, Violation
+from emu.verify.violations import Check, Violation, ViolationLog
 
 if TYPE_CHECKING:
     from emu.kernel.uprobes.consumers import EntryPath
@@ -61,7 +61,7 @@ class VerifySession:
         # Looked at on every checked hit: plain bools (an Enum's hash is a Python call).
         self._redzone, self._regs, self._resume, self._memory = (
             v in self.enabled for v in (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME, Verifier.MEMORY))
-        self.violations: list[Violation] = []
+        self.violations = ViolationLog()
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
         self.tracker.prepare = self._prepare

@@ -1,10 +1,13 @@
-"""A violation: what a verifier proved wrong, structured (JSON) and readable (one line plus detail)."""
+"""A violation: what a verifier proved wrong, structured (JSON) and readable (one line plus detail);
+and a run's log of them, bounded however many hits break."""
 
 from __future__ import annotations
 
 import enum
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 
 class Check(enum.Enum):
@@ -37,3 +40,93 @@ class Violation:  # breaks something usually does it on every hit. Treat it as i
         for key, value in self.detail.items():
             lines.append(f"    {key}: {value}")
         return "\n".join(lines)
+
+
+KEPT = 100_000  # violations a run keeps whole; past them each one is only counted
+
+
+class ViolationLog(Sequence[Violation]):
+    """A run's violations in the order found, bounded: the first ``kept`` are kept whole, later ones
+    are only counted (by kind, and the hits they flag at each site). A design that breaks something on
+    every hit would otherwise grow memory with every hit of a long run. ``listeners`` see every one."""
+
+    def __init__(self, kept: int | None = None) -> None:
+        self.kept = KEPT if kept is None else kept
+        self.dropped = 0
+        self.listeners: list[Callable[[Violation], None]] = []
+        self._items: list[Violation] = []
+        self._kinds: Counter[Check] = Counter()
+        self._flagged: dict[tuple[Check, int], list[int]] = {}  # (kind, site) -> [hits flagged, last hit]
+
+    @classmethod
+    def of(cls, violations: Iterable[Violation]) -> ViolationLog:
+        log = cls()
+        log.extend(violations)
+        return log
+
+    def append(self, violation: Violation) -> None:
+        self._kinds[violation.kind] += 1
+        flagged = self._flagged.get((violation.kind, violation.address))
+        if flagged is None:
+            self._flagged[(violation.kind, violation.address)] = [1, violation.hit]
+        elif flagged[1] != violation.hit:
+            flagged[0] += 1
+            flagged[1] = violation.hit
+        for listener in self.listeners:
+            listener(violation)
+        if len(self._items) < self.kept:
+            self._items.append(violation)
+        else:
+            self.dropped += 1
+
+    def extend(self, violations: Iterable[Violation]) -> None:
+        for violation in violations:
+            self.append(violation)
+
+    def __iadd__(self, violations: Iterable[Violation]) -> ViolationLog:
+        self.extend(violations)
+        return self
+
+    def clear(self) -> None:
+        self.dropped = 0
+        self._items.clear()
+        self._kinds.clear()
+        self._flagged.clear()
+
+    @property
+    def total(self) -> int:
+        """Every violation found, kept or not."""
+        return len(self._items) + self.dropped
+
+    def of_kind(self, kind: Check) -> int:
+        """Violations of ``kind``, kept or not."""
+        return self._kinds[kind]
+
+    def hits_flagged(self, kind: Check) -> Counter[int]:
+        """site -> the hits there that ``kind`` flagged (a hit's violations come together)."""
+        return Counter({site: flagged[0] for (k, site), flagged in self._flagged.items() if k is kind})
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> Violation: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Violation]: ...
+
+    def __getitem__(self, index: int | slice) -> Violation | Sequence[Violation]:
+        return self._items[index]
+
+    def __iter__(self) -> Iterator[Violation]:
+        return iter(self._items)
+
+    def __bool__(self) -> bool:
+        return self.total > 0
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a list of the same violations, or a log that kept and dropped the same."""
+        if isinstance(other, ViolationLog):
+            return self._items == other._items and self.dropped == other.dropped
+        return isinstance(other, list) and self.dropped == 0 and self._items == other
+
+    __hash__ = None  # type: ignore[assignment]  # mutable

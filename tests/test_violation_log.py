@@ -1,0 +1,73 @@
+"""The violation log stays bounded on a design that breaks something on every hit, and counts
+exactly what it no longer keeps."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from emu.check import CheckRequest, run_check
+from emu.commands.check import more_help
+from emu.guestio import GuestIO
+from emu.machine import Machine, RunOptions
+from emu.verify import violations as violations_module
+from emu.verify.session import VerifySession
+from emu.verify.violations import Check, Violation, ViolationLog
+
+TRIG = str(Path(__file__).resolve().parent.parent / "elf_samples" / "trig")
+BROKEN = ("linux-6.18", "nop5", "uretprobe:uprobe_target_nop5")  # every hit leaves two red-zone runs changed
+
+
+def _violation(kind: Check, site: int, hit: int) -> Violation:
+    return Violation(kind, "uprobe:f", site, f"{kind.value} at hit {hit}", {}, hit)
+
+
+def test_the_log_keeps_the_first_and_counts_the_rest() -> None:
+    log, seen = ViolationLog(kept=3), list[Violation]()
+    log.listeners.append(seen.append)
+    found = [_violation(kind, site, hit) for hit in range(1, 6) for site, kind in
+             ((0x10, Check.REDZONE), (0x10, Check.REDZONE), (0x20, Check.REGS))]
+    log += found
+    assert list(log) == found[:3] and len(log) == 3 and log[-1] is found[2]
+    assert log.total == 15 and log.dropped == 12 and bool(log)
+    assert (log.of_kind(Check.REDZONE), log.of_kind(Check.REGS), log.of_kind(Check.RESUME)) == (10, 5, 0)
+    assert log.hits_flagged(Check.REDZONE) == Counter({0x10: 5})  # two violations, one hit: one flagged hit
+    assert log.hits_flagged(Check.REGS) == Counter({0x20: 5})
+    assert seen == found
+    assert log != found[:3] and ViolationLog.of(found[:3]) == found[:3]  # a log that dropped some is not a list
+    assert "only counts the rest" in more_help(log) and more_help(ViolationLog.of(found)) == "--details shows all"
+    log.clear()
+    assert not log and log.total == 0 and log.hits_flagged(Check.REDZONE) == Counter()
+
+
+def _session(n: int) -> VerifySession:
+    design, workload, spec = BROKEN
+    m = Machine(TRIG, [TRIG, workload, str(n)], {}, RunOptions(design=design), GuestIO.captured())
+    m.attach(spec)
+    session = VerifySession(m)
+    m.run()
+    return session
+
+
+def test_a_long_broken_run_keeps_a_bounded_log_with_exact_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = _session(300).violations
+    assert whole.dropped == 0 and whole.total == 600  # the control: kept whole, two per hit
+    monkeypatch.setattr(violations_module, "KEPT", 50)
+    bounded = _session(300).violations
+    assert len(bounded) == 50 and bounded.total == whole.total and bounded.dropped == 550
+    assert list(bounded) == list(whole)[:50]
+    assert bounded.of_kind(Check.REDZONE) == whole.of_kind(Check.REDZONE) == 600
+    by_hits = Counter(a for a, _hit in {(v.address, v.hit) for v in whole if v.kind is Check.REDZONE})
+    assert bounded.hits_flagged(Check.REDZONE) == whole.hits_flagged(Check.REDZONE) == by_hits
+
+
+def test_check_reports_what_it_did_not_keep(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(violations_module, "KEPT", 10)
+    design, workload, spec = BROKEN
+    request = CheckRequest(TRIG, [TRIG, workload, "40"], {}, specs=(spec,), designs=(design,))
+    report = run_check(request)[0]
+    assert report.count(Check.REDZONE) == 80 and len(report.violations) == 10
+    out = report.to_json()
+    assert out["violations"]["redzone"] == 80 and len(out["details"]) == 10 and out["details_dropped"] == 70
