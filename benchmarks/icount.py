@@ -83,7 +83,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         loop = os.path.join(tmp, "loop")
         write_elf(loop, loop_code(args.loop), b"")
-        guests = [[loop], [str(SAMPLES / "cpu_bound"), "3000000"]]
+        guests = [[loop], [str(SAMPLES / "cpu_bound"), "30000000"]]
         if not args.no_python_guest:
             guests.append([PYTHON, "-c", "s = 0\nfor i in range(300000): s += i"])
         rows = [measure(argv, args.reps) for argv in guests]
