@@ -156,7 +156,7 @@ SNAPSHOT_FLAWS = {
 def test_a_snapshot_that_misreads_a_register_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     from emu.cpu import Cpu
 
-    assert (found := snapshots.context_snapshots(Cpu())) is not None and found.skip > 0  # this Unicorn passes
+    assert (found := snapshots.context_snapshots(Cpu())) is not None and found.word_count > 0  # this Unicorn passes
     reads = snapshots._context_reg_read
 
     def misreads_st7(context: object, reg: int, into: ctypes.Array[ctypes.c_char]) -> int:
@@ -186,3 +186,23 @@ def test_verdicts_are_the_same_with_and_without_snapshots(monkeypatch: pytest.Mo
         assert seen[0] == []
     else:  # the first trampoline hit at least (one that leaves what the last one left changes nothing)
         assert 2 in flagged
+
+
+@needs_c
+def test_the_snapshot_compare_looks_at_the_register_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The words compared hold every register (but rip and rsp, compared apart), a few hundred bytes of
+    the whole snapshot. The control: a design that toggles ID on every hit is flagged on the hits C
+    judges only while the compare looks at those bytes."""
+    from emu.cpu import Cpu
+
+    found = snapshots.context_snapshots(Cpu())
+    assert found is not None and 16 * 16 < found.register_bytes < found.size // 4
+
+    def flagged() -> int:
+        session = _run(TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", SNAPSHOT_FLAWS["id-flag"], python_only=False)
+        assert session.tracker.edges is not None and session.tracker.edges.snapshots
+        return len({v.hit for v in session.violations if v.kind is Check.REGS})
+
+    assert flagged() == ITERATIONS - 1  # every trampoline hit
+    monkeypatch.setattr(snapshots, "_checked", [[0, 0]])  # one word, no byte of it compared
+    assert flagged() < ITERATIONS // 2  # the few Python judges itself

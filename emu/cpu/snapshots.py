@@ -1,11 +1,12 @@
 """Whole-CPU snapshots (Unicorn's uc_context) for the verifiers' C hooks, checked before use.
 
 A snapshot copies the CPU's state in one memcpy; reading the 48 registers of a state buffer
-(emu/cpu/regs.py, STATE_REGS) costs a call each. Two snapshots whose CPU bytes are equal read the
-same registers. :func:`context_snapshots` checks, on the CPU at hand, that a snapshot holds every
-register of STATE_REGS exactly as the CPU reads it, and finds where a snapshot's CPU bytes begin
-(before them: the snapshot's own bookkeeping, which differs between two snapshots of one state).
-It returns None if either fails, and the hooks read registers instead.
+(emu/cpu/regs.py, STATE_REGS) costs a call each. :func:`context_snapshots` checks, on the CPU at
+hand, that a snapshot holds every register of STATE_REGS exactly as the CPU reads it, and finds
+which bytes of a snapshot hold them: the bytes that writing the registers changes, rip and rsp
+apart (the hooks compare those two on their own). Two snapshots equal on those bytes, with rflags
+in the form a register write leaves, read the same registers. It returns None if the check fails,
+and the hooks read registers instead.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.cpu.binding import _raw
-from emu.cpu.regs import STATE_OFFSETS, STATE_REGS
+from emu.cpu.regs import STATE_OFFSETS, STATE_REGS, Reg
 
 if TYPE_CHECKING:
     from emu.cpu.engine import Cpu
@@ -30,17 +31,27 @@ MARKERS = (b"\x5a" * 16, b"\xa5" * 16, b"\xff" * 16)  # each bit set and clear i
 
 @dataclass(frozen=True)
 class Snapshots:
-    """Two snapshots of one engine (a hit's start and end), ``size`` bytes each, the first ``skip``
-    of them not the CPU's. Freed with this object."""
+    """Two snapshots of one engine (a hit's start and end), ``size`` bytes each, and where their
+    registers lie: ``words`` holds (offset, mask) pairs, one for each 8-byte word of a snapshot
+    with register bytes in it, the mask's bytes 0xff where they are. Freed with this object."""
 
     start: ctypes.c_void_p
     end: ctypes.c_void_p
     size: int
-    skip: int
+    words: ctypes.Array[ctypes.c_uint64]
 
     @property
     def addresses(self) -> tuple[int, int]:
         return _address(self.start), _address(self.end)
+
+    @property
+    def word_count(self) -> int:
+        return len(self.words) // 2
+
+    @property
+    def register_bytes(self) -> int:
+        """How many bytes of a snapshot hold registers (the ones compared)."""
+        return sum(bin(mask).count("1") // 8 for mask in self.words[1::2])
 
     def __post_init__(self) -> None:
         weakref.finalize(self, _free, self.start, self.end)
@@ -70,7 +81,7 @@ def _widths() -> list[int]:
     return widths[:-8] + [10] * 8
 
 
-_checked: list[int | None] = []  # the check's answer: one Unicorn library a process, one layout
+_checked: list[list[int] | None] = []  # the check's answer, (offset, mask) pairs: one Unicorn library a process
 
 
 def context_snapshots(cpu: Cpu) -> Snapshots | None:
@@ -80,27 +91,28 @@ def context_snapshots(cpu: Cpu) -> Snapshots | None:
         original, probe = _alloc(cpu), _alloc(cpu)
         try:
             _context_save(cpu.handle, original)
-            _checked.append(_first_cpu_byte(cpu, probe))
+            _checked.append(_register_words(cpu, probe))
         finally:
             _context_restore(cpu.handle, original)
             _free(original, probe)
-    skip = _checked[0]
-    if skip is None:
+    words = _checked[0]
+    if words is None:
         return None
     size = int(_context_size(cpu.handle))
-    return Snapshots(_alloc(cpu), _alloc(cpu), size, skip)
+    return Snapshots(_alloc(cpu), _alloc(cpu), size, (ctypes.c_uint64 * len(words))(*words))
 
 
-def _first_cpu_byte(cpu: Cpu, probe: ctypes.c_void_p) -> int | None:
-    """The lowest snapshot offset a register write changes, if every register of STATE_REGS reads
-    back from a snapshot as from the CPU for each marker value (else None)."""
+def _register_words(cpu: Cpu, probe: ctypes.c_void_p) -> list[int] | None:
+    """(offset, mask) of each 8-byte snapshot word that writing a register of STATE_REGS other than
+    rip and rsp changes, flattened, if every one reads back from a snapshot as from the CPU for each
+    marker value (else None)."""
     size = int(_context_size(cpu.handle))
     live, saved = ctypes.create_string_buffer(16), ctypes.create_string_buffer(16)
-    _context_save(cpu.handle, probe)
-    baseline = ctypes.string_at(_address(probe), size)
-    first = size
+    changed = 0
     for reg, width in zip(STATE_REGS, _widths(), strict=True):
         for marker in MARKERS:
+            _context_save(cpu.handle, probe)
+            before = int.from_bytes(ctypes.string_at(_address(probe), size), "little")
             ctypes.memmove(live, marker, 16)
             cpu.write_raw(reg, live)
             ctypes.memset(live, 0, 16)
@@ -109,7 +121,17 @@ def _first_cpu_byte(cpu: Cpu, probe: ctypes.c_void_p) -> int | None:
             ctypes.memset(saved, 0, 16)
             if _context_reg_read(probe, reg, saved) != 0 or live.raw[:width] != saved.raw[:width]:
                 return None
-            changed = int.from_bytes(ctypes.string_at(_address(probe), size), "little") ^ int.from_bytes(baseline, "little")
-            if changed:
-                first = min(first, ((changed & -changed).bit_length() - 1) // 8)
-    return first if 0 < first < size else None
+            if reg not in (Reg.RIP, Reg.RSP):
+                changed |= before ^ int.from_bytes(ctypes.string_at(_address(probe), size), "little")
+    return _word_masks(changed, size)
+
+
+def _word_masks(changed: int, size: int) -> list[int] | None:
+    """The (offset, mask) pairs, flattened, of the 8-byte words with a changed bit; each changed
+    byte masked whole. None if nothing changed (the check found no register in a snapshot)."""
+    pairs: list[int] = []
+    for offset in range(0, size - size % 8, 8):
+        word = changed >> 8 * offset & (1 << 64) - 1
+        if word:
+            pairs += [offset, sum(0xFF << 8 * i for i in range(8) if word >> 8 * i & 0xFF)]
+    return pairs or None

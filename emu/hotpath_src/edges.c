@@ -40,10 +40,11 @@ static int nothing_outside(const struct edges *e)
  *
  * With whole-CPU snapshots, the site hook saves the CPU (one copy) and reads rip and rsp; the other
  * registers go into the start buffer only if Python asks for them (fill_start). Two snapshots are
- * compared as bytes once each has its rflags in the form a register write leaves (the value is the
- * same; the emulator keeps flags lazily, in more than one form) and the later one has the earlier
- * one's rip and rsp (compared apart): equal bytes mean every register reads the same. Unequal bytes
- * need not mean a difference, so they fall back to reading and comparing every register.
+ * compared on the bytes that hold registers (emu/cpu/snapshots.py finds them; rip and rsp are
+ * compared apart) once each has its rflags in the form a register write leaves (the value is the
+ * same; the emulator keeps flags lazily, in more than one form): equal bytes mean every register
+ * reads the same. Unequal bytes need not mean a difference, so they fall back to reading and
+ * comparing every register.
  */
 
 /* The snapshot of the CPU now into ctx_end, or the registers into the end buffer; rip and rsp are
@@ -74,7 +75,8 @@ static void canonical_flags(const struct edges *e, uint64_t context)
     AS_FN(uc_context_reg_fn, e->ctx_reg_write)(AS_PTR(void, context), (int)e->flags_id, &flags);
 }
 
-/* ctx_end with ctx_start's rip and rsp is byte for byte ctx_start, rflags made canonical in both. */
+/* ctx_end holds the registers ctx_start does, rip and rsp apart, rflags made canonical in both: equal
+ * on every (offset, mask) word of ctx_words. */
 static int same_snapshots(struct edges *e)
 {
     if (!e->start_canonical) {
@@ -82,11 +84,16 @@ static int same_snapshots(struct edges *e)
         e->start_canonical = 1;
     }
     canonical_flags(e, e->ctx_end);
-    uint64_t rip = STATE_RIP(e->start), rsp = STATE_RSP(e->start);
-    AS_FN(uc_context_reg_fn, e->ctx_reg_write)(AS_PTR(void, e->ctx_end), (int)AS_PTR(int, e->ids)[0], &rip);
-    AS_FN(uc_context_reg_fn, e->ctx_reg_write)(AS_PTR(void, e->ctx_end), (int)AS_PTR(int, e->ids)[1], &rsp);
-    return memcmp(AS_PTR(uint8_t, e->ctx_start) + e->ctx_skip, AS_PTR(uint8_t, e->ctx_end) + e->ctx_skip,
-                  e->ctx_size - e->ctx_skip) == 0;
+    const uint8_t *a = AS_PTR(uint8_t, e->ctx_start), *b = AS_PTR(uint8_t, e->ctx_end);
+    const uint64_t *word = AS_PTR(uint64_t, e->ctx_words), *end = word + 2 * e->ctx_nwords;
+    uint64_t differ = 0;
+    for (; word < end; word += 2) {
+        uint64_t x, y;
+        memcpy(&x, a + word[0], sizeof x);
+        memcpy(&y, b + word[0], sizeof y);
+        differ |= (x ^ y) & word[1];
+    }
+    return differ == 0;
 }
 
 /* Every register but rip and rsp, rflags exactly and the extended state, is as the site hook found

@@ -58,7 +58,7 @@ struct edges {
      * faithful (emu/verify/native_edges.py: context_snapshots); ctx_start 0: read registers. */
     uint64_t ctx_save, ctx_reg_read, ctx_reg_write, ctx_reg_read_batch; /* the uc_context_* functions */
     uint64_t ctx_start, ctx_end; /* uc_context *: the site's, and the one taken to compare with it */
-    uint64_t ctx_size, ctx_skip; /* a context's bytes, and the leading ones that are not the CPU's */
+    uint64_t ctx_words, ctx_nwords; /* (offset, mask) pairs: the context words that hold registers */
     uint64_t start_full;         /* the start buffer holds every register (else rip and rsp only) */
     uint64_t start_canonical;    /* ctx_start's rflags is in the form a register write leaves */
     uint64_t flags_id;           /* UC_X86_REG_EFLAGS */

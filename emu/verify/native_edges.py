@@ -41,7 +41,7 @@ Control block layout (64-bit words, struct edges in emu/hotpath_src/verify.h), t
         did (emu/hotpath_src/fastsys.c), the handler chain's path (NATIVE_PATHS) and the exit (KERNEL_EXITS)
   28-31 the uc_context_save, _reg_read, _reg_write and _reg_read_batch functions
   32, 33 the start and end snapshots (uc_context *; 0: the hooks read registers instead)
-  34, 35 a snapshot's bytes and the leading ones that are not the CPU's
+  34, 35 the (offset, mask) pairs of the snapshot words that hold registers, and their count
   36 the start buffer holds every register (else rip and rsp only)   37 the start snapshot's rflags
   is canonical   38 the rflags register's id
 
@@ -76,7 +76,7 @@ from emu.verify.write_log import WINDOW, WriteLog, native_hot_path
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, NREGS, IDS, START_PTRS, END_PTRS,
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ, START_AT, END_AT, REDZONE_AT, START_REDZONE_AT, STATE_LEN,
  KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT, CTX_SAVE, CTX_REG_READ, CTX_REG_WRITE, CTX_READ_BATCH,
- CTX_START, CTX_END, CTX_SIZE, CTX_SKIP, START_FULL, START_CANONICAL, FLAGS_ID) = range(39)
+ CTX_START, CTX_END, CTX_WORDS, CTX_NWORDS, START_FULL, START_CANONICAL, FLAGS_ID) = range(39)
 KERNEL_EXITS = ("sysret", "iret", None)  # EDGES_EXIT_*: the exit counted in UprobeStats.exits (none for an INT3)
 START = 39 * 8  # byte offsets of the buffers
 END = START + STATE_BYTES
@@ -173,7 +173,8 @@ class NativeEdges:
             w[CTX_SAVE], w[CTX_REG_READ], w[CTX_REG_WRITE], w[CTX_READ_BATCH] = (native_function(name) for name in (
                 "uc_context_save", "uc_context_reg_read", "uc_context_reg_write", "uc_context_reg_read_batch"))
             w[CTX_START], w[CTX_END] = self._snapshots.addresses
-            w[CTX_SIZE], w[CTX_SKIP], w[FLAGS_ID] = self._snapshots.size, self._snapshots.skip, Reg.RFLAGS
+            words = self._snapshots.words
+            w[CTX_WORDS], w[CTX_NWORDS], w[FLAGS_ID] = ctypes.addressof(words), self._snapshots.word_count, Reg.RFLAGS
 
     @classmethod
     def create(cls, cpu: Cpu, log: WriteLog, on_site: RawCodeHook) -> NativeEdges | None:

@@ -84,7 +84,8 @@ class ViolationLog(Sequence[Violation]):
             self.append(violation)
 
     def __iadd__(self, violations: Iterable[Violation]) -> ViolationLog:
-        self.extend(violations)
+        if violations:  # most checks of most hits find nothing
+            self.extend(violations)
         return self
 
     def clear(self) -> None:
