@@ -147,6 +147,9 @@ class _State(ctypes.Structure):
         ("table", ctypes.c_void_p),
         ("emu_stop", ctypes.c_void_p),
         ("decode", ctypes.c_void_p),
+        ("last_pc", ctypes.c_uint64),
+        ("last_size", ctypes.c_uint32),
+        ("last_icount", ctypes.c_uint32),
     ]
 
 

@@ -2,8 +2,9 @@
  *
  * icount_translated (UC_HOOK_EDGE_GENERATED: Unicorn calls it for each block it has just translated)
  * writes the block's instruction count into a table keyed by (address, size); icount_block
- * (UC_HOOK_BLOCK: before each block runs) looks the count up and adds it to the total, or, when the
- * block would take the total past stop_at, stops the CPU before the block's first instruction.
+ * (UC_HOOK_BLOCK: before each block runs) looks the count up (the block counted last first: a loop
+ * runs one block again and again) and adds it to the total, or, when the block would take the total
+ * past stop_at, stops the CPU before the block's first instruction.
  *
  * The table is a fixed array of two-way buckets owned by Python. An entry is only ever replaced by
  * a newer translation of the same key, which lands in the same bucket, so a stale count cannot
@@ -37,6 +38,7 @@ struct icount_state {
     struct icount_entry *table;  /* 2 entries a bucket */
     uc_emu_stop_fn emu_stop;
     icount_decode_fn decode;
+    struct icount_entry last; /* the block counted last (a loop's next block is most often itself) */
 };
 
 static struct icount_entry *icount_bucket(const struct icount_state *state, uint64_t pc, uint32_t size)
@@ -48,6 +50,8 @@ static struct icount_entry *icount_bucket(const struct icount_state *state, uint
 static void icount_put(struct icount_state *state, uint64_t pc, uint32_t size, uint32_t icount)
 {
     struct icount_entry *way = icount_bucket(state, pc, size);
+    if (state->last.pc == pc && state->last.size == size)
+        state->last.icount = icount; /* a new translation of the last block: its new count */
     if (way[0].pc == pc && way[0].size == size) {
         way[0].icount = icount;
     } else if (way[1].pc == pc && way[1].size == size) {
@@ -58,32 +62,49 @@ static void icount_put(struct icount_state *state, uint64_t pc, uint32_t size, u
     }
 }
 
+/* The count of the block at pc: from the table, or decoded and put there. */
+static uint32_t icount_find(struct icount_state *state, uint64_t pc, uint32_t size)
+{
+    struct icount_entry *way = icount_bucket(state, pc, size);
+    if (way[0].pc == pc && way[0].size == size)
+        return way[0].icount;
+    if (way[1].pc == pc && way[1].size == size)
+        return way[1].icount;
+    uint32_t n = state->decode(pc, size);
+    state->decoded++;
+    icount_put(state, pc, size, n);
+    return n;
+}
+
 static void icount_translated(uc_engine *uc, uc_tb *block, uc_tb *previous, void *user_data)
 {
     if (block->size != 0)
         icount_put(user_data, block->pc, block->size, block->icount);
 }
 
-static void icount_block(uc_engine *uc, uint64_t address, uint32_t size, void *user_data)
+/* A block that is not the last one counted, or that would take the total past stop_at. */
+static __attribute__((noinline)) void icount_block_slow(uc_engine *uc, uint64_t address, uint32_t size,
+                                                        struct icount_state *state)
 {
-    struct icount_state *state = user_data;
-    struct icount_entry *way = icount_bucket(state, address, size);
-    uint64_t n;
-    if (way[0].pc == address && way[0].size == size) {
-        n = way[0].icount;
-    } else if (way[1].pc == address && way[1].size == size) {
-        n = way[1].icount;
-    } else {
-        n = state->decode(address, size);
-        state->decoded++;
-        icount_put(state, address, size, (uint32_t)n);
-    }
-    if (state->total + n > state->stop_at) {
+    if (state->last.pc != address || state->last.size != size)
+        state->last = (struct icount_entry){address, size, icount_find(state, address, size)};
+    if (state->total + state->last.icount > state->stop_at) {
         state->stopped = 1;
         state->emu_stop(uc);
         return;
     }
-    state->total += n;
+    state->total += state->last.icount;
+}
+
+/* The common case (the block counted last, well within stop_at) saves no register and calls nothing. */
+static void icount_block(uc_engine *uc, uint64_t address, uint32_t size, void *user_data)
+{
+    struct icount_state *state = user_data;
+    if (state->last.pc == address && state->last.size == size && state->total + state->last.icount <= state->stop_at) {
+        state->total += state->last.icount;
+        return;
+    }
+    icount_block_slow(uc, address, size, state);
 }
 
 int hotpath_add_icount(PyObject *module)
