@@ -190,19 +190,22 @@ def test_verdicts_are_the_same_with_and_without_snapshots(monkeypatch: pytest.Mo
 
 @needs_c
 def test_the_snapshot_compare_looks_at_the_register_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The words compared hold every register (but rip and rsp, compared apart), a few hundred bytes of
-    the whole snapshot. The control: a design that toggles ID on every hit is flagged on the hits C
-    judges only while the compare looks at those bytes."""
+    """The words compared hold every register but rip, rsp and rflags (compared apart), a few hundred
+    bytes of the whole snapshot. The control: a design that flips r10 on every hit is flagged on the
+    hits C judges only while the compare looks at those bytes; rflags is compared apart all the same."""
     from emu.cpu import Cpu
 
     found = snapshots.context_snapshots(Cpu())
     assert found is not None and 16 * 16 < found.register_bytes < found.size // 4
 
-    def flagged() -> int:
-        session = _run(TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", SNAPSHOT_FLAWS["id-flag"], python_only=False)
+    def flagged(design: Design) -> int:
+        session = _run(TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", design, python_only=False)
         assert session.tracker.edges is not None and session.tracker.edges.snapshots
         return len({v.hit for v in session.violations if v.kind is Check.REGS})
 
-    assert flagged() == ITERATIONS - 1  # every trampoline hit
-    monkeypatch.setattr(snapshots, "_checked", [[0, 0]])  # one word, no byte of it compared
-    assert flagged() < ITERATIONS // 2  # the few Python judges itself
+    flips_r10 = _nop10_variant("flips-r10", "not %r10")
+    assert flagged(flips_r10) == flagged(SNAPSHOT_FLAWS["id-flag"]) == ITERATIONS - 1  # every trampoline hit
+    blind = snapshots.Layout([0, 0], found.rip_offset, found.rsp_offset)  # one word, no byte of it compared
+    monkeypatch.setattr(snapshots, "_checked", [blind])
+    assert flagged(flips_r10) < ITERATIONS // 2  # the few Python judges itself
+    assert flagged(SNAPSHOT_FLAWS["id-flag"]) == ITERATIONS - 1

@@ -3,10 +3,10 @@
 A snapshot copies the CPU's state in one memcpy; reading the 48 registers of a state buffer
 (emu/cpu/regs.py, STATE_REGS) costs a call each. :func:`context_snapshots` checks, on the CPU at
 hand, that a snapshot holds every register of STATE_REGS exactly as the CPU reads it, and finds
-which bytes of a snapshot hold them: the bytes that writing the registers changes, rip and rsp
-apart (the hooks compare those two on their own). Two snapshots equal on those bytes, with rflags
-in the form a register write leaves, read the same registers. It returns None if the check fails,
-and the hooks read registers instead.
+where: the bytes that writing each register changes, and the one offset of rip and of rsp (the
+hooks compare those two on their own). Two snapshots equal on those bytes, with the same rflags
+(read from each: the emulator keeps flags lazily, in more than one form), read the same
+registers. It returns None if the check fails, and the hooks read registers instead.
 """
 
 from __future__ import annotations
@@ -32,13 +32,16 @@ MARKERS = (b"\x5a" * 16, b"\xa5" * 16, b"\xff" * 16)  # each bit set and clear i
 @dataclass(frozen=True)
 class Snapshots:
     """Two snapshots of one engine (a hit's start and end), ``size`` bytes each, and where their
-    registers lie: ``words`` holds (offset, mask) pairs, one for each 8-byte word of a snapshot
-    with register bytes in it, the mask's bytes 0xff where they are. Freed with this object."""
+    registers lie: ``words`` holds a mask for each 8-byte word of a snapshot, from the first, its
+    bytes 0xff where a register other than rip, rsp and rflags lies (up to the last word with one);
+    rip and rsp are the 8 bytes at their offsets. Freed with this object."""
 
     start: ctypes.c_void_p
     end: ctypes.c_void_p
     size: int
     words: ctypes.Array[ctypes.c_uint64]
+    rip_offset: int
+    rsp_offset: int
 
     @property
     def addresses(self) -> tuple[int, int]:
@@ -46,12 +49,12 @@ class Snapshots:
 
     @property
     def word_count(self) -> int:
-        return len(self.words) // 2
+        return len(self.words)
 
     @property
     def register_bytes(self) -> int:
         """How many bytes of a snapshot hold registers (the ones compared)."""
-        return sum(bin(mask).count("1") // 8 for mask in self.words[1::2])
+        return sum(bin(mask).count("1") // 8 for mask in self.words)
 
     def __post_init__(self) -> None:
         weakref.finalize(self, _free, self.start, self.end)
@@ -81,7 +84,16 @@ def _widths() -> list[int]:
     return widths[:-8] + [10] * 8
 
 
-_checked: list[list[int] | None] = []  # the check's answer, (offset, mask) pairs: one Unicorn library a process
+@dataclass(frozen=True)
+class Layout:
+    """Where a snapshot holds the registers (Snapshots' fields of the same names)."""
+
+    words: list[int]
+    rip_offset: int
+    rsp_offset: int
+
+
+_checked: list[Layout | None] = []  # the check's answer: one Unicorn library a process, one layout
 
 
 def context_snapshots(cpu: Cpu) -> Snapshots | None:
@@ -91,24 +103,40 @@ def context_snapshots(cpu: Cpu) -> Snapshots | None:
         original, probe = _alloc(cpu), _alloc(cpu)
         try:
             _context_save(cpu.handle, original)
-            _checked.append(_register_words(cpu, probe))
+            _checked.append(_layout(cpu, probe))
         finally:
             _context_restore(cpu.handle, original)
             _free(original, probe)
-    words = _checked[0]
-    if words is None:
+    layout = _checked[0]
+    if layout is None:
         return None
     size = int(_context_size(cpu.handle))
-    return Snapshots(_alloc(cpu), _alloc(cpu), size, (ctypes.c_uint64 * len(words))(*words))
+    words = (ctypes.c_uint64 * len(layout.words))(*layout.words)
+    return Snapshots(_alloc(cpu), _alloc(cpu), size, words, layout.rip_offset, layout.rsp_offset)
 
 
-def _register_words(cpu: Cpu, probe: ctypes.c_void_p) -> list[int] | None:
-    """(offset, mask) of each 8-byte snapshot word that writing a register of STATE_REGS other than
-    rip and rsp changes, flattened, if every one reads back from a snapshot as from the CPU for each
-    marker value (else None)."""
+def _layout(cpu: Cpu, probe: ctypes.c_void_p) -> Layout | None:
+    """Where a snapshot holds each register of STATE_REGS, if every one reads back from a snapshot as
+    from the CPU for each marker value (else None)."""
+    changed = _changed_bytes(cpu, probe)
+    if changed is None:
+        return None
+    others = 0
+    for reg, bits in changed.items():
+        if reg not in (Reg.RIP, Reg.RSP, Reg.RFLAGS):  # rflags: read from each snapshot, in any lazy form
+            others |= bits
+    size = int(_context_size(cpu.handle))
+    words, rip, rsp = _word_masks(others, size), _offset_of(cpu, probe, Reg.RIP), _offset_of(cpu, probe, Reg.RSP)
+    return None if words is None or rip is None or rsp is None else Layout(words, rip, rsp)
+
+
+def _changed_bytes(cpu: Cpu, probe: ctypes.c_void_p) -> dict[int, int] | None:
+    """For each register of STATE_REGS, the snapshot bits that writing the markers into it changed (as
+    one int, snapshot byte 0 lowest); None if a register does not read back from a snapshot as from
+    the CPU."""
     size = int(_context_size(cpu.handle))
     live, saved = ctypes.create_string_buffer(16), ctypes.create_string_buffer(16)
-    changed = 0
+    changed: dict[int, int] = {}
     for reg, width in zip(STATE_REGS, _widths(), strict=True):
         for marker in MARKERS:
             _context_save(cpu.handle, probe)
@@ -121,17 +149,35 @@ def _register_words(cpu: Cpu, probe: ctypes.c_void_p) -> list[int] | None:
             ctypes.memset(saved, 0, 16)
             if _context_reg_read(probe, reg, saved) != 0 or live.raw[:width] != saved.raw[:width]:
                 return None
-            if reg not in (Reg.RIP, Reg.RSP):
-                changed |= before ^ int.from_bytes(ctypes.string_at(_address(probe), size), "little")
-    return _word_masks(changed, size)
+            after = int.from_bytes(ctypes.string_at(_address(probe), size), "little")
+            changed[reg] = changed.get(reg, 0) | before ^ after
+    return changed
+
+
+def _offset_of(cpu: Cpu, probe: ctypes.c_void_p, reg: Reg) -> int | None:
+    """The one offset where a snapshot holds ``reg``'s 8 bytes, for two values (None: not one)."""
+    size = int(_context_size(cpu.handle))
+    offsets: set[int] = set()
+    for value in (0x1122334455667700 | reg, 0x8877665544332200 | reg):  # the register's own values
+        cpu.write(reg, value)
+        _context_save(cpu.handle, probe)
+        data = ctypes.string_at(_address(probe), size)
+        packed = value.to_bytes(8, "little")
+        at = data.find(packed)
+        if at < 0 or data.find(packed, at + 1) >= 0:
+            return None
+        offsets.add(at)
+    return offsets.pop() if len(offsets) == 1 else None
 
 
 def _word_masks(changed: int, size: int) -> list[int] | None:
-    """The (offset, mask) pairs, flattened, of the 8-byte words with a changed bit; each changed
-    byte masked whole. None if nothing changed (the check found no register in a snapshot)."""
-    pairs: list[int] = []
+    """A mask for each 8-byte word of a snapshot from the first up to the last with a changed bit:
+    0xff on each changed byte (masked whole). None if nothing changed (the check found no register
+    in a snapshot)."""
+    masks: list[int] = []
     for offset in range(0, size - size % 8, 8):
         word = changed >> 8 * offset & (1 << 64) - 1
-        if word:
-            pairs += [offset, sum(0xFF << 8 * i for i in range(8) if word >> 8 * i & 0xFF)]
-    return pairs or None
+        masks.append(sum(0xFF << 8 * i for i in range(8) if word >> 8 * i & 0xFF))
+    while masks and not masks[-1]:
+        masks.pop()
+    return masks or None

@@ -40,23 +40,28 @@ static int nothing_outside(const struct edges *e)
  *
  * With whole-CPU snapshots, the site hook saves the CPU (one copy) and reads rip and rsp; the other
  * registers go into the start buffer only if Python asks for them (fill_start). Two snapshots are
- * compared on the bytes that hold registers (emu/cpu/snapshots.py finds them; rip and rsp are
- * compared apart) once each has its rflags in the form a register write leaves (the value is the
- * same; the emulator keeps flags lazily, in more than one form): equal bytes mean every register
- * reads the same. Unequal bytes need not mean a difference, so they fall back to reading and
- * comparing every register.
+ * compared on the bytes that hold registers (emu/cpu/snapshots.py finds them; rip and rsp, read
+ * from where a snapshot holds them, are compared apart, and rflags is read from each): equal bytes
+ * mean every register reads the same. Unequal bytes need not mean a difference, so they fall back
+ * to reading and comparing every register.
  */
+
+/* A snapshot of the CPU now into context, with its rip and rsp into a state buffer. */
+static void save_snapshot(uc_engine *uc, const struct edges *e, uint64_t context, uint64_t state)
+{
+    AS_FN(uc_context_save_fn, e->ctx_save)(uc, AS_PTR(void, context));
+    memcpy(AS_PTR(uint8_t, state), AS_PTR(uint8_t, context) + e->ctx_rip, 8);
+    memcpy(AS_PTR(uint8_t, state) + 8, AS_PTR(uint8_t, context) + e->ctx_rsp, 8);
+}
 
 /* The snapshot of the CPU now into ctx_end, or the registers into the end buffer; rip and rsp are
  * in the end buffer either way. */
 static void read_end_state(uc_engine *uc, struct edges *e)
 {
-    if (e->ctx_start == 0) {
+    if (e->ctx_start == 0)
         read_state(uc, e, e->end_ptrs);
-        return;
-    }
-    AS_FN(uc_context_save_fn, e->ctx_save)(uc, AS_PTR(void, e->ctx_end));
-    AS_FN(uc_reg_read_batch_fn, e->reg_read_batch)(uc, AS_PTR(int, e->ids), AS_PTR(void *, e->end_ptrs), 2);
+    else
+        save_snapshot(uc, e, e->ctx_end, e->end);
 }
 
 static void fill_start(struct edges *e)
@@ -68,32 +73,35 @@ static void fill_start(struct edges *e)
     e->start_full = 1;
 }
 
-static void canonical_flags(const struct edges *e, uint64_t context)
+__attribute__((optimize("tree-vectorize"))) static int same_under_masks(const uint64_t *restrict a, const uint64_t *restrict b, const uint64_t *restrict mask,
+                            uint64_t n)
+{
+    uint64_t differ = 0;
+    for (uint64_t i = 0; i < n; i++)
+        differ |= (a[i] ^ b[i]) & mask[i];
+    return differ == 0;
+}
+
+static uint64_t snapshot_flags(const struct edges *e, uint64_t context)
 {
     uint64_t flags = 0;
     AS_FN(uc_context_reg_fn, e->ctx_reg_read)(AS_PTR(void, context), (int)e->flags_id, &flags);
-    AS_FN(uc_context_reg_fn, e->ctx_reg_write)(AS_PTR(void, context), (int)e->flags_id, &flags);
+    return flags;
 }
 
-/* ctx_end holds the registers ctx_start does, rip and rsp apart, rflags made canonical in both: equal
- * on every (offset, mask) word of ctx_words. */
+/* ctx_end holds the registers ctx_start does, rip and rsp apart: the same rflags (read: the emulator
+ * keeps flags lazily, in more than one form) and equal under the mask of each of its first
+ * ctx_nwords words (a loop the compiler vectorizes). */
 static int same_snapshots(struct edges *e)
 {
-    if (!e->start_canonical) {
-        canonical_flags(e, e->ctx_start);
-        e->start_canonical = 1;
+    if (!e->start_flags_read) {
+        e->start_flags = snapshot_flags(e, e->ctx_start);
+        e->start_flags_read = 1;
     }
-    canonical_flags(e, e->ctx_end);
-    const uint8_t *a = AS_PTR(uint8_t, e->ctx_start), *b = AS_PTR(uint8_t, e->ctx_end);
-    const uint64_t *word = AS_PTR(uint64_t, e->ctx_words), *end = word + 2 * e->ctx_nwords;
-    uint64_t differ = 0;
-    for (; word < end; word += 2) {
-        uint64_t x, y;
-        memcpy(&x, a + word[0], sizeof x);
-        memcpy(&y, b + word[0], sizeof y);
-        differ |= (x ^ y) & word[1];
-    }
-    return differ == 0;
+    if (snapshot_flags(e, e->ctx_end) != e->start_flags)
+        return 0;
+    return same_under_masks(AS_PTR(uint64_t, e->ctx_start), AS_PTR(uint64_t, e->ctx_end),
+                            AS_PTR(uint64_t, e->ctx_words), e->ctx_nwords);
 }
 
 /* Every register but rip and rsp, rflags exactly and the extended state, is as the site hook found
@@ -135,9 +143,8 @@ static void edges_site_hook(uc_engine *uc, uint64_t address, uint32_t size, void
     }
     record[1]++;
     if (e->ctx_start != 0) {
-        AS_FN(uc_context_save_fn, e->ctx_save)(uc, AS_PTR(void, e->ctx_start));
-        AS_FN(uc_reg_read_batch_fn, e->reg_read_batch)(uc, AS_PTR(int, e->ids), AS_PTR(void *, e->start_ptrs), 2);
-        e->start_full = 0, e->start_canonical = 0;
+        save_snapshot(uc, e, e->ctx_start, e->start);
+        e->start_full = 0, e->start_flags_read = 0;
     } else {
         read_state(uc, e, e->start_ptrs);
         e->start_full = 1;

@@ -56,11 +56,13 @@ struct edges {
     uint64_t kernel_exit; /* ... and the exit it took (EDGES_EXIT_*) */
     /* Whole-CPU snapshots (uc_context_save) instead of register reads, where Python found them
      * faithful (emu/verify/native_edges.py: context_snapshots); ctx_start 0: read registers. */
-    uint64_t ctx_save, ctx_reg_read, ctx_reg_write, ctx_reg_read_batch; /* the uc_context_* functions */
+    uint64_t ctx_save, ctx_reg_read, ctx_reg_read_batch; /* the uc_context_* functions */
     uint64_t ctx_start, ctx_end; /* uc_context *: the site's, and the one taken to compare with it */
-    uint64_t ctx_words, ctx_nwords; /* (offset, mask) pairs: the context words that hold registers */
+    uint64_t ctx_words, ctx_nwords; /* a mask for each of a context's first words: where registers lie */
+    uint64_t ctx_rip, ctx_rsp;   /* where a context holds rip and rsp */
     uint64_t start_full;         /* the start buffer holds every register (else rip and rsp only) */
-    uint64_t start_canonical;    /* ctx_start's rflags is in the form a register write leaves */
+    uint64_t start_flags_read;   /* start_flags holds ctx_start's rflags */
+    uint64_t start_flags;
     uint64_t flags_id;           /* UC_X86_REG_EFLAGS */
 };
 

@@ -39,11 +39,12 @@ Control block layout (64-bit words, struct edges in emu/hotpath_src/verify.h), t
   24 PY_SEQ: the transaction the tracker has a Transaction for
   25-27 KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT: the last transaction whose kernel part the C syscall front
         did (emu/hotpath_src/fastsys.c), the handler chain's path (NATIVE_PATHS) and the exit (KERNEL_EXITS)
-  28-31 the uc_context_save, _reg_read, _reg_write and _reg_read_batch functions
-  32, 33 the start and end snapshots (uc_context *; 0: the hooks read registers instead)
-  34, 35 the (offset, mask) pairs of the snapshot words that hold registers, and their count
-  36 the start buffer holds every register (else rip and rsp only)   37 the start snapshot's rflags
-  is canonical   38 the rflags register's id
+  28-30 the uc_context_save, _reg_read and _reg_read_batch functions
+  31, 32 the start and end snapshots (uc_context *; 0: the hooks read registers instead)
+  33, 34 a mask for each of a snapshot's first words (where registers lie), and their count
+  35, 36 where a snapshot holds rip and rsp
+  37 the start buffer holds every register (else rip and rsp only)   38, 39 the start snapshot's
+  rflags is read, and its value   40 the rflags register's id
 
 Snapshots: a uc_context_save copies the whole CPU in one memcpy, where reading the 48 registers of a
 state buffer costs a call each. The site hook saves one and reads only rip and rsp; the end of a hit
@@ -75,10 +76,11 @@ from emu.verify.write_log import WINDOW, WriteLog, native_hot_path
 
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, NREGS, IDS, START_PTRS, END_PTRS,
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ, START_AT, END_AT, REDZONE_AT, START_REDZONE_AT, STATE_LEN,
- KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT, CTX_SAVE, CTX_REG_READ, CTX_REG_WRITE, CTX_READ_BATCH,
- CTX_START, CTX_END, CTX_WORDS, CTX_NWORDS, START_FULL, START_CANONICAL, FLAGS_ID) = range(39)
+ KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT, CTX_SAVE, CTX_REG_READ, CTX_READ_BATCH,
+ CTX_START, CTX_END, CTX_WORDS, CTX_NWORDS, CTX_RIP, CTX_RSP, START_FULL, START_FLAGS_READ, START_FLAGS,
+ FLAGS_ID) = range(41)
 KERNEL_EXITS = ("sysret", "iret", None)  # EDGES_EXIT_*: the exit counted in UprobeStats.exits (none for an INT3)
-START = 39 * 8  # byte offsets of the buffers
+START = 41 * 8  # byte offsets of the buffers
 END = START + STATE_BYTES
 REDZONE = END + STATE_BYTES
 START_REDZONE = REDZONE + WINDOW
@@ -170,11 +172,12 @@ class NativeEdges:
         self._fill_start = native.edges_fill_start
         self._snapshots = context_snapshots(cpu)
         if self._snapshots is not None:
-            w[CTX_SAVE], w[CTX_REG_READ], w[CTX_REG_WRITE], w[CTX_READ_BATCH] = (native_function(name) for name in (
-                "uc_context_save", "uc_context_reg_read", "uc_context_reg_write", "uc_context_reg_read_batch"))
-            w[CTX_START], w[CTX_END] = self._snapshots.addresses
-            words = self._snapshots.words
-            w[CTX_WORDS], w[CTX_NWORDS], w[FLAGS_ID] = ctypes.addressof(words), self._snapshots.word_count, Reg.RFLAGS
+            w[CTX_SAVE], w[CTX_REG_READ], w[CTX_READ_BATCH] = (native_function(name) for name in (
+                "uc_context_save", "uc_context_reg_read", "uc_context_reg_read_batch"))
+            snaps = self._snapshots
+            w[CTX_START], w[CTX_END] = snaps.addresses
+            w[CTX_WORDS], w[CTX_NWORDS] = ctypes.addressof(snaps.words), snaps.word_count
+            w[CTX_RIP], w[CTX_RSP], w[FLAGS_ID] = snaps.rip_offset, snaps.rsp_offset, Reg.RFLAGS
 
     @classmethod
     def create(cls, cpu: Cpu, log: WriteLog, on_site: RawCodeHook) -> NativeEdges | None:
