@@ -18,6 +18,7 @@ from emu.kernel.uprobes import x86
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.kernel.uprobes.regs import PtRegs
 from emu.machine import Machine, RunOptions
+from emu.verify.native_edges import REDZONE_LAZY, START_REDZONE_STATUS
 from emu.verify.session import VerifySession
 from emu.verify.violations import Check
 from emu.verify.write_log import native_hot_path
@@ -209,3 +210,16 @@ def test_the_snapshot_compare_looks_at_the_register_bytes(monkeypatch: pytest.Mo
     monkeypatch.setattr(snapshots, "_checked", [blind])
     assert flagged(flips_r10) < ITERATIONS // 2  # the few Python judges itself
     assert flagged(SNAPSHOT_FLAWS["id-flag"]) == ITERATIONS - 1
+
+
+@needs_c
+def test_a_nop_site_copies_the_red_zone_only_once_a_store_reaches_it() -> None:
+    """At a NOP-class site the site hook does not copy the red zone; the write log copies it before
+    the first guest store into it, and a hit no store reached settles in C. The control: a store
+    into it is still flagged on every trampoline hit."""
+    clean = _run(TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", "nop10", python_only=False)
+    edges = clean.tracker.edges
+    assert edges is not None and edges.words[START_REDZONE_STATUS] == REDZONE_LAZY and not edges.has_start_redzone
+    assert clean.violations == [] and edges.finished >= ITERATIONS - 2  # settled in C
+    broken = _run(TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", BROKEN[Check.REDZONE], python_only=False)
+    assert {v.hit for v in broken.violations if v.kind is Check.REDZONE} == set(range(2, ITERATIONS + 1))

@@ -118,21 +118,35 @@ static int registers_as_at_start(uc_engine *uc, struct edges *e)
                   e->state_bytes - e->kept) == 0;
 }
 
-/* Every register but rip and rsp as at the start, no store outside, and the red zone now the site
- * hook's copy. */
-static int same_as_start(uc_engine *uc, struct edges *e)
+/* The red zone as at the start: the site hook's copy, or at a site that copies it lazily, the write
+ * log's (taken before the first guest store into it). None taken: no guest store reached it, and the
+ * kernel wrote none into it either, if Python never took the hit over (a kernel write there makes
+ * Python take it: emu/verify/tracker.py, _on_kernel_write). */
+static int redzone_as_at_start(uc_engine *uc, struct edges *e)
 {
     const struct write_log *log = log_of(e);
-    if (!nothing_outside(e) || e->start_redzone_status != 0)
+    const void *start = AS_PTR(void, e->start_redzone);
+    if (e->start_redzone_status == REDZONE_LAZY) {
+        if (!log->taken)
+            return e->python_seq != e->seq;
+        if (log->status != 0)
+            return 0;
+        start = log->snapshot;
+    } else if (e->start_redzone_status != 0) {
         return 0;
-    if (!registers_as_at_start(uc, e))
-        return 0;
+    }
     if (read_memory(uc, e, STATE_RSP(e->start) - log->length, e->redzone, log->length))
         return 0;
-    return memcmp(AS_PTR(void, e->start_redzone), AS_PTR(void, e->redzone), log->length) == 0;
+    return memcmp(start, AS_PTR(void, e->redzone), log->length) == 0;
 }
 
-/* At a probe site: user data is the site's record (the block, then the site's hit count). */
+/* Every register but rip and rsp as at the start, no store outside, and the red zone as at the start. */
+static int same_as_start(uc_engine *uc, struct edges *e)
+{
+    return nothing_outside(e) && registers_as_at_start(uc, e) && redzone_as_at_start(uc, e);
+}
+
+/* At a probe site: user data is the site's record (the block, the site's hit count, its flags). */
 static void edges_site_hook(uc_engine *uc, uint64_t address, uint32_t size, void *user_data)
 {
     uint64_t *record = user_data;
@@ -151,14 +165,19 @@ static void edges_site_hook(uc_engine *uc, uint64_t address, uint32_t size, void
     }
     struct write_log *log = log_of(e);
     uint64_t base = STATE_RSP(e->start) - log->length;
-    uc_err status = read_memory(uc, e, base, e->start_redzone, log->length);
-    e->start_redzone_status = (uint64_t)status;
+    if (record[2] & SITE_LAZY_REDZONE) {
+        e->start_redzone_status = REDZONE_LAZY;
+        log->taken = 0; /* the log copies the red zone before the first store into it */
+    } else {
+        uc_err status = read_memory(uc, e, base, e->start_redzone, log->length);
+        e->start_redzone_status = (uint64_t)status;
+        log->taken = status == 0; /* the log copies the red zone itself only where this read failed */
+    }
     e->site = address;
     e->seq++;
     e->state = EDGES_OPEN;
     log->count = 0;
     log->base = base;
-    log->taken = status == 0; /* the log copies the red zone itself only where this read failed */
     log->status = 0;
     log->outside = 0;
     log->open = 1;

@@ -80,6 +80,10 @@ void edges_arm(struct edges *e, uint64_t ret_pc, uint64_t popped, uint64_t resum
 
 enum { EDGES_IDLE = 0, EDGES_OPEN = 1, EDGES_ARMED = 2 };
 
+/* A site record's flag (emu/verify/native_edges.py, LAZY_REDZONE), and what start_redzone_status
+ * then says: the red zone was not copied at the site (not a uc_err: Python finds no site copy). */
+enum { SITE_LAZY_REDZONE = 1, REDZONE_LAZY = 0x10000 };
+
 /* A state buffer begins with rip, then rsp (emu.cpu.STATE_REGS). */
 #define STATE_RIP(buffer) (((const uint64_t *)(uintptr_t)(buffer))[0])
 #define STATE_RSP(buffer) (((const uint64_t *)(uintptr_t)(buffer))[1])

@@ -99,25 +99,34 @@ OPEN = 1  # a transaction is open (the site hook's, numbered SEQ, or one the tra
 ARMED = 2  # ... and the ret hook may settle it
 
 
+RECORD_WORDS = 3  # a site's record: the control block's address, the hit count, LAZY_REDZONE or 0
+LAZY_REDZONE = 1  # the site hook does not copy the red zone: the write log copies it before the first store
+REDZONE_LAZY = 0x10000  # START_REDZONE_STATUS then: not copied at the site (REDZONE_LAZY in verify.h)
+
+
 class SiteCounters:
     """Per probe site: the record its C hook gets (the control block's address, then the
-    site's hit count, which the hook counts itself)."""
+    site's hit count, which the hook counts itself, then its flags)."""
 
     def __init__(self, count: int, block: int) -> None:
-        self._records = (ctypes.c_uint64 * (2 * count))(*[block, 0] * count)
+        self._records = (ctypes.c_uint64 * (RECORD_WORDS * count))(*[block, 0, 0] * count)
         self._words = memoryview(self._records).cast("B").cast("Q")
 
     def record(self, index: int) -> int:
-        return ctypes.addressof(self._records) + 16 * index
+        return ctypes.addressof(self._records) + 8 * RECORD_WORDS * index
+
+    def copy_redzone_lazily(self, index: int) -> None:
+        """A NOP-class site: the red zone it leaves is unchanged if no store reached it (edges.c)."""
+        self._words[RECORD_WORDS * index + 2] = LAZY_REDZONE
 
     def hits(self, index: int) -> int:
-        return self._words[2 * index + 1]
+        return self._words[RECORD_WORDS * index + 1]
 
     def count_hit(self, index: int, by: int = 1) -> int:
         """One more hit (one the C did not see), or ``by`` more; the hit's number."""
         words = self._words
-        words[2 * index + 1] += by
-        return words[2 * index + 1]
+        words[RECORD_WORDS * index + 1] += by
+        return words[RECORD_WORDS * index + 1]
 
 
 class Comparison:

@@ -311,6 +311,8 @@ class TransactionTracker:
         hotpath.touch()  # the C syscall front's site facts (site_facts) are of the old sites
         for site, at in self._by_site.items():
             if self.edges is not None:
+                if at.nop:
+                    self._counters.copy_redzone_lazily(at.index)
                 self._site_hooks.append(self.edges.add_site_hook(site, self._counters.record(at.index)))
             else:
                 self._site_hooks.append(self.cpu.hooks.add_raw_code(self._on_site, site, site))
