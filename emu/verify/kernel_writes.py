@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from emu.abi import RED_ZONE, Prot
+from emu.hotpath.write_log import classify
 from emu.memory import Memory
-from emu.verify.write_log import classify
 from emu.vma import MemoryBackend, SharedPages
 
 KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})  # the pages the kernel maps for uprobes

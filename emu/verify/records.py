@@ -12,11 +12,11 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from emu.abi import RED_ZONE
+from emu.hotpath.write_log import entries as log_entries
 from emu.kernel.uprobes.consumers import EntryPath
 from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.state import RAW_RSP, ExtendedState, decode_extended, decode_state
-from emu.verify.write_log import entries as log_entries
 
 if TYPE_CHECKING:
     from emu.verify.reference_cache import Prepared

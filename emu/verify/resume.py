@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from emu.cpu import RawState
+    from emu.hotpath.edges import NativeEdges
     from emu.machine import Machine
-    from emu.verify.native_edges import NativeEdges
     from emu.verify.records import ProbeSite, Transaction
 
 TAIL_SCAN_BYTES = 256
@@ -80,7 +80,7 @@ class ResumeWatch:
         self._rets: dict[int, int] = {}  # hooked ret -> its immediate (bytes popped after the address)
         self._tail_ret: dict[int, int] = {}  # followed kernel-side address -> the hooked ret ending it
         self._sysret_watched: set[int] = set()  # probe sites whose code after SYSRET is watched
-        self._armable: dict[int, int] = {}  # ... and ends in this ret, whose hook is C (emu/verify/native_edges.py)
+        self._armable: dict[int, int] = {}  # ... and ends in this ret, whose hook is C (emu/hotpath/edges.py)
         self._native_rets: set[int] = set()  # hooked rets whose hook is C
         self.watching_blocks = False  # the fallback is on (it stays on)
         self.cpu.hooks.after_interrupt.append(self._after_interrupt)

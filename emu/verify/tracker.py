@@ -4,7 +4,7 @@ site until the guest resumes (the records it keeps: emu/verify/records.py).
 Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
 after the code was translated): an exact-address code hook per probe site (free elsewhere); one
 memory-write hook over the whole address space that logs only while a transaction is open
-(emu/verify/write_log.py): it keeps the stores into the red zone, drops those into the scratch
+(emu/hotpath/write_log.py): it keeps the stores into the red zone, drops those into the scratch
 below it, and keeps every other one with the bytes it overwrote, for the memory check; a memory
 backend that sees the fake kernel's writes before they land (into the red zone: folded in;
 anywhere else but the scratch and the kernel's own pages: recorded for the memory check); an
@@ -12,7 +12,7 @@ observer of the handler chain that records what the consumers changed; and emu/v
 which says where and when the guest resumes.
 
 Every hook here fires on every hit. With the C extension the site, write and ``ret`` hooks are C
-(emu/verify/native_edges.py says what they settle without Python); without it, Python hooks do
+(emu/hotpath/edges.py says what they settle without Python); without it, Python hooks do
 the same work: the state is read in one C call at each end as raw bytes (emu.cpu.RawState) and
 compared as bytes; the red zone is read only if something writes into it, before the write lands.
 
@@ -31,12 +31,7 @@ from emu.cpu import (
     HookHandle,
     RawState,
 )
-from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
-from emu.kernel.uprobes.insn import Kind
-from emu.kernel.uprobes.records import Uprobe
-from emu.kernel.uprobes.regs import PtRegs
-from emu.verify.kernel_writes import WatchedBackend, outside_the_hits_share
-from emu.verify.native_edges import (
+from emu.hotpath.edges import (
     ARMED,
     IDLE,
     KERNEL_EXIT,
@@ -53,12 +48,17 @@ from emu.verify.native_edges import (
     NativeEdges,
     SiteCounters,
 )
+from emu.hotpath.write_log import SCRATCH, WriteLog
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
+from emu.kernel.uprobes.insn import Kind
+from emu.kernel.uprobes.records import Uprobe
+from emu.kernel.uprobes.regs import PtRegs
+from emu.verify.kernel_writes import WatchedBackend, outside_the_hits_share
 from emu.verify.records import Finished, Prepare, ProbeSite, Transaction
 from emu.verify.reference_cache import MAX_PLANS, Prepared
 from emu.verify.resume import ResumeWatch
 from emu.verify.state import RAW_KEPT, RAW_RSP
 from emu.verify.threads import ThreadWatch
-from emu.verify.write_log import SCRATCH, WriteLog
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine
@@ -119,7 +119,7 @@ class TransactionTracker:
             hotpath.touch()
 
     def _native_edges(self) -> NativeEdges | None:
-        """The C site and ret hooks (emu/verify/native_edges.py), where the write log is C too;
+        """The C site and ret hooks (emu/hotpath/edges.py), where the write log is C too;
         None: Python hooks do their work."""
         if not self._native_log:
             return None

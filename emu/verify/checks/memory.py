@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from emu.hotpath.write_log import classify
+from emu.hotpath.write_log import entries as log_entries
 from emu.verify.checks.hit import path_name, violation
 from emu.verify.expected import Expected
 from emu.verify.records import Transaction
 from emu.verify.violations import Check, Violation
-from emu.verify.write_log import classify
-from emu.verify.write_log import entries as log_entries
 
 Reader = Callable[[int, int], bytes | None]  # (address, size) -> the guest's bytes now (None: unmapped)
 Allowed = Callable[[Transaction, int, int], bool]  # (tx, address, size): a write there is the hit's right
