@@ -6,16 +6,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from emu.callret import CallRetTracker
 from emu.designs import DESIGNS, known_designs
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions, RunResult
 from emu.probes import ProbeSpec, parse_spec, scan_specs
 from emu.render import table
+from emu.rsb import RsbModel, RsbStats
 from emu.verify.lockstep import Observed, SyscallLog, first_divergence
-from emu.verify.rsb import RsbModel, RsbStats
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
-from emu.verify.shstk import CallRetTracker
 from emu.verify.violations import Check, Violation
 
 

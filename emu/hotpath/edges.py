@@ -68,10 +68,10 @@ from emu.cpu import (
     Reg,
     native_function,
 )
+from emu.cpu.effects import EffectSpans
 from emu.cpu.snapshots import context_snapshots
+from emu.cpu.state import RAW_KEPT, RAW_RIP, RAW_RSP
 from emu.hotpath.write_log import WINDOW, WriteLog, native_hot_path
-from emu.verify.reference_cache import EffectSpans
-from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP
 
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, NREGS, IDS, START_PTRS, END_PTRS,
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ, START_AT, END_AT, REDZONE_AT, START_REDZONE_AT, STATE_LEN,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from emu.cpu.effects import ReferenceCache, stored_into
+from emu.cpu.scratch import Reference
+from emu.cpu.state import RAW_KEPT, RAW_RIP, RAW_RSP, ExtendedState, decode_extended, decode_state, encode_state
 from emu.verify.records import RIP_INDEX, Transaction
-from emu.verify.reference_cache import ReferenceCache, stored_into
-from emu.verify.scratch import Reference
-from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, ExtendedState, decode_extended, decode_state, encode_state
 
 # PtRegs field -> index in Cpu.read_user_state()
 STATE_INDEX = {

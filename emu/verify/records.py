@@ -12,14 +12,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from emu.abi import RED_ZONE
+from emu.cpu.state import RAW_RSP, ExtendedState, decode_extended, decode_state
 from emu.hotpath.write_log import entries as log_entries
 from emu.kernel.uprobes.consumers import EntryPath
 from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
-from emu.verify.state import RAW_RSP, ExtendedState, decode_extended, decode_state
 
 if TYPE_CHECKING:
-    from emu.verify.reference_cache import Prepared
+    from emu.cpu.effects import Prepared
 
 RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
 RIP_INDEX = 16

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from emu import hotpath
 from emu.abi import RED_ZONE, U64
+from emu.cpu.state import RAW_RIP, RAW_RSP
 from emu.disasm import cs64
 from emu.kernel.uprobes.regs import ExitPath
 from emu.verify.kernel_writes import KERNEL_SIDE
-from emu.verify.state import RAW_RIP, RAW_RSP
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -31,6 +31,8 @@ from emu.cpu import (
     HookHandle,
     RawState,
 )
+from emu.cpu.effects import MAX_PLANS, Prepared
+from emu.cpu.state import RAW_KEPT, RAW_RSP
 from emu.hotpath.edges import (
     ARMED,
     IDLE,
@@ -55,9 +57,7 @@ from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.kernel_writes import WatchedBackend, outside_the_hits_share
 from emu.verify.records import Finished, Prepare, ProbeSite, Transaction
-from emu.verify.reference_cache import MAX_PLANS, Prepared
 from emu.verify.resume import ResumeWatch
-from emu.verify.state import RAW_KEPT, RAW_RSP
 from emu.verify.threads import ThreadWatch
 
 if TYPE_CHECKING:
