@@ -1,7 +1,6 @@
-"""What a hit writes elsewhere (``memory``): a hit may write only below the red zone of the
-interrupted code (the design's scratch) and into the kernel's own pages; any other byte it leaves
-changed, by trampoline or slot code, an out-of-line step or the kernel's user copies, is reported
-with its address, old and new bytes and writer."""
+"""What a hit writes elsewhere (``memory``): a hit may write only below the red zone (the design's
+scratch) and into the kernel's own pages; any other byte it leaves changed that the original
+instruction would not have is reported with its address, old and new bytes and writer."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ Allowed = Callable[[Transaction, int, int], bool]  # (tx, address, size): a writ
 
 def outside_writes(tx: Transaction, allowed: Allowed,
                    describe: Callable[[int], str]) -> dict[int, tuple[int, str]]:
-    """Each byte written during ``tx`` outside the red zone and the scratch below it, by address:
-    (its value before the first such write, the last writer)."""
+    """Each byte written during ``tx`` outside the red zone and the scratch: (its first old value, the last writer)."""
     written: dict[int, tuple[int, str]] = {}
 
     def note(addr: int, old: bytes, writer: str) -> None:
@@ -40,8 +38,6 @@ def outside_writes(tx: Transaction, allowed: Allowed,
 
 def check_memory(tx: Transaction, exp: Expected, read: Reader, allowed: Allowed,
                  describe: Callable[[int], str]) -> list[Violation]:
-    """Every byte a hit wrote outside the red zone, the scratch below it and the kernel's own pages
-    that the original instruction would not have left so (its own stores are the reference's)."""
     if not tx.outside:
         return []
     written = outside_writes(tx, allowed, describe)
@@ -53,9 +49,9 @@ def check_memory(tx: Transaction, exp: Expected, read: Reader, allowed: Allowed,
         if len(now) == hi - lo and all(stored.get(a) == now[a - lo] for a in range(lo, hi)):
             continue  # what the instruction itself stores there
         found.append(_memory(tx, lo, old, now, writer))
-    if tx.unrecorded:
-        found += [violation(Check.MEMORY, tx, "more stores than the write log holds: some were not seen",
-                             path=path_name(tx))] if not found else []
+    if tx.unrecorded and not found:
+        found.append(violation(Check.MEMORY, tx, "more stores than the write log holds: some were not seen",
+                               path=path_name(tx)))
     return found
 
 
