@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
 from emu.cpu.state import RAW_RSP, ExtendedState, decode_extended, decode_state
@@ -23,13 +23,7 @@ if TYPE_CHECKING:
 RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
 RIP_INDEX = 16
 _QWORD = struct.Struct("<Q")
-
-
-class GuestWrite(NamedTuple):
-    pc: int
-    addr: int
-    size: int
-    value: int
+GuestWrite = tuple[int, int, int, int]  # a logged store: pc, address, size, value
 
 
 @dataclass(slots=True)
@@ -72,10 +66,6 @@ class Transaction:
     def probe(self) -> str:
         return self.at.name
 
-    @property
-    def original(self) -> bytes:
-        return self.at.original
-
     @cached_property
     def start_state(self) -> list[int]:
         return decode_state(self.start_raw)
@@ -114,7 +104,7 @@ def guest_writes(logged: tuple[bytes, ...], base: int, before: bytes | None, nop
                 continue
             if not (nop and before is not None and 0 <= offset <= RED_ZONE - size
                     and (value & ((1 << 8 * size) - 1)).to_bytes(size, "little") == before[offset : offset + size]):
-                out.append(GuestWrite(pc, addr, size, value))
+                out.append((pc, addr, size, value))
     return out
 
 

@@ -57,7 +57,7 @@ class ResumeWatch:
         self.machine, self.cpu, self.mem, self.up, self.tracker = machine, machine.cpu, machine.mem, machine.uprobes, tracker
         self._exits = machine.uprobes.stats.exits
         self._followed: set[int] = set()  # kernel-side addresses whose straight-line run is watched
-        self._rets: dict[int, int] = {}  # hooked ret -> its immediate (bytes popped after the address)
+        self._popped: dict[int, int] = {}  # hooked ret -> the bytes it pops (8 + its immediate)
         self._tail_ret: dict[int, int] = {}  # followed kernel-side address -> the hooked ret ending it
         self._sysret_watched: set[int] = set()  # probe sites whose code after SYSRET is watched
         self._armable: dict[int, int] = {}  # ... and ends in this ret, whose hook is C (emu/hotpath/edges.py)
@@ -76,7 +76,7 @@ class ResumeWatch:
     def armable(self, site: int) -> tuple[int, int]:
         """The C-hooked ``ret`` a hit at ``site`` may be armed for after SYSRET, and the bytes it pops; or (0, 0)."""
         ret = self._armable.get(site)
-        return (0, 0) if ret is None else (ret, 8 + self._rets[ret])
+        return (0, 0) if ret is None else (ret, self._popped[ret])
 
     def lost_track(self) -> None:
         """The guest resumed without any of the hooks here seeing it: watch blocks from now on."""
@@ -102,9 +102,8 @@ class ResumeWatch:
             at, exits_before = opened
             irets = self._exits.get(_IRET, 0) - exits_before.get(_IRET, 0)
             if not irets and at.address in self._sysret_watched and not self.cpu.hooks.failed:
-                ret = self._armable.get(at.address)
-                if ret is not None:
-                    self.tracker.arm(ret, 8 + self._rets[ret])
+                if at.address in self._armable:
+                    self.tracker.arm(*self.armable(at.address))
                 return  # SYSRET into the trampoline code watched for this site
             tx = None if self.tracker.settle_at_kernel_return(2) else self.tracker.active
             if tx is None:
@@ -149,7 +148,7 @@ class ResumeWatch:
             end = self._straight_line_end(addr)
             if end is not None and end[2] == "ret":
                 pc, size, _word, op_str = end
-                self._rets[pc] = int(op_str, 0) if op_str else 0
+                self._popped[pc] = 8 + (int(op_str, 0) if op_str else 0)
                 self._hook_ret(pc)
                 self.cpu.flush_code(addr, pc + size)
                 self._tail_ret[addr] = pc
@@ -198,7 +197,7 @@ class ResumeWatch:
                 tracker.abandon()  # the ret faults: SIGSEGV, no resume
                 return
             if self._guest_side(tx, target):
-                tracker.finish(tx, target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
+                tracker.finish(tx, target, raw, (rsp + self._popped[addr]) & U64, redzone)
             else:
                 self._follow(target)
         except BaseException as exc:

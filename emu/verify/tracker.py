@@ -77,12 +77,11 @@ class TransactionTracker:
         self._native_tx: Transaction | None = None  # the transaction whose start state the edges' buffer holds
         # The site hook's transactions are numbered (SEQ); the tracker's Transaction is the open one
         # if _seq is its number. What one still without a Transaction met in the kernel:
-        self._seq = self._entry_seq = self._path_seq = self._kernel_wrote_seq = self._adopted_seq = 0
+        self._seq = self._entry_seq = self._path_seq = self._kernel_wrote_seq = self._adopted_seq = self._prepared_seq = 0
         self._entry_exits: Mapping[str, int] = {}  # the exit counts when it entered the kernel
         self._entry_path: EntryPath | None = None  # the path the handler chain took
         self._counters = SiteCounters(0, 0)
         self.prepare: Prepare | None = None  # the session's: a reference, before the instruction runs
-        self._prepared_seq = 0
         self._prepared: Prepared | None = None  # for the site hook's transaction numbered _prepared_seq
         self.bind(attachments)
         machine.kernel.sched.switch_observers.append(self.threads.switch)
@@ -134,9 +133,8 @@ class TransactionTracker:
             assert self._edge_words is not None
             self._adopt_kernel_part()
             at = self._by_site.get(self._edge_words[SITE])
-            if at is None:
-                return None
-            return at, self._entry_exits if self._entry_seq == self._edge_words[SEQ] else self._exits
+            exits = self._entry_exits if self._entry_seq == self._edge_words[SEQ] else self._exits
+            return None if at is None else (at, exits)
         tx = self.active
         return None if tx is None else (tx.at, tx.exits_before)
 

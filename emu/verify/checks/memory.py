@@ -73,4 +73,3 @@ def _memory(tx: Transaction, addr: int, old: bytes, new: bytes, writer: str) -> 
     summary = f"{place} ({len(old)} bytes at {addr:#x}) {old.hex()} -> {new.hex() or '?'} by {writer}"
     return violation(Check.MEMORY, tx, summary, address=hex(addr), size=len(old), old=old.hex(), new=new.hex(),
                       writer=writer, path=path_name(tx))
-

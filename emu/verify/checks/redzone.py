@@ -33,12 +33,12 @@ def _blame(base: int, expected: bytes, after: bytes, logged: tuple[bytes, ...], 
     that left it (None: none did). Cached: a design that clobbers the red zone does it on every hit."""
     wrong = _differing(after, expected)
     out: list[tuple[int, int, int | None]] = []
-    for w in reversed(guest_writes(logged, base, before, nop)):  # the last store to a byte is the one that left it
-        lo, hi = max(w.addr - base, 0), min(w.addr + w.size - base, RED_ZONE)
+    for pc, addr, size, _value in reversed(guest_writes(logged, base, before, nop)):  # the last store to a byte left it
+        lo, hi = max(addr - base, 0), min(addr + size - base, RED_ZONE)
         bytes_written = ((1 << hi - lo) - 1) << lo if hi > lo else 0
         if wrong & bytes_written:
             wrong &= ~bytes_written
-            out.append((lo, hi, w.pc))
+            out.append((lo, hi, pc))
     out += [(lo, hi, None) for lo, hi in _runs(wrong)]
     return tuple(sorted(out))
 
@@ -77,5 +77,3 @@ def _redzone_evidence(lo: int, hi: int, old: bytes, new: bytes, writer: str, pat
     summary = f"rsp{offset:+d} ({hi - lo} bytes) {old.hex()} -> {new.hex()} by {writer}"
     detail = {"offset": offset, "size": hi - lo, "old": old.hex(), "new": new.hex(), "writer": writer, "path": path}
     return summary, tuple(detail.items())
-
-

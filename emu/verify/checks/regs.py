@@ -68,5 +68,3 @@ def check_consumer_view(tx: Transaction) -> list[Violation]:
         return []
     summary = "pt_regs given to the handlers: " + ", ".join(f"{k} {v}" for k, v in diffs.items())
     return [violation(Check.REGS, tx, summary, consumer_view=diffs, path=path_name(tx))]
-
-
