@@ -21,9 +21,7 @@ class Expected:
 
     def __init__(self, raw: bytes, stores: tuple[tuple[int, bytes], ...] = (),
                  consumer_changes: tuple[str, ...] = ()) -> None:
-        self.raw = raw
-        self.stores = stores
-        self.consumer_changes = consumer_changes
+        self.raw, self.stores, self.consumer_changes = raw, stores, consumer_changes
 
     @cached_property
     def state(self) -> list[int]:

@@ -149,20 +149,16 @@ class ResumeWatch:
             if end is not None and end[2] == "ret":
                 pc, size, _word, op_str = end
                 self._popped[pc] = 8 + (int(op_str, 0) if op_str else 0)
-                self._hook_ret(pc)
+                if self.tracker.edges is not None:
+                    self.tracker.edges.add_ret_hook(pc)
+                    self._native_rets.add(pc)
+                else:
+                    self.cpu.hooks.add_raw_code(self._on_ret, pc, pc)
                 self.cpu.flush_code(addr, pc + size)
                 self._tail_ret[addr] = pc
             elif end is None or end[2] not in _KERNEL_ENTRIES:
                 self._watch_blocks()  # else the kernel is entered again: the hooks here see its exit
         return addr in self._tail_ret and not self.watching_blocks
-
-    def _hook_ret(self, pc: int) -> None:
-        edges = self.tracker.edges
-        if edges is not None:
-            edges.add_ret_hook(pc)
-            self._native_rets.add(pc)
-        else:
-            self.cpu.hooks.add_raw_code(self._on_ret, pc, pc)
 
     def _straight_line_end(self, addr: int) -> tuple[int, int, str, str] | None:
         vma = self.mem.find(addr)

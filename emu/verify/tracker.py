@@ -72,7 +72,11 @@ class TransactionTracker:
         self.threads = ThreadWatch(self)
         self.log = WriteLog()
         self._native_log = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self.raw.mem)[1]
-        self.edges = self._native_edges()
+        # the C site and ret hooks, where the write log is C too; without them, Python hooks do their work
+        self.edges = NativeEdges.create(self.cpu, self.log, self._on_site) if self._native_log else None
+        if self.edges is not None:
+            self.cpu.hooks.before_syscall.append(self._before_kernel)
+            self.cpu.hooks.before_interrupt.append(self._before_kernel)
         self._edge_words = None if self.edges is None else self.edges.words
         self._native_tx: Transaction | None = None  # the transaction whose start state the edges' buffer holds
         # The site hook's transactions are numbered (SEQ); the tracker's Transaction is the open one
@@ -94,16 +98,6 @@ class TransactionTracker:
             self._mirrored = [self._on_chain, self._before_step, self._before_kernel, *self.resume.observers]
             machine.uprobes.fast.verifier = self
             hotpath.touch()
-
-    def _native_edges(self) -> NativeEdges | None:
-        """The C site and ret hooks, where the write log is C too; None: Python hooks do their work."""
-        if not self._native_log:
-            return None
-        edges = NativeEdges.create(self.cpu, self.log, self._on_site)
-        if edges is not None:
-            self.cpu.hooks.before_syscall.append(self._before_kernel)
-            self.cpu.hooks.before_interrupt.append(self._before_kernel)
-        return edges
 
     @property
     def active(self) -> Transaction | None:
@@ -210,20 +204,15 @@ class TransactionTracker:
     def arm(self, ret: int, popped: int) -> None:
         """Let the C hook on the ``ret`` at ``ret`` (popping ``popped`` bytes) settle the open transaction
         if it left everything as it found it; only one :meth:`finish` would settle alike (a NOP site)."""
-        at = self._settleable()
+        if self._unmaterialized():
+            at = self._pending_site()
+        else:
+            tx = self.active
+            at = None if (tx is None or tx is not self._native_tx or tx.chain is not None or self._up.task.stepping
+                          or tx.outside or self.log.outside or tx.path is None) else tx.at
         if at is not None and at.nop:
             assert self.edges is not None
             self.edges.arm(ret, popped, at.next)
-
-    def _settleable(self) -> ProbeSite | None:
-        """The open transaction's site, if it may be settled outside Python (see arm())."""
-        if self._unmaterialized():
-            return self._pending_site()
-        tx = self.active
-        if (tx is None or tx is not self._native_tx or tx.chain is not None or self._up.task.stepping
-                or tx.outside or self.log.outside or tx.path is None):
-            return None
-        return tx.at
 
     def _pending_site(self) -> ProbeSite | None:
         """The site of the site hook's open transaction still without a Transaction, if its probe is
