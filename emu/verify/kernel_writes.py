@@ -31,13 +31,10 @@ def outside_the_hits_share(mem: Memory, addr: int, data: bytes, rsp: int) -> boo
     return vma is not None and vma.name not in KERNEL_SIDE and bool(vma.prot & Prot.WRITE)
 
 
-WriteSeen = Callable[[int, bytes], None]  # (address, the bytes about to be written)
-
-
 class WatchedBackend:
     """Reports each write, then passes it on; every other operation is the backend's own bound method."""
 
-    def __init__(self, backend: MemoryBackend, on_write: WriteSeen) -> None:
+    def __init__(self, backend: MemoryBackend, on_write: Callable[[int, bytes], None]) -> None:  # (address, bytes)
         self.backend, self.on_write = backend, on_write
         self.mem_read: Callable[[int, int], bytes] = backend.mem_read
         self.mem_map: Callable[[int, int, Prot], None] = backend.mem_map

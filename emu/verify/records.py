@@ -116,12 +116,3 @@ def others_folded_in(before: bytes, suspended: bytes, resumed: bytes) -> bytes:
     """The reference ``before`` with the bytes other threads changed while the probed one was suspended
     (``suspended`` -> ``resumed``) taken as they left them."""
     return bytes(r if r != s else b for b, s, r in zip(before, suspended, resumed, strict=True))
-
-
-@dataclass(frozen=True, slots=True)
-class Suspended:
-    """A transaction whose thread is not running: the exit counts and its red zone at suspension."""
-
-    tx: Transaction
-    exits: dict[str, int]
-    redzone: bytes | None

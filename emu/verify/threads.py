@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from emu.verify.records import Suspended, Transaction, others_folded_in
+from emu.verify.records import Transaction, others_folded_in
 
 if TYPE_CHECKING:
     from emu.kernel.tasks import Task
@@ -27,7 +27,8 @@ class Tracker(Protocol):
 class ThreadWatch:
     def __init__(self, tracker: Tracker) -> None:
         self._tracker = tracker
-        self._suspended: dict[int, Suspended] = {}  # tid -> its transaction, while another thread runs
+        # tid -> its transaction, while another thread runs, with the exit counts and its red zone then
+        self._suspended: dict[int, tuple[Transaction, dict[str, int], bytes | None]] = {}
 
     def clear(self) -> None:
         self._suspended.clear()
@@ -38,15 +39,15 @@ class ThreadWatch:
         tx = tracker.put_aside()
         if tx is not None and prev.alive:  # the red zone now, if its own writes reached it (else taken at its first)
             redzone = None if tx.redzone_before is None else tracker.redzone(tx.redzone_base)
-            self._suspended[prev.tid] = Suspended(tx, tracker.exits_now(), redzone)
+            self._suspended[prev.tid] = (tx, tracker.exits_now(), redzone)
         held = self._suspended.pop(nxt.tid, None)
         if held is None or nxt.signals.pending & ~nxt.signals.mask:
             return  # nothing held, or a handler runs first: the thread does not resume from this hit here
-        tx = held.tx
+        tx, exits, redzone = held
         now = self._tracker.exits_now()
-        tx.exits_before = {k: tx.exits_before.get(k, 0) + now[k] - held.exits.get(k, 0) for k in now}
-        if held.redzone is not None and tx.redzone_before is not None:
+        tx.exits_before = {k: tx.exits_before.get(k, 0) + now[k] - exits.get(k, 0) for k in now}
+        if redzone is not None and tx.redzone_before is not None:
             current = self._tracker.redzone(tx.redzone_base)
-            if current != held.redzone:  # another thread stored there: not this transaction's doing
-                tx.redzone_before = others_folded_in(tx.redzone_before, held.redzone, current)
+            if current != redzone:  # another thread stored there: not this transaction's doing
+                tx.redzone_before = others_folded_in(tx.redzone_before, redzone, current)
         self._tracker.take_up(tx)
