@@ -1,7 +1,7 @@
 """Builds the optional C extension emu._hotpath with the system compiler (pyproject.toml holds the rest).
 
 The extension uses no Unicorn header and links no Unicorn library: Python hands it the addresses of
-Unicorn's public C functions at run time (emu/hotpath.py). Where it cannot be built (no compiler),
+Unicorn's public C functions at run time (emu/hotpath/__init__.py). Where it cannot be built (no compiler),
 the install still succeeds and the pure-Python implementation runs instead.
 """
 

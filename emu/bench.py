@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emu.callret import CallRetTracker
 from emu.disasm import cs64
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.consumers import Consumer
 from emu.machine import Machine, RunOptions
 from emu.render import table
-from emu.verify.rsb import RsbModel
-from emu.verify.shstk import CallRetTracker
+from emu.rsb import RsbModel
 
 TRIG = str(Path(__file__).resolve().parent.parent / "elf_samples" / "trig")
 KERNEL_PAGES = frozenset({"[uprobes-trampoline]", "[uprobes]"})

@@ -50,10 +50,10 @@ def verdict(c: ChangeCheck) -> str:
 
 def rsb_shapes() -> list[dict[str, Any]]:
     """Extra calls, rets and mispredicted returns per run of each rsb_shapes shape, against the plain one."""
+    from emu.callret import CallRetTracker
     from emu.guestio import GuestIO
     from emu.machine import Machine, RunOptions
-    from emu.verify.rsb import RsbModel
-    from emu.verify.shstk import CallRetTracker
+    from emu.rsb import RsbModel
 
     def tally(shape: str) -> tuple[int, int, int]:
         m = Machine(SHAPES, [SHAPES, shape, "1"], {}, RunOptions(), GuestIO.captured())

@@ -13,7 +13,7 @@ is not run; the remaining instructions run one by one under Unicorn's exact coun
 the run only.
 
 The C extension (emu/hotpath_src/icount.c) holds the table and both hooks; without it the same
-table is a dict and the hooks are Python (emu/hotpath.py chooses). Both count the same.
+table is a dict and the hooks are Python (emu/hotpath/__init__.py chooses). Both count the same.
 
 Where a block does not run to its end (a fault in the middle, a thread's counted slice ending in it),
 it still counts whole, as with any block counter; single-threaded runs without faults count exactly.

@@ -1,4 +1,4 @@
-"""The C site and ret hooks (emu/verify/native_edges.py): they settle the clean optimized hits
+"""The C site and ret hooks (emu/hotpath/edges.py): they settle the clean optimized hits
 without Python, and every verdict is the one the Python hooks give."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from emu import hotpath
 from emu.cpu import STATE_REGS, snapshots
 from emu.designs import DESIGNS, Design, Trampoline
 from emu.guestio import GuestIO
+from emu.hotpath.edges import REDZONE_LAZY, START_REDZONE_STATUS
+from emu.hotpath.write_log import native_hot_path
 from emu.kernel.uprobes import x86
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.kernel.uprobes.regs import PtRegs
 from emu.machine import Machine, RunOptions
-from emu.verify.native_edges import REDZONE_LAZY, START_REDZONE_STATUS
 from emu.verify.session import VerifySession
 from emu.verify.violations import Check
-from emu.verify.write_log import native_hot_path
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 TARGETS = str(SAMPLES / "probe_targets")

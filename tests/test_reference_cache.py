@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from emu.abi import RED_ZONE
 from emu.cpu import STATE_X87_OFFSET, Cpu, RawState
+from emu.cpu.effects import ReferenceCache, input_key, stored_into
+from emu.cpu.scratch import ScratchCpu
+from emu.cpu.state import RAW_KEPT, SLOTS, decode_state, encode_state
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 from emu.verify.expected import expected_outcome, matches_exactly
-from emu.verify.reference_cache import ReferenceCache, input_key, stored_into
-from emu.verify.scratch import ScratchCpu
-from emu.verify.state import RAW_KEPT, SLOTS, decode_state, encode_state
 
 TARGETS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "probe_targets")
 MXCSR_DEFAULT = 0x1F80

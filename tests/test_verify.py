@@ -10,6 +10,8 @@ import pytest
 
 from emu import cli
 from emu.check import CheckRequest, run_check
+from emu.cpu.scratch import ScratchCpu
+from emu.cpu.state import decode_state, encode_state
 from emu.designs import DESIGNS, Design, Handler, Trampoline
 from emu.guestio import GuestIO
 from emu.kernel.uprobes import consumers, syscalls
@@ -18,9 +20,7 @@ from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.regs import PtRegs
 from emu.machine import Machine, RunOptions
 from emu.verify import resume
-from emu.verify.scratch import ScratchCpu
 from emu.verify.session import VerifySession
-from emu.verify.state import decode_state, encode_state
 from emu.verify.violations import Check
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"

@@ -11,9 +11,9 @@ from conftest import python_hot_path_forced
 from emu.abi import Prot
 from emu.cpu import Cpu, RawState, Reg
 from emu.guestio import GuestIO
+from emu.hotpath.write_log import WriteLog, entries, native_hot_path
 from emu.machine import Machine, RunOptions
 from emu.verify.session import VerifySession
-from emu.verify.write_log import WriteLog, entries, native_hot_path
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 CODE, DATA = 0x10000, 0x80000

@@ -221,7 +221,7 @@ def verifier_list(text: str) -> tuple[Any, ...]:
 
 def rsb_depth_arg(text: str) -> int:
     """The ``--rsb N`` argument."""
-    from emu.verify.rsb import rsb_depth
+    from emu.rsb import rsb_depth
 
     return rsb_depth(text)
 

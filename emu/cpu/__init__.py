@@ -3,9 +3,11 @@
 - engine.py: :class:`Cpu`: registers, contexts, memory, runs;
 - hooks.py: :class:`Hooks` (``Cpu.hooks``): Python, raw and C hooks, and the syscall front;
 - regs.py: the registers, the register sets read together, user-mode rflags;
-- state.py: :class:`RawState`, the verifiers' whole-state snapshots;
+- state.py: :class:`RawState`, the verifiers' whole-state snapshots, and their decoding;
 - binding.py: Unicorn's C functions, bound without the Python binding's conversions;
-- scratch.py: what Unicorn itself does with an instruction, on a CPU of its own.
+- scratch.py: what Unicorn itself does with an instruction, on a CPU of its own (``ScratchCpu``: a
+  probed site's original instruction run for real);
+- effects.py: what an instruction did, kept per site and keyed by its inputs (the scratch runs' cache).
 """
 
 from emu.cpu.binding import native_function

@@ -1,4 +1,6 @@
-"""The whole user state of one CPU as raw bytes, and small memory reads, each in one C call.
+"""The whole user state of one CPU as raw bytes, and small memory reads, each in one C call; and the
+snapshot decoded: registers in read_user_state order, and the extended state (fs base, gs base,
+xmm0-15 raw, mxcsr, the x87 state raw).
 
 A probe transaction reads the state at its start and end (emu/verify): raw bytes out, compared as
 bytes; decoding into registers happens only when something differs.
@@ -7,10 +9,19 @@ bytes; decoding into registers happens only when something differs.
 from __future__ import annotations
 
 import ctypes
+import struct
 from typing import TYPE_CHECKING
 
 from emu.cpu import binding
-from emu.cpu.regs import STATE_BYTES, STATE_OFFSETS, STATE_REGS, Reg
+from emu.cpu.regs import (
+    STATE_BYTES,
+    STATE_FLAGS_OFFSET,
+    STATE_OFFSETS,
+    STATE_REGS,
+    STATE_X87_OFFSET,
+    STATE_XMM_OFFSET,
+    Reg,
+)
 
 if TYPE_CHECKING:
     from emu.cpu.engine import Cpu
@@ -67,3 +78,47 @@ class RawState:
         if binding.mem_read(self._uch, self._addr_arg, buf, size) != binding.OK:
             return None
         return buf.raw
+
+ExtendedState = tuple[int, int, bytes, int, bytes]  # fs base, gs base, xmm0-15 raw, mxcsr, x87 raw (X87_NAMES)
+X87_NAMES = ("fpcw", "fpsw", "fptag", *(f"st{i}" for i in range(8)))
+
+RAW_RIP = 0  # offsets in a snapshot
+RAW_RSP = 8
+RAW_KEPT = 16  # from here on, a snapshot holds what a probe hit must leave as it was (rflags exactly)
+# Each register's bytes in a snapshot, by name (the order of emu.cpu.STATE_REGS).
+_SLOT_NAMES = ("rip", "rsp", "rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", *(f"r{i}" for i in range(8, 16)),
+               "rflags", "fs_base", "gs_base", "mxcsr")
+SLOTS: dict[str, tuple[int, int]] = {name: (8 * i, 8 * i + 8) for i, name in enumerate(_SLOT_NAMES)}
+SLOTS |= {f"xmm{i}": (STATE_XMM_OFFSET + 16 * i, STATE_XMM_OFFSET + 16 * i + 16) for i in range(16)}
+SLOTS |= {name: (STATE_X87_OFFSET + 8 * i, STATE_X87_OFFSET + 8 * i + 8) for i, name in enumerate(X87_NAMES[:3])}
+SLOTS |= {f"st{i}": (STATE_X87_OFFSET + 24 + 16 * i, STATE_X87_OFFSET + 40 + 16 * i) for i in range(8)}
+assert len(SLOTS) == len(STATE_REGS) and SLOTS["st7"][1] == STATE_BYTES
+_GPRS = struct.Struct("<18Q")  # rip, rsp, rax rbx rcx rdx rsi rdi rbp, r8-r15, rflags
+_EXT = struct.Struct("<3Q")  # fs base, gs base, mxcsr
+
+
+def decode_state(raw: bytes) -> list[int]:
+    """The 16 GPRs, rip and rflags of a snapshot, in read_user_state order."""
+    v = _GPRS.unpack_from(raw)
+    return [*v[2:9], v[1], *v[9:17], v[0], v[17]]
+
+
+def decode_extended(raw: bytes) -> ExtendedState:
+    fs, gs, mxcsr = _EXT.unpack_from(raw, STATE_FLAGS_OFFSET + 8)
+    return fs, gs, raw[STATE_XMM_OFFSET:STATE_X87_OFFSET], mxcsr, raw[STATE_X87_OFFSET:]
+
+
+def x87_registers(x87: bytes) -> dict[str, int]:
+    """The x87 part of a snapshot by register name (the st registers' 80 bits each)."""
+    out = {name: int.from_bytes(x87[8 * i : 8 * i + 2], "little") for i, name in enumerate(X87_NAMES[:3])}
+    out |= {f"st{i}": int.from_bytes(x87[24 + 16 * i : 34 + 16 * i], "little") for i in range(8)}
+    return out
+
+
+def encode_state(state: list[int], extended: ExtendedState) -> bytes:
+    """Inverse of decode_state and decode_extended."""
+    fs, gs, xmm, mxcsr, x87 = extended
+    gprs = _GPRS.pack(state[16], state[7], *state[0:7], *state[8:16], state[17])
+    raw = gprs + _EXT.pack(fs, gs, mxcsr) + xmm + x87
+    assert len(raw) == STATE_BYTES
+    return raw

@@ -1,5 +1,5 @@
 /* The edges of a probe hit: the site hook, the ret hook and the tests Python calls as the kernel
- * returns to user mode (emu/verify/native_edges.py says what each one checks and why). Anything
+ * returns to user mode (emu/hotpath/edges.py says what each one checks and why). Anything
  * they cannot settle goes to the Python hooks with Unicorn's own arguments.
  */
 #include <string.h>

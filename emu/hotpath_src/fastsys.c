@@ -16,7 +16,7 @@
  *   to Python (take_returns) before Python handles anything, and whatever needs Python's (a chain or
  *   a clean-up reaching them) is Python's to do.
  *
- * - With the verifiers on (emu/verify/native_edges.py), a hit the site hook opened a transaction for is
+ * - With the verifiers on (emu/hotpath/edges.py), a hit the site hook opened a transaction for is
  *   still handled here when the verdict can be reached in C: a NOP-class site of a counting-only probe,
  *   no record of the transaction in Python. The front then does what the tracker's kernel-side
  *   observers would: it notes the hit's path and exit in the control block (Python adopts them if it
@@ -678,7 +678,7 @@ static PyMethodDef fastsys_methods[] = {
      "set_fallback(syscall, interrupt, after_syscall, after_interrupt): the Python callbacks for what is not "
      "handled here, and the after-observers alone for a watched hit that did not settle (0: unchanged)"},
     {"set_verifier", (PyCFunction)fastsys_set_verifier, METH_O,
-     "set_verifier(block): the verifiers' control block (emu/verify/native_edges.py; 0: none)"},
+     "set_verifier(block): the verifiers' control block (emu/hotpath/edges.py; 0: none)"},
     {"set_handler", (PyCFunction)fastsys_set_handler, METH_VARARGS,
      "set_handler(nr, by_slot, exit, path, saved ids, saved_offset, sp_skip, branch_end, patch length, "
      "syscall_return): the design's sys_uprobe"},

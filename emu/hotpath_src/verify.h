@@ -1,4 +1,4 @@
-/* The verifiers' control blocks, shared by writelog.c and edges.c (emu/verify/write_log.py and
+/* The verifiers' control blocks, shared by writelog.c and edges.c (emu/hotpath/write_log.py and
  * native_edges.py lay them out from Python: every field is a 64-bit word, pointers included, so
  * that Python reads and writes them through one memoryview of words).
  */
@@ -14,7 +14,7 @@ struct log_entry {
     uint64_t old;
 };
 
-/* The write log (emu/verify/write_log.py). */
+/* The write log (emu/hotpath/write_log.py). */
 struct write_log {
     uint64_t count;     /* stores seen since the log started (it counts on past the capacity) */
     uint64_t capacity;  /* entries the buffer holds */
@@ -32,7 +32,7 @@ struct write_log {
     struct log_entry entries[];
 };
 
-/* The edges' control block (emu/verify/native_edges.py). */
+/* The edges' control block (emu/hotpath/edges.py). */
 struct edges {
     uint64_t state;       /* IDLE, OPEN or ARMED */
     uint64_t site;        /* the open transaction's site */
@@ -55,7 +55,7 @@ struct edges {
     uint64_t kernel_path; /* ... the handler chain's path then (consumers.NATIVE_PATHS index) */
     uint64_t kernel_exit; /* ... and the exit it took (EDGES_EXIT_*) */
     /* Whole-CPU snapshots (uc_context_save) instead of register reads, where Python found them
-     * faithful (emu/verify/native_edges.py: context_snapshots); ctx_start 0: read registers. */
+     * faithful (emu/hotpath/edges.py: context_snapshots); ctx_start 0: read registers. */
     uint64_t ctx_save, ctx_reg_read, ctx_reg_read_batch; /* the uc_context_* functions */
     uint64_t ctx_start, ctx_end; /* uc_context *: the site's, and the one taken to compare with it */
     uint64_t ctx_words, ctx_nwords; /* a mask for each of a context's first words: where registers lie */
@@ -80,7 +80,7 @@ void edges_arm(struct edges *e, uint64_t ret_pc, uint64_t popped, uint64_t resum
 
 enum { EDGES_IDLE = 0, EDGES_OPEN = 1, EDGES_ARMED = 2 };
 
-/* A site record's flag (emu/verify/native_edges.py, LAZY_REDZONE), and what start_redzone_status
+/* A site record's flag (emu/hotpath/edges.py, LAZY_REDZONE), and what start_redzone_status
  * then says: the red zone was not copied at the site (not a uc_err: Python finds no site copy). */
 enum { SITE_LAZY_REDZONE = 1, REDZONE_LAZY = 0x10000 };
 

@@ -1,4 +1,4 @@
-/* The write log's memory-write hook (emu/verify/write_log.py says what it records and why).
+/* The write log's memory-write hook (emu/hotpath/write_log.py says what it records and why).
  *
  * One permanent hook over the whole address space, installed only for a verified run; it returns
  * at once unless a transaction is open (log->open), so no hook is added or moved per hit.
@@ -58,7 +58,7 @@ static int writelog_hook(uc_engine *uc, int type, uint64_t address, int size, in
     if (!log->open)
         return 1;
     uint64_t base = log->base, end = address + (uint64_t)size;
-    if (end < address) { /* past the top of the address space: outside (emu/verify/write_log.py's classify) */
+    if (end < address) { /* past the top of the address space: outside (emu/hotpath/write_log.py's classify) */
         log_outside(uc, log, address, size, value);
     } else if (end <= base) { /* below the red zone: the scratch, or outside */
         if (base < log->scratch || address >= base - log->scratch)

@@ -5,28 +5,23 @@ from __future__ import annotations
 
 from functools import cached_property
 
+from emu.cpu.effects import ReferenceCache, stored_into
+from emu.cpu.scratch import Reference
+from emu.cpu.state import RAW_KEPT, RAW_RIP, RAW_RSP, ExtendedState, decode_extended, decode_state, encode_state
 from emu.verify.records import RIP_INDEX, Transaction
-from emu.verify.reference_cache import ReferenceCache, stored_into
-from emu.verify.scratch import Reference
-from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, ExtendedState, decode_extended, decode_state, encode_state
 
 # PtRegs field -> index in Cpu.read_user_state()
-STATE_INDEX = {
-    "ax": 0, "bx": 1, "cx": 2, "dx": 3, "si": 4, "di": 5, "bp": 6, "sp": 7, "r8": 8, "r9": 9, "r10": 10,
-    "r11": 11, "r12": 12, "r13": 13, "r14": 14, "r15": 15, "ip": 16, "flags": 17,
-}
+STATE_INDEX = {name: i for i, name in enumerate(("ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "r8", "r9", "r10",
+                                                 "r11", "r12", "r13", "r14", "r15", "ip", "flags"))}
 
 
 class Expected:
-    """The reference as a RawState snapshot (rip: where the guest must resume), the stores the
-    instruction makes (in order), and what the consumers changed. Decoded views are computed on first use:
-    a hit that matches byte for byte needs none."""
+    """The reference as a RawState snapshot (rip: where the guest must resume, decoded on first use), the
+    stores the instruction makes (in order), and what the consumers changed."""
 
     def __init__(self, raw: bytes, stores: tuple[tuple[int, bytes], ...] = (),
                  consumer_changes: tuple[str, ...] = ()) -> None:
-        self.raw = raw
-        self.stores = stores
-        self.consumer_changes = consumer_changes
+        self.raw, self.stores, self.consumer_changes = raw, stores, consumer_changes
 
     @cached_property
     def state(self) -> list[int]:
@@ -59,18 +54,16 @@ def expected_outcome(tx: Transaction, references: ReferenceCache) -> Expected:
         return Expected(tx.at.next.to_bytes(8, "little") + tx.start_raw[8:])
     changes = consumer_changes(tx)
     state = _changed_state(tx, changes)
-    if state[RIP_INDEX] != tx.site:
-        return Expected(encode_state(state, tx.start_ext), (), tuple(changes))
-    if tx.nop:  # a NOP's whole effect is ip += length: no need to run it
+    if state[RIP_INDEX] == tx.site and not tx.nop:
+        ref = _reference(tx, encode_state(state, tx.start_ext), references)
+        return Expected(ref.raw, ref.stores, tuple(changes))
+    if state[RIP_INDEX] == tx.site:  # a NOP's whole effect is ip += length: no need to run it
         state[RIP_INDEX] = tx.at.next
-        return Expected(encode_state(state, tx.start_ext), (), tuple(changes))
-    ref = _reference(tx, encode_state(state, tx.start_ext), references)
-    return Expected(ref.raw, ref.stores, tuple(changes))
+    return Expected(encode_state(state, tx.start_ext), (), tuple(changes))  # (or a consumer moved ip)
 
 
 def reference_input(tx: Transaction) -> bytes | None:
-    """The snapshot ``tx``'s instruction runs from: its start with what the consumers changed;
-    None if they moved ip (the instruction does not run)."""
+    """The snapshot ``tx``'s instruction runs from, with what the consumers changed; None if they moved ip."""
     state = _changed_state(tx, consumer_changes(tx))
     return None if state[RIP_INDEX] != tx.site else encode_state(state, tx.start_ext)
 
@@ -99,6 +92,5 @@ def same_registers(tx: Transaction, exp: Expected) -> bool:
 
 
 def matches_exactly(tx: Transaction, exp: Expected) -> bool:
-    """The guest resumed where the reference says, with every register (rflags exactly), the
-    extended state and the red zone byte for byte as in the reference: no check can find anything."""
+    """Resumed where the reference says, every register and the red zone byte for byte as in it: no check can find anything."""
     return tx.end_addr == resume_address(exp) and same_registers(tx, exp) and tx.redzone_after == exp.redzone(tx)

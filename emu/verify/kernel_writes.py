@@ -1,33 +1,28 @@
-"""The fake kernel's writes to guest memory (its copy_to_user), seen before they land, and which of
-them are the kernel's right during a hit.
-
-WatchedBackend is installed as the Memory's backend: writes are reported, then passed on; every
-other operation is the real backend's own bound method (no extra call on the kernel's reads)."""
+"""The fake kernel's writes to guest memory (its copy_to_user), seen before they land by a Memory
+backend that passes everything on, and which of them are the kernel's right during a hit."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from emu.abi import RED_ZONE, Prot
+from emu.hotpath.write_log import classify
 from emu.memory import Memory
-from emu.verify.write_log import classify
 from emu.vma import MemoryBackend, SharedPages
 
 KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})  # the pages the kernel maps for uprobes
 
 
 def kernel_page(mem: Memory, addr: int) -> bool:
-    """``addr`` lies in a mapping the kernel made for uprobes (its XOL page, a trampoline) or one
-    user code cannot write (text the kernel patches a probe site in, as uprobes do by forced writes:
-    no user store can land there, so none is the design's mistake)."""
+    """``addr`` lies in a mapping the kernel made for uprobes or one user code cannot write (text the
+    kernel patches probe sites in): no user store lands there by the design's mistake."""
     vma = mem.find(addr)
     return vma is not None and (vma.name in KERNEL_SIDE or not vma.prot & Prot.WRITE)
 
 
 def outside_the_hits_share(mem: Memory, addr: int, data: bytes, rsp: int) -> bool:
-    """A kernel write during a hit whose interrupted rsp is ``rsp`` that the memory check must see:
-    outside the red zone and the scratch below it, not into the kernel's own pages or one it is
-    mapping and filling (a trampoline's), and not a uretprobe's return-address hijack (spec 5.1)."""
+    """A kernel write during a hit at ``rsp`` that the memory check must see: outside the red zone, the
+    scratch and the kernel's own pages, and not a uretprobe's return-address hijack (spec 5.1)."""
     if addr == rsp and len(data) == 8 and kernel_page(mem, int.from_bytes(data, "little")):
         return False  # the return address replaced by the uretprobe trampoline's (first: on every uretprobe hit)
     if classify(addr, len(data), rsp - RED_ZONE) != 2:
@@ -35,13 +30,12 @@ def outside_the_hits_share(mem: Memory, addr: int, data: bytes, rsp: int) -> boo
     vma = mem.find(addr)
     return vma is not None and vma.name not in KERNEL_SIDE and bool(vma.prot & Prot.WRITE)
 
-WriteSeen = Callable[[int, bytes], None]  # (address, the bytes about to be written)
-
 
 class WatchedBackend:
-    def __init__(self, backend: MemoryBackend, on_write: WriteSeen) -> None:
-        self.backend = backend
-        self.on_write = on_write
+    """Reports each write, then passes it on; every other operation is the backend's own bound method."""
+
+    def __init__(self, backend: MemoryBackend, on_write: Callable[[int, bytes], None]) -> None:  # (address, bytes)
+        self.backend, self.on_write = backend, on_write
         self.mem_read: Callable[[int, int], bytes] = backend.mem_read
         self.mem_map: Callable[[int, int, Prot], None] = backend.mem_map
         self.mem_unmap: Callable[[int, int], None] = backend.mem_unmap

@@ -1,25 +1,14 @@
-"""Lockstep: a probed run must look exactly like the unprobed one from outside.
-
-Compared: stdout, stderr, exit status, and the syscall trace (the uprobe syscalls
-335/336/462 never reach the log): each call's name, result, arguments (as many as the call
-takes) and every byte it writes to a file, pipe or socket (write, pwrite64, writev, pwritev,
-sendto). Results of calls that return addresses (mmap, mremap, brk) are compared as success
-or failure only, and an argument that points into a mapping as that mapping's name and the
-offset into it (from its end for ``[stack]``, which grows down): the kernel's own pages
-([uprobes], trampolines) legitimately move where later mappings land.
-
-With several threads the trace is compared thread by thread (a SyscallLog records which thread
-made each call): a probe adds instructions (a trampoline's, an out-of-line step's), so the
-scheduler's slices end elsewhere and the threads interleave differently, which is not a
-difference the program can see. For the same reason the calls whose results are the
-interleaving itself (futex contention, sched_yield) are left out of a threaded comparison; what
-each thread computes still shows in its other calls, its output and the exit status.
+"""Lockstep: a probed run must look exactly like the unprobed one from outside: stdout, stderr, exit
+status and the syscall trace (each call's name, result, arguments, and the bytes it writes). Results
+that are addresses are compared as success or failure, and pointers as (mapping, offset): the
+kernel's own pages move later mappings. With threads the trace is compared per thread, without the
+calls whose results are the interleaving itself (futex, sched_yield): a probe moves slice ends.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -44,9 +33,7 @@ class SyscallLog(list[Call]):
 
     def __init__(self, sched: Scheduler, mem: Memory | None = None, arity: Callable[[str], int] | None = None) -> None:
         super().__init__()
-        self.sched = sched
-        self.mem = mem
-        self.arity = arity
+        self.sched, self.mem, self.arity = sched, mem, arity
         self.tids: list[int] = []
         self.views: list[View] = []
 
@@ -54,13 +41,8 @@ class SyscallLog(list[Call]):
         super().append(call)
         self.tids.append(self.sched.current.tid)
         if self.mem is not None and self.arity is not None:
-            self.views.append(self._view(call))
-
-    def _view(self, call: Call) -> View:
-        name, args, ret = call
-        assert self.mem is not None and self.arity is not None
-        shown = tuple(self._where(a) for a in args[: self.arity(name)])
-        return shown, self._written(name, args, ret)
+            name, args, ret = call
+            self.views.append((tuple(self._where(a) for a in args[: self.arity(name)]), self._written(name, args, ret)))
 
     def _where(self, value: int) -> object:
         """An argument as compared: a pointer into a mapping as (its name, the offset), else itself."""
@@ -68,7 +50,7 @@ class SyscallLog(list[Call]):
         vma = self.mem.find(value) if 0 < value < 1 << 47 else None
         if vma is None:
             return value
-        return (vma.name, value - vma.end) if vma.name == "[stack]" else (vma.name, value - vma.start)
+        return vma.name, value - (vma.end if vma.name == "[stack]" else vma.start)
 
     def _written(self, name: str, args: tuple[int, ...], ret: int) -> bytes:
         """The bytes a write-like call wrote (its result says how many)."""
@@ -97,81 +79,73 @@ class Observed:
     trace: Trace
 
 
-def _norm(call: tuple[str, tuple[int, ...], int]) -> tuple[object, ...]:
-    name, args, ret = call
-    if name in ADDRESS_RESULTS:
-        return (name, ret < 0 or ret >= 1 << 63)
-    return (name, ret)
+Logged = list[tuple[Call, "View | None"]]  # calls with their views (None: not recorded)
 
 
-def _views(trace: Trace) -> list[View] | None:
-    return trace.views if isinstance(trace, SyscallLog) and len(trace.views) == len(trace) else None
+def _norm(call: Call) -> tuple[object, ...]:
+    name, _args, ret = call
+    return (name, ret < 0 or ret >= 1 << 63) if name in ADDRESS_RESULTS else (name, ret)
+
+
+def _logged(trace: Trace) -> Logged:
+    views: Sequence[View | None] = trace.views if isinstance(trace, SyscallLog) and len(trace.views) == len(trace) \
+        else [None] * len(trace)
+    return list(zip(trace, views, strict=True))
 
 
 def first_divergence(reference: Observed, probed: Observed) -> str | None:
     """None if the runs agree; otherwise one line saying where they first differ."""
     differs = _trace_divergence(reference.trace, probed.trace)
-    if differs is not None:
-        return differs
-    return _output_divergence(reference, probed)
+    return differs if differs is not None else _output_divergence(reference, probed)
 
 
 def _trace_divergence(reference: Trace, probed: Trace) -> str | None:
     ref_threads, probed_threads = _by_thread(reference), _by_thread(probed)
     if ref_threads is None or probed_threads is None or len(ref_threads) == len(probed_threads) == 1:
-        return _calls_divergence(reference, probed, "", _views(reference), _views(probed))
+        return _calls_divergence(_logged(reference), _logged(probed), "")
     if sorted(ref_threads) != sorted(probed_threads):
         return f"threads: unprobed {sorted(ref_threads)}, probed {sorted(probed_threads)}"
     for tid, calls in ref_threads.items():
-        want, got = _unscheduled(calls), _unscheduled(probed_threads[tid])
-        differs = _calls_divergence([c for c, _ in want], [c for c, _ in got], f"thread {tid}: ",
-                                    *_thread_views(want, got))
+        differs = _calls_divergence(_unscheduled(calls), _unscheduled(probed_threads[tid]), f"thread {tid}: ")
         if differs is not None:
             return differs
     return None
 
 
-def _thread_views(want: list[tuple[Call, View | None]],
-                  got: list[tuple[Call, View | None]]) -> tuple[list[View] | None, list[View] | None]:
-    """The views of one thread's calls in both runs, if both logs recorded them."""
-    if any(v is None for _, v in want) or any(v is None for _, v in got):
-        return None, None
-    return [v for _, v in want if v is not None], [v for _, v in got if v is not None]
-
-
-def _by_thread(trace: Trace) -> dict[int, list[tuple[Call, View | None]]] | None:
-    """The calls of each thread, in order, each with its view (None: not recorded); None for a log
-    that did not record threads."""
+def _by_thread(trace: Trace) -> dict[int, Logged] | None:
+    """The calls of each thread, in order; None for a log that did not record threads."""
     if not isinstance(trace, SyscallLog):
         return None
-    views: list[View | None] = list(trace.views) if len(trace.views) == len(trace) else [None] * len(trace)
-    threads: dict[int, list[tuple[Call, View | None]]] = {}
-    for tid, call, view in zip(trace.tids, trace, views, strict=True):
-        threads.setdefault(tid, []).append((call, view))
+    threads: dict[int, Logged] = {}
+    for tid, logged in zip(trace.tids, _logged(trace), strict=True):
+        threads.setdefault(tid, []).append(logged)
     return threads
 
 
-def _unscheduled(calls: Iterable[tuple[Call, View | None]]) -> list[tuple[Call, View | None]]:
+def _unscheduled(calls: Iterable[tuple[Call, View | None]]) -> Logged:
     return [(c, v) for c, v in calls if c[0] not in INTERLEAVING_RESULTS]
 
 
-def _calls_divergence(reference: Trace, probed: Trace, who: str, ref_views: list[View] | None = None,
-                      probed_views: list[View] | None = None) -> str | None:
-    for i, (a, b) in enumerate(zip(reference, probed, strict=False)):
+def _calls_divergence(reference: Logged, probed: Logged, who: str) -> str | None:
+    for i, ((a, want), (b, got)) in enumerate(zip(reference, probed, strict=False)):
         if _norm(a) != _norm(b):
             return f"{who}syscall #{i + 1}: unprobed {a[0]} = {a[2]}, probed {b[0]} = {b[2]}"
-        if ref_views is not None and probed_views is not None and ref_views[i] != probed_views[i]:
-            return _view_divergence(f"{who}syscall #{i + 1} {a[0]}", ref_views[i], probed_views[i])
+        if want is not None and got is not None and want != got:
+            return _view_divergence(f"{who}syscall #{i + 1} {a[0]}", want, got)
     if len(reference) != len(probed):
         return f"{who}syscall count: unprobed {len(reference)}, probed {len(probed)}"
     return None
 
 
+def _bytes_divergence(want: bytes, got: bytes, at_word: str) -> str:
+    at = next((i for i, (x, y) in enumerate(zip(want, got, strict=False)) if x != y), min(len(want), len(got)))
+    return f"{at_word} {at}: unprobed {want[at:at + 24]!r}, probed {got[at:at + 24]!r}"
+
+
 def _output_divergence(reference: Observed, probed: Observed) -> str | None:
     for name, want, got in (("stdout", reference.stdout, probed.stdout), ("stderr", reference.stderr, probed.stderr)):
         if want != got:
-            at = next((i for i, (x, y) in enumerate(zip(want, got, strict=False)) if x != y), min(len(want), len(got)))
-            return f"{name} differs at byte {at}: unprobed {want[at:at + 24]!r}, probed {got[at:at + 24]!r}"
+            return f"{name} differs {_bytes_divergence(want, got, 'at byte')}"
     if reference.exit_status != probed.exit_status:
         return f"exit status: unprobed {reference.exit_status}, probed {probed.exit_status}"
     return None
@@ -182,9 +156,7 @@ def _view_divergence(where: str, want: View, got: View) -> str:
     if want_args != got_args:
         return f"{where}: arguments unprobed {_shown(want_args)}, probed {_shown(got_args)}"
     assert isinstance(want_data, bytes) and isinstance(got_data, bytes)
-    at = next((i for i, (x, y) in enumerate(zip(want_data, got_data, strict=False)) if x != y),
-              min(len(want_data), len(got_data)))
-    return f"{where}: bytes written differ at {at}: unprobed {want_data[at:at + 24]!r}, probed {got_data[at:at + 24]!r}"
+    return f"{where}: bytes written differ {_bytes_divergence(want_data, got_data, 'at')}"
 
 
 def _shown(args: object) -> str:

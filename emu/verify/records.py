@@ -1,6 +1,5 @@
-"""The records of a probe hit the verifiers keep: the watched site, the transaction (from the
-moment execution reaches the site until the guest resumes) and the guest's stores during it.
-emu/verify/tracker.py makes them; the checks (emu/verify/checks/) read them."""
+"""The records of a probe hit: the watched site, the transaction (from the site until the guest
+resumes) and the guest's stores during it. The tracker makes them; the checks read them."""
 
 from __future__ import annotations
 
@@ -9,30 +8,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE
+from emu.cpu.state import RAW_RSP, ExtendedState, decode_extended, decode_state
+from emu.hotpath.write_log import entries as log_entries
 from emu.kernel.uprobes.consumers import EntryPath
 from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
-from emu.verify.state import RAW_RSP, ExtendedState, decode_extended, decode_state
-from emu.verify.write_log import entries as log_entries
 
 if TYPE_CHECKING:
-    from emu.verify.reference_cache import Prepared
+    from emu.cpu.effects import Prepared
 
 RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
 RIP_INDEX = 16
-FLAGS_INDEX = 17
-MAX_STORE = 8  # the widest store a write hook reports: Unicorn's x86 splits SSE/fxsave stores into 8-byte ones
 _QWORD = struct.Struct("<Q")
-
-
-class GuestWrite(NamedTuple):  # a NamedTuple: built for each logged store when a hit is checked
-    pc: int
-    addr: int
-    size: int
-    value: int
+GuestWrite = tuple[int, int, int, int]  # a logged store: pc, address, size, value
 
 
 @dataclass(slots=True)
@@ -49,32 +40,24 @@ class ProbeSite:
 
 
 class Transaction:
-    """One probe hit. ``start_raw``/``end_raw`` are RawState snapshots; the decoded views are
-    computed on first use (only a transaction that is not obviously clean needs them). A plain
-    class whose constructor sets only what every hit needs: it is built inside a hook, on every
-    hit; the rest are class-level defaults until set."""
+    """One probe hit; ``start_raw``/``end_raw`` are RawState snapshots, decoded on first use. Built in a
+    hook on every hit, so the constructor sets only what every hit needs; the rest are class defaults."""
 
     prepared: Prepared | None = None  # its reference, taken before the instruction ran (not for a NOP)
     logged: tuple[bytes, ...] = ()  # raw WriteLog entries of the guest's stores into the window
     unrecorded = False  # more stores than the log holds: some guest stores are not in guest_writes
     chain: tuple[PtRegs, PtRegs] | None = None  # pt_regs before and after the consumers
     path: EntryPath | None = None
-    end_addr = 0
-    end_rsp = 0
-    end_raw = b""
+    end_addr = end_rsp = 0
+    end_raw = redzone_after = b""
     redzone_before: bytes | None = None  # read before the first write that reaches it; None: untouched
-    redzone_changed = False  # a write reached it that may have changed it (not one storing what it held)
-    redzone_after = b""
+    redzone_changed = False  # a write reached it that may have changed it
     exits_after: Mapping[str, int] = MappingProxyType({})
-    outside = False  # a store landed outside the red zone and the scratch below it: the memory check looks
+    outside = False  # a store landed outside the red zone and the scratch below it (the memory check)
     kernel_stores: tuple[tuple[int, bytes, bytes], ...] = ()  # (address, old, new) of the kernel's writes there
 
     def __init__(self, at: ProbeSite, hit: int, start_raw: bytes, exits_before: Mapping[str, int]) -> None:
-        self.at = at
-        self.site = at.address
-        self.nop = at.nop
-        self.hit = hit
-        self.start_raw = start_raw
+        self.at, self.site, self.nop, self.hit, self.start_raw = at, at.address, at.nop, hit, start_raw
         self.start_rsp = rsp = _QWORD.unpack_from(start_raw, RAW_RSP)[0]
         self.redzone_base = rsp - RED_ZONE
         self.exits_before = exits_before
@@ -82,10 +65,6 @@ class Transaction:
     @property
     def probe(self) -> str:
         return self.at.name
-
-    @property
-    def original(self) -> bytes:
-        return self.at.original
 
     @cached_property
     def start_state(self) -> list[int]:
@@ -115,10 +94,8 @@ class Transaction:
 
 
 def guest_writes(logged: tuple[bytes, ...], base: int, before: bytes | None, nop: bool) -> list[GuestWrite]:
-    """The guest's stores into the red zone at ``base`` in the raw write log ``logged``, in order;
-    for a NOP, not those that stored what the red zone held ``before`` (its reference red zone is
-    that snapshot: such a store leaves no difference of its own, and a byte found changed later was
-    changed by a later store or by the kernel)."""
+    """The guest's stores into the red zone at ``base``, in order; for a NOP, not those that stored what
+    it held ``before`` (they leave no difference of their own)."""
     out = []
     for chunk in logged:
         for pc, addr, size, value, _old in log_entries(chunk):
@@ -127,26 +104,15 @@ def guest_writes(logged: tuple[bytes, ...], base: int, before: bytes | None, nop
                 continue
             if not (nop and before is not None and 0 <= offset <= RED_ZONE - size
                     and (value & ((1 << 8 * size) - 1)).to_bytes(size, "little") == before[offset : offset + size]):
-                out.append(GuestWrite(pc, addr, size, value))
+                out.append((pc, addr, size, value))
     return out
 
 
 Finished = Callable[[Transaction], None]
-
 Prepare = Callable[["Transaction | None", "ProbeSite", bytes], "Prepared | None"]  # (tx or None, site, start snapshot)
 
 
 def others_folded_in(before: bytes, suspended: bytes, resumed: bytes) -> bytes:
-    """The red zone's reference ``before`` with the bytes other threads changed while the probed
-    one was suspended (``suspended`` -> ``resumed``) taken as they left them: nothing is reported
-    for those bytes unless the probed thread's own code changes them again."""
+    """The reference ``before`` with the bytes other threads changed while the probed one was suspended
+    (``suspended`` -> ``resumed``) taken as they left them."""
     return bytes(r if r != s else b for b, s, r in zip(before, suspended, resumed, strict=True))
-
-
-@dataclass(frozen=True, slots=True)
-class Suspended:
-    """A transaction whose thread is not running: the exit counts and its red zone at suspension."""
-
-    tx: Transaction
-    exits: dict[str, int]
-    redzone: bytes | None

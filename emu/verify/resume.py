@@ -1,23 +1,7 @@
-"""Where and when the guest resumes after a probe hit, without a hook on every block.
-
-Control leaves the kernel's side (the kernel itself, and the pages it maps: [uprobes-trampoline]
-with its jmp slots, [uprobes]) in one of three ways, each seen at the moment it happens:
-
-* the kernel returns to user mode (INT3 handled, a syscall left by SYSRET or IRET): this
-  module's observers run right after the kernel's interrupt and syscall handlers (Cpu.after_syscall,
-  Cpu.after_interrupt), once the kernel has set the registers, and rip is where it returns (for
-  a syscall, rip + 2: Unicorn adds 2);
-* a ``ret`` at the end of straight-line trampoline code: an exact-address hook on that ``ret``,
-  added the first time the kernel returns into that code (before it is translated again), reads
-  the return address; a ``ret`` changes rip and rsp and nothing else, so the state the guest
-  resumes with is the state at the hook with rsp moved;
-* anything else (an out-of-line step, which the kernel runs between two CPU runs, or trampoline
-  code that branches): a block hook, added on first need, ends the transaction at the first
-  block outside the kernel's pages.
-
-A SYSRET goes back to the instruction after the ``syscall``: for a probe site whose trampoline
-code after its syscall is already watched, the syscall hook then only checks the kernel's exit
-record (no IRET counted) instead of reading rip.
+"""Where and when the guest resumes after a probe hit, without a hook on every block: as the kernel
+returns to user mode (observers after its syscall and interrupt handlers), at the ``ret`` ending
+straight-line trampoline code (an exact-address hook, added when the kernel first returns into that
+code), or else at the first block outside the kernel's pages (a block hook, added on first need).
 """
 
 from __future__ import annotations
@@ -27,17 +11,17 @@ from typing import TYPE_CHECKING, Protocol
 
 from emu import hotpath
 from emu.abi import RED_ZONE, U64
+from emu.cpu.state import RAW_RIP, RAW_RSP
 from emu.disasm import cs64
 from emu.kernel.uprobes.regs import ExitPath
 from emu.verify.kernel_writes import KERNEL_SIDE
-from emu.verify.state import RAW_RIP, RAW_RSP
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from emu.cpu import RawState
+    from emu.hotpath.edges import NativeEdges
     from emu.machine import Machine
-    from emu.verify.native_edges import NativeEdges
     from emu.verify.records import ProbeSite, Transaction
 
 TAIL_SCAN_BYTES = 256
@@ -70,17 +54,13 @@ class Tracker(Protocol):
 
 class ResumeWatch:
     def __init__(self, machine: Machine, tracker: Tracker) -> None:
-        self.machine = machine
-        self.cpu = machine.cpu
-        self.mem = machine.mem
-        self.up = machine.uprobes
-        self.tracker = tracker
+        self.machine, self.cpu, self.mem, self.up, self.tracker = machine, machine.cpu, machine.mem, machine.uprobes, tracker
         self._exits = machine.uprobes.stats.exits
         self._followed: set[int] = set()  # kernel-side addresses whose straight-line run is watched
-        self._rets: dict[int, int] = {}  # hooked ret -> its immediate (bytes popped after the address)
+        self._popped: dict[int, int] = {}  # hooked ret -> the bytes it pops (8 + its immediate)
         self._tail_ret: dict[int, int] = {}  # followed kernel-side address -> the hooked ret ending it
         self._sysret_watched: set[int] = set()  # probe sites whose code after SYSRET is watched
-        self._armable: dict[int, int] = {}  # ... and ends in this ret, whose hook is C (emu/verify/native_edges.py)
+        self._armable: dict[int, int] = {}  # ... and ends in this ret, whose hook is C (emu/hotpath/edges.py)
         self._native_rets: set[int] = set()  # hooked rets whose hook is C
         self.watching_blocks = False  # the fallback is on (it stays on)
         self.cpu.hooks.after_interrupt.append(self._after_interrupt)
@@ -94,10 +74,9 @@ class ResumeWatch:
         return [self._after_interrupt, self._after_syscall]
 
     def armable(self, site: int) -> tuple[int, int]:
-        """The C-hooked ``ret`` a transaction at ``site`` may be armed for as the kernel returns by
-        SYSRET into its trampoline code, and the bytes it pops; (0, 0) if none (yet)."""
+        """The C-hooked ``ret`` a hit at ``site`` may be armed for after SYSRET, and the bytes it pops; or (0, 0)."""
         ret = self._armable.get(site)
-        return (0, 0) if ret is None else (ret, 8 + self._rets[ret])
+        return (0, 0) if ret is None else (ret, self._popped[ret])
 
     def lost_track(self) -> None:
         """The guest resumed without any of the hooks here seeing it: watch blocks from now on."""
@@ -109,15 +88,13 @@ class ResumeWatch:
     # ----------------------------------------------------------- the kernel's exits
     def _after_interrupt(self, _intno: int) -> None:
         try:
-            if self.tracker.settle_at_kernel_return(0):
-                return
-            tx = self.tracker.active
-            if tx is not None:
+            if not self.tracker.settle_at_kernel_return(0) and (tx := self.tracker.active) is not None:
                 self._kernel_returns(tx, 0)
         except BaseException as exc:
             self.cpu.hooks.raised(exc)
 
     def _after_syscall(self) -> None:
+        """A SYSRET into trampoline code already watched for the site needs only the exit count checked."""
         try:
             opened = self.tracker.opened()
             if opened is None:
@@ -125,13 +102,10 @@ class ResumeWatch:
             at, exits_before = opened
             irets = self._exits.get(_IRET, 0) - exits_before.get(_IRET, 0)
             if not irets and at.address in self._sysret_watched and not self.cpu.hooks.failed:
-                ret = self._armable.get(at.address)
-                if ret is not None:
-                    self.tracker.arm(ret, 8 + self._rets[ret])
+                if at.address in self._armable:
+                    self.tracker.arm(*self.armable(at.address))
                 return  # SYSRET into the trampoline code watched for this site
-            if self.tracker.settle_at_kernel_return(2):
-                return
-            tx = self.tracker.active
+            tx = None if self.tracker.settle_at_kernel_return(2) else self.tracker.active
             if tx is None:
                 return
             followed = self._kernel_returns(tx, 2)
@@ -145,8 +119,8 @@ class ResumeWatch:
             self.cpu.hooks.raised(exc)
 
     def _kernel_returns(self, tx: Transaction, rip_advance: int) -> int | None:
-        """The kernel returns to rip + ``rip_advance`` during ``tx``; that address if it is
-        straight-line code now watched to its ``ret``."""
+        """The kernel returns to rip + ``rip_advance`` during ``tx``; that address if it is straight-line code
+        now watched to its ``ret``."""
         if self.cpu.hooks.failed:
             self.tracker.lost = tx  # the session's finish() judges it if the run ends here
             self.tracker.abandon()  # a signal or an exit: the guest does not resume from this hit
@@ -163,35 +137,28 @@ class ResumeWatch:
 
     def _guest_side(self, tx: Transaction, addr: int) -> bool:
         """Not in the kernel's pages (right after ``tx``'s probed instruction, the common case, is not)."""
-        if addr == tx.at.next:
-            return True
-        vma = self.mem.find(addr)
-        return vma is None or vma.name not in KERNEL_SIDE
+        return addr == tx.at.next or (vma := self.mem.find(addr)) is None or vma.name not in KERNEL_SIDE
 
     # ------------------------------------------------------ straight-line trampoline code
     def _follow(self, addr: int) -> bool:
-        """Watch where the kernel-side code at ``addr`` leaves: hook the ``ret`` ending its straight
-        line (once per address). True if a hooked ``ret`` ends it (and no block hook is needed)."""
+        """Hook the ``ret`` ending the straight-line kernel-side code at ``addr`` (once per address); True
+        if a hooked ``ret`` ends it and no block hook is needed."""
         if addr not in self._followed:
             self._followed.add(addr)
             end = self._straight_line_end(addr)
             if end is not None and end[2] == "ret":
                 pc, size, _word, op_str = end
-                self._rets[pc] = int(op_str, 0) if op_str else 0
-                self._hook_ret(pc)
+                self._popped[pc] = 8 + (int(op_str, 0) if op_str else 0)
+                if self.tracker.edges is not None:
+                    self.tracker.edges.add_ret_hook(pc)
+                    self._native_rets.add(pc)
+                else:
+                    self.cpu.hooks.add_raw_code(self._on_ret, pc, pc)
                 self.cpu.flush_code(addr, pc + size)
                 self._tail_ret[addr] = pc
             elif end is None or end[2] not in _KERNEL_ENTRIES:
                 self._watch_blocks()  # else the kernel is entered again: the hooks here see its exit
         return addr in self._tail_ret and not self.watching_blocks
-
-    def _hook_ret(self, pc: int) -> None:
-        edges = self.tracker.edges
-        if edges is not None:
-            edges.add_ret_hook(pc)
-            self._native_rets.add(pc)
-        else:
-            self.cpu.hooks.add_raw_code(self._on_ret, pc, pc)
 
     def _straight_line_end(self, addr: int) -> tuple[int, int, str, str] | None:
         vma = self.mem.find(addr)
@@ -226,7 +193,7 @@ class ResumeWatch:
                 tracker.abandon()  # the ret faults: SIGSEGV, no resume
                 return
             if self._guest_side(tx, target):
-                tracker.finish(tx, target, raw, (rsp + 8 + self._rets[addr]) & U64, redzone)
+                tracker.finish(tx, target, raw, (rsp + self._popped[addr]) & U64, redzone)
             else:
                 self._follow(target)
         except BaseException as exc:

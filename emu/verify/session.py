@@ -6,8 +6,12 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from emu.callret import CallRetTracker
+from emu.cpu.effects import Prepared, ReferenceCache
+from emu.cpu.scratch import ScratchCpu
 from emu.disasm import insn_text
 from emu.errors import UsageError
+from emu.rsb import RsbModel
 from emu.verify.checks.memory import check_memory
 from emu.verify.checks.redzone import check_redzone
 from emu.verify.checks.regs import check_consumer_view, check_regs
@@ -15,10 +19,7 @@ from emu.verify.checks.resume import check_fired, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
 from emu.verify.kernel_writes import kernel_page
 from emu.verify.records import ProbeSite, Transaction
-from emu.verify.reference_cache import Prepared, ReferenceCache
-from emu.verify.rsb import RsbModel
-from emu.verify.scratch import ScratchCpu
-from emu.verify.shstk import CallRetTracker, ShadowStack
+from emu.verify.shstk import ShadowStack
 from emu.verify.tracker import TransactionTracker
 from emu.verify.violations import Check, Violation, ViolationLog
 

@@ -1,194 +1,37 @@
-"""A CET-style user shadow stack (opt-in ``--shstk``), and the call/ret tracker it and the RSB model share.
-
-Every ``call`` the CPU executes pushes its return address on the shadow stack; every ``ret``
-pops and compares with where it really went. A mismatch is what raises #CP on real hardware:
-a violation with the pc of the ``ret`` and both addresses. The kernel's own shadow-stack
-handling is reproduced through ``Uprobes.shadow_stack`` (spec 2.1 steps 6 and 12, 2.2 step 7,
-3.7, 4.2 call emulation, 4.4 FIX_CALL, 5.1 hijack), so a run tells which design would survive
-with user shadow stacks on:
-
-* int3, uretprobe-rfc: no trampoline call at all on entry; the emulated ``call`` pushes (LATE10),
-  the uretprobe hijack rewrites the top frame, and the return comes back by INT3 or IRET to
-  the real return address, never through a ``ret`` in [uprobes]. Survive. (Mainline kernels
-  before 6.11 lacked the hijack/emulation updates; the harness applies them to every design,
-  as the question here is the trampoline design, not the kernel version.)
-* linux-6.18: the ``call`` into [uprobes-trampoline] pushes vaddr+5; sys_uprobe pops it and
-  SIGILLs on a mismatch, then pushes args.retaddr for the trampoline's ``ret``. sys_uretprobe
-  returns by IRET when shstk is on (its trampoline's ``ret`` would not match). Survives.
-* jmp-slots: ``jmp`` to the slot and IRET back: no call, no ret, nothing to track. Survives.
-* nop10: ``lea; call`` pushes vaddr+10, the trampoline's ``ret $0x80`` pops it; the kernel does
-  the same pop/push as 6.18 (retaddr = vaddr+10). Balanced; survives.
-
-Per thread (the scheduler's switch observers, emu/kernel/sched.py): each thread has its own
-shadow stack and RSB model; a new thread starts with an empty shadow stack, as a CET thread's new
-shadow stack starts at clone. Calls and rets are seen with one block hook: the block's last instruction (every call and ret
-ends a translation block) is decoded once with capstone and cached; it is acted on when the next
-block starts, which is where the ``ret`` went. The kernel's pages ([uprobes-trampoline],
-[uprobes], jmp slots) are executed by the same CPU and tracked like any other code.
+"""A CET-style user shadow stack (opt-in ``--shstk``): every ``call`` the CPU executes pushes its
+return address and every ``ret`` pops and compares, a mismatch being what raises #CP on real
+hardware. The kernel's shadow-stack handling is reproduced through ``Uprobes.shadow_stack`` (spec
+2.1 steps 6 and 12, 2.2 step 7, 3.7, 4.2, 4.4, 5.1), so a run tells which design survives with user
+shadow stacks on (all of the built-in ones do). Per thread: a new thread starts empty, as at clone.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from emu.cpu import Reg
-from emu.disasm import cs64
+from emu.callret import CallRetTracker
 from emu.verify.violations import Check, Violation
 
 if TYPE_CHECKING:
-    from emu.kernel.tasks import Task
     from emu.machine import Machine
-
-
-class Op(enum.Enum):
-    NONE = 0
-    CALL = 1
-    RET = 2
-
-
-@dataclass(frozen=True, slots=True)
-class BlockEnd:
-    op: Op
-    start: int  # address of the block
-    pc: int  # address of the block's last instruction
-    next_pc: int  # the address after it: what a call pushes
-    raw: bytes  # its bytes: a patched site gets decoded again
-
-
-CallFn = Callable[[int, int], None]  # (pc of the call, return address pushed)
-RetFn = Callable[[int, int], None]  # (pc of the ret, where it went)
-SwitchFn = Callable[[int, int, bool], None]  # (tid leaving the CPU, tid taking it, whether the first is alive)
-
-
-class CallRetTracker:
-    """Sees every call and ret the CPU executes (including the kernel's trampoline pages)."""
-
-    def __init__(self, machine: Machine) -> None:
-        self.machine = machine
-        self.cpu = machine.cpu
-        self.mem = machine.mem
-        self.on_call: list[CallFn] = []
-        self.on_ret: list[RetFn] = []
-        self.on_switch: list[SwitchFn] = []  # per-thread models swap their state here
-        self._cs = cs64()
-        self._ends: dict[tuple[int, int], BlockEnd] = {}
-        self._pending: BlockEnd | None = None
-        self._stepping = False
-        self.cpu.hooks.add_block(self._on_block)
-        machine.kernel.sched.switch_observers.append(self._switch)
-
-    def _on_block(self, addr: int, size: int) -> None:
-        self.settle(addr)
-        stepping = self.machine.uprobes.stepping
-        first_of_step = stepping and not self._stepping
-        self._stepping = stepping
-        if stepping and not first_of_step:
-            # An out-of-line step runs one instruction, but Unicorn enters the next block before
-            # it stops: that block has not run (its hook fires again when the run resumes).
-            return
-        if size:
-            self._pending = self._end_of(addr, size)
-
-    def sync(self) -> None:
-        """Act on the last executed block's end now (the kernel is about to look at the stacks,
-        e.g. after an out-of-line step); a ret went to the current rip."""
-        if self._pending is not None:
-            self._flush(self.cpu.read(Reg.RIP))
-
-    def _switch(self, prev: Task, nxt: Task) -> None:
-        """A context switch: settle ``prev``'s last block, then let the models swap threads.
-
-        ``prev`` resumes where it stopped (settle)."""
-        self.settle(prev.pc)
-        for fn in self.on_switch:
-            fn(prev.tid, nxt.tid, prev.alive)
-
-    def settle(self, resumed: int) -> None:
-        """Execution goes on at ``resumed``: act on the pending block's end, unless ``resumed`` lies
-        inside that block. Then the run stopped before the block's end ran (a scheduler slice ends
-        at any instruction; the thread resumes there, later or at once) and its hook fires again.
-        Not told apart: a call or ret going back into its own block (a call there would be a
-        recursion with no branch before it, one that never ends)."""
-        end = self._pending
-        if end is not None and end.start <= resumed <= end.pc:
-            self._pending = None
-        else:
-            self._flush(resumed)
-
-    def _flush(self, target: int) -> None:
-        end, self._pending = self._pending, None
-        if end is None or end.op is Op.NONE:
-            return
-        if end.op is Op.CALL:
-            for fn in self.on_call:
-                fn(end.pc, end.next_pc)
-        else:
-            for fn in self.on_ret:
-                fn(end.pc, target)
-
-    def _end_of(self, addr: int, size: int) -> BlockEnd:
-        key = (addr, size)
-        end = self._ends.get(key)
-        if end is not None:
-            try:
-                if self.mem.read(end.pc, len(end.raw)) == end.raw:
-                    return end
-            except Exception:  # noqa: BLE001 - unreadable now: decode afresh below
-                pass
-        try:
-            code = self.mem.read(addr, size)
-        except Exception:  # noqa: BLE001
-            return BlockEnd(Op.NONE, addr, addr, addr, b"")
-        last = None
-        for insn in self._cs.disasm_lite(code, addr):
-            last = insn
-        if last is None:
-            end = BlockEnd(Op.NONE, addr, addr, addr, b"")
-        else:
-            pc, length, mnemonic, _ops = last
-            word = mnemonic.split()[-1] if mnemonic else ""
-            op = Op.CALL if word == "call" else Op.RET if word == "ret" else Op.NONE
-            end = BlockEnd(op, addr, pc, pc + length, code[pc - addr : pc - addr + length])
-        self._ends[key] = end
-        return end
-
-
-@dataclass(slots=True)
-class _ThreadShadow:
-    """A thread's shadow stack and the probe it hit last, while another thread runs."""
-
-    frames: list[int]
-    last_probe: str
-    last_site: int
-    last_hit: int
 
 
 SIGNAL_TOKEN = -1  # the restore token a signal frame leaves on the shadow stack (never a return address)
 
 
 class ShadowStack:
-    """The user shadow stack of the running thread (the others' kept aside at each switch), and
-    the kernel's shstk_* helpers on it.
-
-    Installed as ``machine.uprobes.shadow_stack``; the uprobe kernel code calls push/pop/
-    update_last_frame where Linux calls shstk_push/shstk_pop/shstk_update_last_frame."""
+    """The running thread's shadow stack, and the kernel's shstk_* helpers on it: installed as
+    ``machine.uprobes.shadow_stack``, where the uprobe code calls push/pop/update_last_frame."""
 
     enabled = True
 
     def __init__(self, machine: Machine, tracker: CallRetTracker, report: Callable[[Violation], None]) -> None:
-        self.machine = machine
-        self.tracker = tracker
+        self.machine, self.tracker, self.report = machine, tracker, report
         self.frames: list[int] = []
-        self.report = report
-        self.mismatches = 0
-        self.kernel_ops = 0
-        self.last_probe = "-"  # the probe hit last: violations are attributed to it
-        self.last_site = 0
-        self.last_hit = 0
-        self._others: dict[int, _ThreadShadow] = {}  # tid -> its shadow stack while it does not run
+        self.mismatches = self.kernel_ops = 0
+        self.last_probe, self.last_site, self.last_hit = "-", 0, 0  # the probe hit last: violations go to it
+        self._others: dict[int, tuple[list[int], str, int, int]] = {}  # tid -> the above, while it does not run
         tracker.on_call.append(self._call)
         tracker.on_ret.append(self._ret)
         tracker.on_switch.append(self._switch)
@@ -197,10 +40,9 @@ class ShadowStack:
 
     def _switch(self, prev: int, nxt: int, prev_alive: bool) -> None:
         if prev_alive:
-            self._others[prev] = _ThreadShadow(self.frames, self.last_probe, self.last_site, self.last_hit)
-        held = self._others.pop(nxt, None) or _ThreadShadow([], "-", 0, 0)  # a new thread: empty, as at clone
-        self.frames, self.last_probe, self.last_site, self.last_hit = (
-            held.frames, held.last_probe, held.last_site, held.last_hit)
+            self._others[prev] = (self.frames, self.last_probe, self.last_site, self.last_hit)
+        # a new thread starts with an empty one, as at clone
+        self.frames, self.last_probe, self.last_site, self.last_hit = self._others.pop(nxt, ([], "-", 0, 0))
 
     # ------------------------------------------------------------ the CPU
     def _call(self, _pc: int, ret_addr: int) -> None:
@@ -210,7 +52,6 @@ class ShadowStack:
         expected = self.frames.pop() if self.frames else None
         if expected == target:
             return
-        self.mismatches += 1
         vma = self.machine.mem.find(pc)
         where = vma.name if vma is not None and vma.name else "?"
         if expected is None:
@@ -224,10 +65,12 @@ class ShadowStack:
                     pass
             else:
                 self.frames.append(expected)
-        self.report(Violation(Check.SHSTK, self.last_probe, self.last_site, summary,
-                              {"pc": hex(pc), "region": where, "expected": hex(expected) if expected is not None
-                               else None, "actual": hex(target), "insn": self.machine.describe_insn(pc)},
-                              self.last_hit))
+        self._report(summary, {"pc": hex(pc), "region": where, "expected": hex(expected) if expected is not None
+                               else None, "actual": hex(target), "insn": self.machine.describe_insn(pc)})
+
+    def _report(self, summary: str, detail: dict[str, Any]) -> None:
+        self.mismatches += 1
+        self.report(Violation(Check.SHSTK, self.last_probe, self.last_site, summary, detail, self.last_hit))
 
     # ---------------------------------------------------------- the kernel
     def _signal_frame(self, restorer: int | None, interrupted: int) -> None:
@@ -263,7 +106,4 @@ class ShadowStack:
 
     def kernel_violation(self, why: str, expected: int | None, actual: int) -> None:
         """The kernel refused the shadow stack (e.g. sys_uprobe's shstk_pop mismatch: SIGILL)."""
-        self.mismatches += 1
-        self.report(Violation(Check.SHSTK, self.last_probe, self.last_site, f"kernel: {why}",
-                              {"expected": hex(expected) if expected is not None else None,
-                               "actual": hex(actual)}, self.last_hit))
+        self._report(f"kernel: {why}", {"expected": hex(expected) if expected is not None else None, "actual": hex(actual)})

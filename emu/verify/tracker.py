@@ -1,22 +1,8 @@
 """The transaction tracker: it follows each probe hit from the moment execution reaches a patched
-site until the guest resumes (the records it keeps: emu/verify/records.py).
-
-Hooks, all but the resume watch's installed before the run (Unicorn ignores code hooks added
-after the code was translated): an exact-address code hook per probe site (free elsewhere); one
-memory-write hook over the whole address space that logs only while a transaction is open
-(emu/verify/write_log.py): it keeps the stores into the red zone, drops those into the scratch
-below it, and keeps every other one with the bytes it overwrote, for the memory check; a memory
-backend that sees the fake kernel's writes before they land (into the red zone: folded in;
-anywhere else but the scratch and the kernel's own pages: recorded for the memory check); an
-observer of the handler chain that records what the consumers changed; and emu/verify/resume.py,
-which says where and when the guest resumes.
-
-Every hook here fires on every hit. With the C extension the site, write and ``ret`` hooks are C
-(emu/verify/native_edges.py says what they settle without Python); without it, Python hooks do
-the same work: the state is read in one C call at each end as raw bytes (emu.cpu.RawState) and
-compared as bytes; the red zone is read only if something writes into it, before the write lands.
-
-Threads: emu/verify/threads.py.
+site until the guest resumes (emu/verify/resume.py says when), with a code hook per site, the write
+log (emu/hotpath/write_log.py), a memory backend that sees the fake kernel's writes before they land
+(emu/verify/kernel_writes.py) and an observer of the handler chain. With the C extension the site,
+write and ``ret`` hooks are C (emu/hotpath/edges.py says what they settle without Python).
 """
 
 from __future__ import annotations
@@ -27,16 +13,10 @@ from typing import TYPE_CHECKING, cast
 
 from emu import hotpath
 from emu.abi import RED_ZONE
-from emu.cpu import (
-    HookHandle,
-    RawState,
-)
-from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
-from emu.kernel.uprobes.insn import Kind
-from emu.kernel.uprobes.records import Uprobe
-from emu.kernel.uprobes.regs import PtRegs
-from emu.verify.kernel_writes import WatchedBackend, outside_the_hits_share
-from emu.verify.native_edges import (
+from emu.cpu import HookHandle, RawState
+from emu.cpu.effects import MAX_PLANS, Prepared
+from emu.cpu.state import RAW_KEPT, RAW_RSP
+from emu.hotpath.edges import (
     ARMED,
     IDLE,
     KERNEL_EXIT,
@@ -53,12 +33,15 @@ from emu.verify.native_edges import (
     NativeEdges,
     SiteCounters,
 )
+from emu.hotpath.write_log import SCRATCH, WriteLog
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
+from emu.kernel.uprobes.insn import Kind
+from emu.kernel.uprobes.records import Uprobe
+from emu.kernel.uprobes.regs import PtRegs
+from emu.verify.kernel_writes import WatchedBackend, outside_the_hits_share
 from emu.verify.records import Finished, Prepare, ProbeSite, Transaction
-from emu.verify.reference_cache import MAX_PLANS, Prepared
 from emu.verify.resume import ResumeWatch
-from emu.verify.state import RAW_KEPT, RAW_RSP
 from emu.verify.threads import ThreadWatch
-from emu.verify.write_log import SCRATCH, WriteLog
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine
@@ -79,13 +62,8 @@ def _has_handler(probe: Uprobe) -> bool:
 
 class TransactionTracker:
     def __init__(self, machine: Machine, attachments: list[Attachment], on_finished: Finished) -> None:
-        self.machine = machine
-        self.cpu = machine.cpu
-        self.mem = machine.mem
-        self.raw = RawState(machine.cpu)
-        self._up = machine.uprobes
-        self._exits = machine.uprobes.stats.exits
-        self.on_finished = on_finished
+        self.machine, self.cpu, self.mem, self.raw = machine, machine.cpu, machine.mem, RawState(machine.cpu)
+        self._up, self._exits, self.on_finished = machine.uprobes, machine.uprobes.stats.exits, on_finished
         self._active: Transaction | None = None
         self.lost: Transaction | None = None  # the last one abandoned as the kernel killed or stopped its thread
         self._count = 0
@@ -94,17 +72,20 @@ class TransactionTracker:
         self.threads = ThreadWatch(self)
         self.log = WriteLog()
         self._native_log = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self.raw.mem)[1]
-        self.edges = self._native_edges()
+        # the C site and ret hooks, where the write log is C too; without them, Python hooks do their work
+        self.edges = NativeEdges.create(self.cpu, self.log, self._on_site) if self._native_log else None
+        if self.edges is not None:
+            self.cpu.hooks.before_syscall.append(self._before_kernel)
+            self.cpu.hooks.before_interrupt.append(self._before_kernel)
         self._edge_words = None if self.edges is None else self.edges.words
         self._native_tx: Transaction | None = None  # the transaction whose start state the edges' buffer holds
         # The site hook's transactions are numbered (SEQ); the tracker's Transaction is the open one
         # if _seq is its number. What one still without a Transaction met in the kernel:
-        self._seq = self._entry_seq = self._path_seq = self._kernel_wrote_seq = self._adopted_seq = 0
+        self._seq = self._entry_seq = self._path_seq = self._kernel_wrote_seq = self._adopted_seq = self._prepared_seq = 0
         self._entry_exits: Mapping[str, int] = {}  # the exit counts when it entered the kernel
         self._entry_path: EntryPath | None = None  # the path the handler chain took
         self._counters = SiteCounters(0, 0)
         self.prepare: Prepare | None = None  # the session's: a reference, before the instruction runs
-        self._prepared_seq = 0
         self._prepared: Prepared | None = None  # for the site hook's transaction numbered _prepared_seq
         self.bind(attachments)
         machine.kernel.sched.switch_observers.append(self.threads.switch)
@@ -118,21 +99,9 @@ class TransactionTracker:
             machine.uprobes.fast.verifier = self
             hotpath.touch()
 
-    def _native_edges(self) -> NativeEdges | None:
-        """The C site and ret hooks (emu/verify/native_edges.py), where the write log is C too;
-        None: Python hooks do their work."""
-        if not self._native_log:
-            return None
-        edges = NativeEdges.create(self.cpu, self.log, self._on_site)
-        if edges is not None:
-            self.cpu.hooks.before_syscall.append(self._before_kernel)
-            self.cpu.hooks.before_interrupt.append(self._before_kernel)
-        return edges
-
     @property
     def active(self) -> Transaction | None:
-        """The running thread's open transaction (one the site hook opened becomes a Transaction
-        here; one the C settled is gone)."""
+        """The running thread's open transaction (one the site hook opened becomes a Transaction here)."""
         words = self._edge_words
         if words is None:
             return self._active
@@ -158,9 +127,8 @@ class TransactionTracker:
             assert self._edge_words is not None
             self._adopt_kernel_part()
             at = self._by_site.get(self._edge_words[SITE])
-            if at is None:
-                return None
-            return at, self._entry_exits if self._entry_seq == self._edge_words[SEQ] else self._exits
+            exits = self._entry_exits if self._entry_seq == self._edge_words[SEQ] else self._exits
+            return None if at is None else (at, exits)
         tx = self.active
         return None if tx is None else (tx.at, tx.exits_before)
 
@@ -199,17 +167,15 @@ class TransactionTracker:
         return observer in self._mirrored
 
     def site_facts(self, vaddr: int) -> tuple[int, int, int]:
-        """For the C syscall front's table: where a hit at ``vaddr`` resumes if it is a NOP-class site
-        watched here (else 0), and the C-hooked trampoline ``ret`` its transaction may be armed for
-        and the bytes that pops (0, 0 until the resume watch has found it)."""
+        """For the C syscall front: where a hit at this NOP-class site resumes (else 0), and the C-hooked
+        ``ret`` its transaction may be armed for and the bytes that pops (resume.armable)."""
         at = self._by_site.get(vaddr)
         if at is None or not at.nop or self._up.probes.get(vaddr) is not at.uprobe:
             return 0, 0, 0
         return (at.next, *self.resume.armable(vaddr))
 
     def _adopt_kernel_part(self) -> None:
-        """The C syscall front did the kernel's part of the open transaction's hit: note what this
-        tracker's observers would have (its path, the exit counts before it), its counts folded in."""
+        """The C syscall front did the kernel's part of the open hit: note what the observers would have."""
         words = self._edge_words
         assert words is not None
         seq = words[SEQ]
@@ -226,8 +192,7 @@ class TransactionTracker:
         self._entry_seq, self._entry_exits = seq, {k: n for k, n in exits.items() if n}
 
     def _before_kernel(self, *_args: object) -> None:
-        """The kernel is entered: an armed transaction is disarmed (the kernel may change anything);
-        for one still without a Transaction, the exit counts now are those at its start."""
+        """The kernel is entered: disarm (it may change anything); note the exit counts at the start."""
         words = self._edge_words
         assert words is not None
         state = words[STATE]
@@ -237,32 +202,21 @@ class TransactionTracker:
             self._entry_seq, self._entry_exits = words[SEQ], dict(self._exits)
 
     def arm(self, ret: int, popped: int) -> None:
-        """The guest is about to leave straight-line trampoline code by the ``ret`` at ``ret``
-        (popping ``popped`` bytes), whose hook is C: let it settle the open transaction
-        if the hit left everything as it found it. Only a hit the Python fast path in
-        :meth:`finish` would settle alike: a NOP-class site whose start state and red zone the
-        hook's buffers hold (the site hook's, never suspended), no consumer that could change a
-        register, no step out of line."""
-        at = self._settleable()
+        """Let the C hook on the ``ret`` at ``ret`` (popping ``popped`` bytes) settle the open transaction
+        if it left everything as it found it; only one :meth:`finish` would settle alike (a NOP site)."""
+        if self._unmaterialized():
+            at = self._pending_site()
+        else:
+            tx = self.active
+            at = None if (tx is None or tx is not self._native_tx or tx.chain is not None or self._up.task.stepping
+                          or tx.outside or self.log.outside or tx.path is None) else tx.at
         if at is not None and at.nop:
             assert self.edges is not None
             self.edges.arm(ret, popped, at.next)
 
-    def _settleable(self) -> ProbeSite | None:
-        """The open transaction's site, if it may be settled outside Python's Transaction (see
-        arm(); a site that is not a NOP needs a reference too)."""
-        if self._unmaterialized():
-            return self._pending_site()
-        tx = self.active
-        if (tx is None or tx is not self._native_tx or tx.chain is not None or self._up.task.stepping
-                or tx.outside or self.log.outside or tx.path is None):
-            return None
-        return tx.at
-
     def _pending_site(self) -> ProbeSite | None:
-        """The site of the site hook's open transaction, one still without a Transaction (so no
-        consumer with a handler ran: _on_chain), if its probe is attached and no step out of line
-        is under way."""
+        """The site of the site hook's open transaction still without a Transaction, if its probe is
+        attached, its handler chain ran and no step out of line is under way."""
         if not self._unmaterialized() or self._up.task.stepping:
             return None
         assert self._edge_words is not None
@@ -273,9 +227,8 @@ class TransactionTracker:
         return at if at is not None and self._up.probes.get(at.address) is at.uprobe else None
 
     def settle_at_kernel_return(self, rip_advance: int) -> bool:
-        """The kernel returns to user mode at rip + ``rip_advance``: True if the open transaction,
-        one the site hook opened and Python has not needed since, is done with everything as it
-        was (a NOP site) or as the cached reference says, compared in C."""
+        """The kernel returns to rip + ``rip_advance``: True if the site hook's open transaction is done
+        with everything as it was (a NOP site) or as the cached reference says, compared in C."""
         at = None if self.cpu.hooks.failed else self._pending_site()
         edges = self.edges
         if at is None or edges is None:
@@ -295,8 +248,7 @@ class TransactionTracker:
         return edges.settle_compared(base, cast(Comparison, comparison))
 
     def bind(self, attachments: list[Attachment]) -> None:
-        """Watch these attachments' sites, forgetting earlier ones and their hit counts: one tracker
-        serves a process whose probes are detached and attached again (the fuzzer's reuse)."""
+        """Watch these attachments' sites, forgetting earlier ones and their hit counts (the fuzzer's reuse)."""
         for hook in self._site_hooks:
             self.cpu.hooks.remove(hook)
         self._by_site, self._site_hooks, self.active = {}, [], None
@@ -309,17 +261,15 @@ class TransactionTracker:
                                                 uprobe.insn.kind is Kind.NOP, addr + len(original), len(self._by_site))
         self._counters = SiteCounters(len(self._by_site), 0 if self.edges is None else self.edges.address)
         hotpath.touch()  # the C syscall front's site facts (site_facts) are of the old sites
-        for site, at in self._by_site.items():
-            if self.edges is not None:
-                if at.nop:
-                    self._counters.copy_redzone_lazily(at.index)
-                self._site_hooks.append(self.edges.add_site_hook(site, self._counters.record(at.index)))
-            else:
-                self._site_hooks.append(self.cpu.hooks.add_raw_code(self._on_site, site, site))
+        edges = self.edges
+        for at in self._by_site.values():
+            if edges is not None and at.nop:
+                self._counters.copy_redzone_lazily(at.index)
+        self._site_hooks = [self.cpu.hooks.add_raw_code(self._on_site, site, site) if edges is None
+                            else edges.add_site_hook(site, self._counters.record(at.index)) for site, at in self._by_site.items()]
 
     def _on_site(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
-        """Raw code hook at each probe site (its body is inline: a frame costs on every hit); with
-        the C site hook, called by it only when a transaction is already open."""
+        """Raw code hook at each probe site (with the C site hook: only when a transaction is open)."""
         try:
             if self.active is not None:
                 self.resume.lost_track()  # the guest resumed unseen (not expected): watch blocks
@@ -328,16 +278,13 @@ class TransactionTracker:
             if self._up.probes.get(addr) is not at.uprobe:
                 return  # detached: the original instruction runs, nothing to verify
             tx = self.active = Transaction(at, self._counters.count_hit(at.index), self.raw.read(), dict(self._exits))
-            base = tx.redzone_base
-            self.log.start(base, snapshot_wanted=True)
+            self.log.start(tx.redzone_base, snapshot_wanted=True)
         except BaseException as exc:
             self.cpu.hooks.raised(exc)
 
     # ------------------------------------------------------------------ threads
-    # ------------------------------------------------------------------ threads
     def put_aside(self) -> Transaction | None:
-        """A context switch: the running thread's transaction, if any, with its stores kept and no
-        longer the active one (what the edges' buffers hold of it goes stale)."""
+        """A context switch: the running thread's transaction, if any, with its stores kept, put aside."""
         tx = self.active
         if tx is not None:
             self.keep_log(tx)
@@ -355,11 +302,9 @@ class TransactionTracker:
 
     def finish(self, tx: Transaction, resume: int, raw: bytes, rsp: int | None = None,
                redzone: bytes | None = None) -> None:
-        """The active transaction ``tx`` ends: the guest resumes at ``resume`` with the state ``raw``
-        (just read), except ``rsp`` when given (a ``ret`` about to run moves rsp and rip, nothing
-        else); ``redzone``: its bytes now, if the caller has just read them. A hit that provably
-        left everything as it found it is counted here; the others go to ``on_finished``, for the
-        checks."""
+        """``tx`` ends: the guest resumes at ``resume`` with the state ``raw``, but ``rsp`` if given (a
+        ``ret`` about to run), and the red zone ``redzone`` if just read. A hit that provably left
+        everything as it found it is counted here; the others go to ``on_finished``, for the checks."""
         self._active = None  # abandon(), inline
         if self._edge_words is not None:
             self._edge_words[STATE] = IDLE
@@ -375,10 +320,7 @@ class TransactionTracker:
         if (tx.nop and resume == tx.at.next and rsp == tx.start_rsp and tx.chain is None and not tx.outside
                 and tx.path is not None
                 and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and (before is None or redzone == before)):
-            # A NOP-class site, no consumer could change anything, the guest resumed right after
-            # it with every register (rflags exactly), the extended state and the red zone as they
-            # were: the reference is the start state with rip moved, no check can find anything.
-            return
+            return  # a NOP site left exactly as it was, resumed right after it: no check can find anything
         if redzone is None:  # nothing wrote into it, or nothing read it yet
             redzone = self._redzone_at_start(tx) if before is None else self.redzone(tx.redzone_base)
         tx.redzone_before = redzone if before is None else before
@@ -387,28 +329,24 @@ class TransactionTracker:
         self.on_finished(tx)
 
     def read_end(self, tx: Transaction) -> tuple[bytes, bytes | None]:
-        """The state now, and ``tx``'s red zone now if a write may have changed it, read in the
-        same C call where that can be done (else None: finish() reads it if it needs it)."""
+        """The state now, and ``tx``'s red zone if a write may have changed it (else None), in one C call."""
         if self.edges is None or not tx.redzone_changed:
             return self.raw.read(), None
         return self.edges.read_end(tx.redzone_base)
 
     def _redzone_at_start(self, tx: Transaction) -> bytes:
-        """The red zone before anything wrote into it: the C site hook's copy, if it
-        started ``tx`` and ``tx`` was never suspended, else read now (no write has reached it yet)."""
+        """The red zone before anything wrote into it (no write has reached it yet)."""
         return self._site_copy(tx) or self.redzone(tx.redzone_base)
 
     def _site_copy(self, tx: Transaction) -> bytes | None:
-        """The red zone as the C site hook copied it, if it started ``tx`` and ``tx``
-        was never suspended (and the copy could be read)."""
+        """The red zone as the C site hook copied it, if it started ``tx`` and ``tx`` was never suspended."""
         return self.edges.start_redzone() if tx is self._native_tx and self.edges is not None else None
 
     def redzone(self, base: int) -> bytes:
         return self.raw.mem(base, RED_ZONE) or self.mem.read(base, RED_ZONE)  # unmapped: Memory's error
 
     def _on_kernel_write(self, addr: int, data: bytes) -> None:
-        """The fake kernel is about to write guest memory: the red zone as it was, if it reaches it;
-        what it overwrites, if it lands outside the red zone and the scratch (the memory check)."""
+        """The fake kernel is about to write guest memory: keep what the red-zone and memory checks need."""
         size = len(data)
         words = self._edge_words
         if words is None or words[STATE]:  # a transaction is open: where does it land?
@@ -416,7 +354,10 @@ class TransactionTracker:
             rsp = words[START_RSP] if words is not None and words[SEQ] != self._seq else (
                 tx.start_rsp if tx is not None else None)
             if rsp is not None and not (rsp - RED_ZONE - SCRATCH <= addr and addr + size <= rsp):  # inline: every hit
-                self._kernel_outside(addr, data, rsp)
+                tx = self.active  # kept with the bytes it overwrites if the memory check must see it
+                if tx is not None and outside_the_hits_share(self.mem, addr, data, rsp):
+                    tx.outside = True
+                    tx.kernel_stores += ((addr, self.raw.mem(addr, size) or bytes(size), data),)
         if self._unmaterialized():  # no Transaction yet: a write into its red zone is noted (_materialize)
             assert self._edge_words is not None and self.edges is not None
             if not _reaches_redzone(addr, size, self._edge_words[START_RSP] - RED_ZONE):
@@ -431,31 +372,21 @@ class TransactionTracker:
                 tx.redzone_before = self._redzone_at_start(tx)
             tx.redzone_changed = True
 
-    def _kernel_outside(self, addr: int, data: bytes, rsp: int) -> None:
-        """A kernel write during the hit whose interrupted rsp is ``rsp``: recorded with the bytes it
-        overwrites if the memory check must see it (kernel_writes.outside_the_hits_share)."""
-        tx = self.active
-        if tx is not None and outside_the_hits_share(self.mem, addr, data, rsp):
-            tx.outside = True
-            tx.kernel_stores += ((addr, self.raw.mem(addr, len(data)) or bytes(len(data)), data),)
-
     def abandon(self) -> None:
         """No verdict on this hit: it ended (or the kernel is delivering a signal: it will not resume)."""
         self.active = None
         self.log.close()
 
     def fold_log(self, tx: Transaction) -> None:
-        """The write log has stores of ``tx``'s: the red zone as it was before the first one
-        becomes its reference, if none was taken yet, and it may have changed (whoever needs it
-        now reads it). The stores stay in the log until keep_log()."""
+        """The write log has stores of ``tx``'s: the red zone before the first is its reference, if none
+        was taken yet, and it may have changed. The stores stay in the log until keep_log()."""
         if self.log.count:
             if tx.redzone_before is None:  # the log copies it only where the site hook did not
                 tx.redzone_before = self._site_copy(tx) or self.log.snapshot() or self.redzone(tx.redzone_base)
             tx.redzone_changed = True
 
     def keep_log(self, tx: Transaction) -> None:
-        """Move the stores the write log holds into ``tx`` (before the log serves another hit, or
-        the checks read them)."""
+        """Move the stores the write log holds into ``tx``."""
         if self.log.count:
             tx.outside |= self.log.outside != 0
             self.fold_log(tx)
@@ -464,9 +395,7 @@ class TransactionTracker:
             tx.unrecorded |= overflowed
 
     def _before_step(self, probe: Uprobe, _regs: PtRegs) -> None:
-        """The probed instruction is about to run (emulated, or out of line): its reference is
-        taken now, from guest memory as the instruction will find it (one that loads what it
-        stores would see its own store afterwards)."""
+        """The probed instruction is about to run: its reference is taken now, from memory as it finds it."""
         at = self._by_site.get(probe.vaddr)
         if self.prepare is None or at is None or at.nop:
             return
@@ -493,9 +422,7 @@ class TransactionTracker:
         tx.path = path
         if regs is None:
             return  # the counting-only fast path: the consumers changed nothing
-        if after:
-            if tx.chain is not None:
-                tx.chain = (tx.chain[0], regs.copy())
-            return
-        if _has_handler(probe):  # else counting consumers only: nothing can change a register
+        if after and tx.chain is not None:
+            tx.chain = (tx.chain[0], regs.copy())
+        elif not after and _has_handler(probe):  # else counting consumers only: nothing can change a register
             tx.chain = (regs.copy(), regs)

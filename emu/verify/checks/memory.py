@@ -1,18 +1,17 @@
-"""What a hit writes elsewhere (``memory``): a hit may write only below the red zone of the
-interrupted code (the design's scratch) and into the kernel's own pages; any other byte it leaves
-changed, by trampoline or slot code, an out-of-line step or the kernel's user copies, is reported
-with its address, old and new bytes and writer."""
+"""What a hit writes elsewhere (``memory``): a hit may write only below the red zone (the design's
+scratch) and into the kernel's own pages; any other byte it leaves changed that the original
+instruction would not have is reported with its address, old and new bytes and writer."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from emu.hotpath.write_log import classify
+from emu.hotpath.write_log import entries as log_entries
 from emu.verify.checks.hit import path_name, violation
 from emu.verify.expected import Expected
 from emu.verify.records import Transaction
 from emu.verify.violations import Check, Violation
-from emu.verify.write_log import classify
-from emu.verify.write_log import entries as log_entries
 
 Reader = Callable[[int, int], bytes | None]  # (address, size) -> the guest's bytes now (None: unmapped)
 Allowed = Callable[[Transaction, int, int], bool]  # (tx, address, size): a write there is the hit's right
@@ -20,8 +19,7 @@ Allowed = Callable[[Transaction, int, int], bool]  # (tx, address, size): a writ
 
 def outside_writes(tx: Transaction, allowed: Allowed,
                    describe: Callable[[int], str]) -> dict[int, tuple[int, str]]:
-    """Each byte written during ``tx`` outside the red zone and the scratch below it, by address:
-    (its value before the first such write, the last writer)."""
+    """Each byte written during ``tx`` outside the red zone and the scratch: (its first old value, the last writer)."""
     written: dict[int, tuple[int, str]] = {}
 
     def note(addr: int, old: bytes, writer: str) -> None:
@@ -40,8 +38,6 @@ def outside_writes(tx: Transaction, allowed: Allowed,
 
 def check_memory(tx: Transaction, exp: Expected, read: Reader, allowed: Allowed,
                  describe: Callable[[int], str]) -> list[Violation]:
-    """Every byte a hit wrote outside the red zone, the scratch below it and the kernel's own pages
-    that the original instruction would not have left so (its own stores are the reference's)."""
     if not tx.outside:
         return []
     written = outside_writes(tx, allowed, describe)
@@ -53,9 +49,9 @@ def check_memory(tx: Transaction, exp: Expected, read: Reader, allowed: Allowed,
         if len(now) == hi - lo and all(stored.get(a) == now[a - lo] for a in range(lo, hi)):
             continue  # what the instruction itself stores there
         found.append(_memory(tx, lo, old, now, writer))
-    if tx.unrecorded:
-        found += [violation(Check.MEMORY, tx, "more stores than the write log holds: some were not seen",
-                             path=path_name(tx))] if not found else []
+    if tx.unrecorded and not found:
+        found.append(violation(Check.MEMORY, tx, "more stores than the write log holds: some were not seen",
+                               path=path_name(tx)))
     return found
 
 
@@ -77,4 +73,3 @@ def _memory(tx: Transaction, addr: int, old: bytes, new: bytes, writer: str) -> 
     summary = f"{place} ({len(old)} bytes at {addr:#x}) {old.hex()} -> {new.hex() or '?'} by {writer}"
     return violation(Check.MEMORY, tx, summary, address=hex(addr), size=len(old), old=old.hex(), new=new.hex(),
                       writer=writer, path=path_name(tx))
-

@@ -1,6 +1,6 @@
 """The red zone a hit leaves (``redzone``): the 128 bytes below the interrupted rsp, which the
-interrupted code may keep live (the System V ABI's red zone), byte for byte as the original
-instruction alone would have left them; each differing run blamed on the store that left it."""
+interrupted code may keep live (System V ABI), byte for byte as the original instruction alone would
+have left them; each differing run blamed on the store that left it."""
 
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from emu.verify.violations import Check, Violation
 
 
 def check_redzone(tx: Transaction, exp: Expected, describe: Callable[[int], str]) -> list[Violation]:
-    """Every red-zone byte that differs from the reference, attributed to the guest store that
-    wrote it (pc and disassembly) or, failing that, to the fake kernel's copy_to_user."""
+    """Every red-zone byte that differs from the reference, blamed on the guest store or kernel copy that wrote it."""
     expected = exp.redzone(tx)
     if tx.redzone_after == expected:
         return []
@@ -30,24 +29,22 @@ def check_redzone(tx: Transaction, exp: Expected, describe: Callable[[int], str]
 @functools.lru_cache(maxsize=256)
 def _blame(base: int, expected: bytes, after: bytes, logged: tuple[bytes, ...], before: bytes | None,
            nop: bool) -> tuple[tuple[int, int, int | None], ...]:
-    """Each run [lo, hi) of red-zone bytes that differ from ``expected``, by offset, with the pc of
-    the guest store that left it (None: no logged store did). Kept: a design that clobbers the red
-    zone does it the same way on every hit."""
+    """Each run [lo, hi) of red-zone bytes that differ from ``expected``, with the pc of the guest store
+    that left it (None: none did). Cached: a design that clobbers the red zone does it on every hit."""
     wrong = _differing(after, expected)
     out: list[tuple[int, int, int | None]] = []
-    for w in reversed(guest_writes(logged, base, before, nop)):  # the last store to a byte is the one that left it
-        lo, hi = max(w.addr - base, 0), min(w.addr + w.size - base, RED_ZONE)
+    for pc, addr, size, _value in reversed(guest_writes(logged, base, before, nop)):  # the last store to a byte left it
+        lo, hi = max(addr - base, 0), min(addr + size - base, RED_ZONE)
         bytes_written = ((1 << hi - lo) - 1) << lo if hi > lo else 0
         if wrong & bytes_written:
             wrong &= ~bytes_written
-            out.append((lo, hi, w.pc))
+            out.append((lo, hi, pc))
     out += [(lo, hi, None) for lo, hi in _runs(wrong)]
     return tuple(sorted(out))
 
 
 def _differing(a: bytes, b: bytes) -> int:
-    """A mask with bit i set where byte i differs (in a few C calls: each differing byte becomes a
-    '1' digit, each equal one a '0', highest byte first)."""
+    """A mask with bit i set where byte i differs (each byte made a '0' or '1' digit, in a few C calls)."""
     diff = (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).to_bytes(len(a), "little")
     return int(diff.translate(_DIFFERS_DIGIT)[::-1], 2)
 
@@ -75,11 +72,8 @@ def _redzone(tx: Transaction, lo: int, hi: int, expected: bytes, writer: str) ->
 
 @functools.lru_cache(maxsize=1024)
 def _redzone_evidence(lo: int, hi: int, old: bytes, new: bytes, writer: str, path: str) -> tuple[str, Evidence]:
-    """The summary and detail of one red-zone violation (kept: a design that clobbers the red zone
-    does it the same way on every hit)."""
+    """The summary and detail of one red-zone violation (cached, as _blame)."""
     offset = lo - RED_ZONE
     summary = f"rsp{offset:+d} ({hi - lo} bytes) {old.hex()} -> {new.hex()} by {writer}"
     detail = {"offset": offset, "size": hi - lo, "old": old.hex(), "new": new.hex(), "writer": writer, "path": path}
     return summary, tuple(detail.items())
-
-

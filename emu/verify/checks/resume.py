@@ -23,11 +23,9 @@ def check_resume(tx: Transaction, exp: Expected) -> list[Violation]:
     if want == got:
         return []
     where = ""
-    if tx.site < got < tx.site + len(tx.original):
+    if tx.site < got < tx.site + len(tx.at.original):
         where = f" (inside the probed instruction, +{got - tx.site})"
     elif got == tx.site:
         where = " (the probed instruction runs again)"
     return [violation(Check.RESUME, tx, f"resumed at {got:#x}, expected {want:#x}{where}",
                        expected=hex(want), actual=hex(got), path=path_name(tx), exits=tx.exits)]
-
-

@@ -3,7 +3,7 @@ it found it is settled without entering Python:
 
 * the **site hook** counts the hit (SiteCounters), reads the whole state (the RawState layout) and
   the red zone into the control block, starts the write log (which copies the red zone again
-  only if that read failed; emu/verify/write_log.py) and numbers the now *open* transaction
+  only if that read failed; emu/hotpath/write_log.py) and numbers the now *open* transaction
   (SEQ). A store outside the red zone and the scratch below it keeps every fast path here from
   settling the hit. The tracker makes a Transaction of it only when Python needs one
   (emu/verify/tracker.py): a consumer with a handler, a context switch, a hit the C hands over.
@@ -69,10 +69,10 @@ from emu.cpu import (
     Reg,
     native_function,
 )
+from emu.cpu.effects import EffectSpans
 from emu.cpu.snapshots import context_snapshots
-from emu.verify.reference_cache import EffectSpans
-from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP
-from emu.verify.write_log import WINDOW, WriteLog, native_hot_path
+from emu.cpu.state import RAW_KEPT, RAW_RIP, RAW_RSP
+from emu.hotpath.write_log import WINDOW, WriteLog, native_hot_path
 
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, NREGS, IDS, START_PTRS, END_PTRS,
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ, START_AT, END_AT, REDZONE_AT, START_REDZONE_AT, STATE_LEN,

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from emu.callret import CallRetTracker
 from emu.errors import UsageError
-from emu.verify.shstk import CallRetTracker
 
 DEFAULT_RSB_DEPTH = 16
 

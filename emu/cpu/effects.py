@@ -1,4 +1,5 @@
-"""Scratch-CPU references kept per probe site, keyed by everything the instruction reads.
+"""Scratch-CPU references (emu/cpu/scratch.py) kept per probe site, keyed by everything the
+instruction reads.
 
 An instruction's effect is a function of what it reads: the registers it reads and the memory it
 loads. So two hits of one site whose inputs are equal have the same effect, and the second needs
@@ -27,8 +28,8 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import NamedTuple, Protocol
 
-from emu.verify.scratch import Reference, ScratchCpu
-from emu.verify.state import RAW_KEPT, RAW_RIP, RAW_RSP, SLOTS
+from emu.cpu.scratch import Reference, ScratchCpu
+from emu.cpu.state import RAW_KEPT, RAW_RIP, RAW_RSP, SLOTS
 
 
 class FinishedHit(Protocol):
