@@ -31,6 +31,7 @@ from elftools.elf.sections import SymbolTableSection
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from probe_hits import cpu_seconds  # noqa: E402
 from sparse_hits import SITE_OF_DESIGN, build  # noqa: E402
 
 GROUP = "uprobe_emu_bench"
@@ -106,14 +107,7 @@ def counts(binary: str, design: str, mode: str, rounds: int, probe: str | None, 
 
 
 def run_child(binary: str, design: str, mode: str, rounds: str, probe: str) -> None:
-    from emu.guestio import GuestIO
-    from emu.machine import Machine, RunOptions
-
-    m = Machine(binary, [binary, mode, rounds], {}, RunOptions(design=design), GuestIO.captured())
-    if probe != "-":
-        m.attach(probe)
-    result = m.run()
-    assert result.exit_status == 0, result.message
+    cpu_seconds([binary, mode, rounds], design, None if probe == "-" else probe, False)
 
 
 def main() -> None:
