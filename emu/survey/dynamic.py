@@ -92,7 +92,8 @@ class ReadBack:
     def _mark(self, tx: Transaction) -> None:
         from emu.verify.violations import Check
 
-        new, self._new[:] = self._new[:], []
+        new = self._new[:]
+        self._new.clear()  # in place: the log's listener appends to this list
         for v in new:
             if v.kind is Check.REDZONE and "offset" in v.detail:  # a run of changed bytes, rsp-relative
                 first = tx.start_rsp + int(v.detail["offset"])
