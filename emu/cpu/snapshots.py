@@ -32,14 +32,14 @@ MARKERS = (b"\x5a" * 16, b"\xa5" * 16, b"\xff" * 16)  # each bit set and clear i
 @dataclass(frozen=True)
 class Snapshots:
     """Two snapshots of one engine (a hit's start and end), ``size`` bytes each, and where their
-    registers lie: ``words`` holds a mask for each 8-byte word of a snapshot, from the first, its
-    bytes 0xff where a register other than rip, rsp and rflags lies (up to the last word with one);
-    rip and rsp are the 8 bytes at their offsets. Freed with this object."""
+    registers lie: ``pairs`` holds (word index, mask) for each 8-byte word of a snapshot that holds
+    a register other than rip, rsp and rflags, the mask's bytes 0xff on that register's bytes; rip
+    and rsp are the 8 bytes at their offsets. Freed with this object."""
 
     start: ctypes.c_void_p
     end: ctypes.c_void_p
     size: int
-    words: ctypes.Array[ctypes.c_uint64]
+    pairs: ctypes.Array[ctypes.c_uint64]
     rip_offset: int
     rsp_offset: int
 
@@ -49,12 +49,13 @@ class Snapshots:
 
     @property
     def word_count(self) -> int:
-        return len(self.words)
+        """How many words are compared (the pairs)."""
+        return len(self.pairs) // 2
 
     @property
     def register_bytes(self) -> int:
         """How many bytes of a snapshot hold registers (the ones compared)."""
-        return sum(bin(mask).count("1") // 8 for mask in self.words)
+        return sum(bin(mask).count("1") // 8 for mask in self.pairs[1::2])
 
     def __post_init__(self) -> None:
         weakref.finalize(self, _free, self.start, self.end)
@@ -86,7 +87,8 @@ def _widths() -> list[int]:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a snapshot holds the registers (Snapshots' fields of the same names)."""
+    """Where a snapshot holds the registers: a mask for each of its words from the first (0 where no
+    register lies; Snapshots keeps the others as pairs), and the offsets of rip and rsp."""
 
     words: list[int]
     rip_offset: int
@@ -111,8 +113,9 @@ def context_snapshots(cpu: Cpu) -> Snapshots | None:
     if layout is None:
         return None
     size = int(_context_size(cpu.handle))
-    words = (ctypes.c_uint64 * len(layout.words))(*layout.words)
-    return Snapshots(_alloc(cpu), _alloc(cpu), size, words, layout.rip_offset, layout.rsp_offset)
+    flat = [n for index, mask in enumerate(layout.words) if mask for n in (index, mask)]
+    pairs = (ctypes.c_uint64 * len(flat))(*flat)
+    return Snapshots(_alloc(cpu), _alloc(cpu), size, pairs, layout.rip_offset, layout.rsp_offset)
 
 
 def _layout(cpu: Cpu, probe: ctypes.c_void_p) -> Layout | None:

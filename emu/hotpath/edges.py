@@ -41,7 +41,7 @@ Control block layout (64-bit words, struct edges in emu/hotpath_src/verify.h), t
         did (emu/hotpath_src/fastsys.c), the handler chain's path (NATIVE_PATHS) and the exit (KERNEL_EXITS)
   28-30 the uc_context_save, _reg_read and _reg_read_batch functions
   31, 32 the start and end snapshots (uc_context *; 0: the hooks read registers instead)
-  33, 34 a mask for each of a snapshot's first words (where registers lie), and their count
+  33, 34 (word index, mask) pairs for the words of a snapshot that hold registers, and their count
   35, 36 where a snapshot holds rip and rsp
   37 the start buffer holds every register (else rip and rsp only)   38, 39 the start snapshot's
   rflags is read, and its value   40 the rflags register's id
@@ -185,7 +185,7 @@ class NativeEdges:
                 "uc_context_save", "uc_context_reg_read", "uc_context_reg_read_batch"))
             snaps = self._snapshots
             w[CTX_START], w[CTX_END] = snaps.addresses
-            w[CTX_WORDS], w[CTX_NWORDS] = ctypes.addressof(snaps.words), snaps.word_count
+            w[CTX_WORDS], w[CTX_NWORDS] = ctypes.addressof(snaps.pairs), snaps.word_count
             w[CTX_RIP], w[CTX_RSP], w[FLAGS_ID] = snaps.rip_offset, snaps.rsp_offset, Reg.RFLAGS
 
     @classmethod

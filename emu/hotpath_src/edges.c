@@ -73,12 +73,14 @@ static void fill_start(struct edges *e)
     e->start_full = 1;
 }
 
-__attribute__((optimize("tree-vectorize"))) static int same_under_masks(const uint64_t *restrict a, const uint64_t *restrict b, const uint64_t *restrict mask,
-                            uint64_t n)
+/* a and b are equal under each (word index, mask) pair of pairs[0 .. 2n): the words that hold registers. */
+static int same_under_masks(const uint64_t *a, const uint64_t *b, const uint64_t *pairs, uint64_t n)
 {
     uint64_t differ = 0;
-    for (uint64_t i = 0; i < n; i++)
-        differ |= (a[i] ^ b[i]) & mask[i];
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t word = pairs[2 * i];
+        differ |= (a[word] ^ b[word]) & pairs[2 * i + 1];
+    }
     return differ == 0;
 }
 
@@ -90,8 +92,8 @@ static uint64_t snapshot_flags(const struct edges *e, uint64_t context)
 }
 
 /* ctx_end holds the registers ctx_start does, rip and rsp apart: the same rflags (read: the emulator
- * keeps flags lazily, in more than one form) and equal under the mask of each of its first
- * ctx_nwords words (a loop the compiler vectorizes). */
+ * keeps flags lazily, in more than one form) and equal under the masks of the ctx_nwords words
+ * that hold registers. */
 static int same_snapshots(struct edges *e)
 {
     if (!e->start_flags_read) {

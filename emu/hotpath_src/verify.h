@@ -58,7 +58,7 @@ struct edges {
      * faithful (emu/hotpath/edges.py: context_snapshots); ctx_start 0: read registers. */
     uint64_t ctx_save, ctx_reg_read, ctx_reg_read_batch; /* the uc_context_* functions */
     uint64_t ctx_start, ctx_end; /* uc_context *: the site's, and the one taken to compare with it */
-    uint64_t ctx_words, ctx_nwords; /* a mask for each of a context's first words: where registers lie */
+    uint64_t ctx_words, ctx_nwords; /* (word index, mask) pairs: the words of a context that hold registers */
     uint64_t ctx_rip, ctx_rsp;   /* where a context holds rip and rsp */
     uint64_t start_full;         /* the start buffer holds every register (else rip and rsp only) */
     uint64_t start_flags_read;   /* start_flags holds ctx_start's rflags */
