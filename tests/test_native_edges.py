@@ -132,6 +132,35 @@ def test_an_emulation_bug_at_a_cached_site_is_handed_to_python_and_caught(monkey
     assert {hit for _, hit, _ in native[1]} == set(range(ITERATIONS // 2 + 1, ITERATIONS + 1))
 
 
+@needs_c
+def test_a_hit_whose_evidence_repeats_a_judged_one_gets_its_verdict_in_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux 6.18's uretprobe leaves the same two red-zone runs changed, the same way, on every hit:
+    Python judges one, C gives the rest its violations (emu/hotpath/repeats.py). The report is the
+    one the Python hooks give, hit for hit."""
+    args, spec = ["nop5", "30"], "uretprobe:uprobe_target_nop5"
+    session = _run(TRIG, args, spec, "linux-6.18", python_only=False)
+    assert session.tracker.edges is not None and session.tracker.edges.finished >= 25
+    native, python = _verdicts(monkeypatch, TRIG, args, spec, "linux-6.18")
+    assert native == python
+    per_hit = Counter(hit for _, hit, _ in native[1])
+    assert set(per_hit) == set(range(2, 31)) and all(per_hit[hit] == 2 for hit in range(3, 31))
+
+
+@needs_c
+def test_a_hit_whose_evidence_differs_is_judged_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control: a trampoline that stores the program's callee-saved registers into the red zone
+    leaves different bytes there on every hit; C repeats no verdict, and each hit is reported as the
+    Python hooks report it."""
+    stores = "; ".join(f"movb %{reg}, {8 + i}(%rsp)" for i, reg in enumerate(("bl", "r12b", "r13b", "r14b", "bpl")))
+    design = _nop10_variant("stores-callee-saved", stores)
+    session = _run(TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", design, python_only=False)
+    assert session.tracker.edges is not None and session.tracker.edges.finished == 0
+    native, python = _verdicts(monkeypatch, TARGETS, [str(ITERATIONS)], "uprobe:t_nop10", design)
+    assert native == python
+    per_hit = [tuple(summary for _, hit, summary in native[1] if hit == n) for n in range(2, ITERATIONS + 1)]
+    assert all(per_hit) and len(set(per_hit)) == len(per_hit)  # a red-zone verdict on every hit, none alike
+
+
 def test_an_execution_of_a_detached_site_is_not_a_hit() -> None:
     """The site hook counts every execution of the site; one the tracker finds detached is taken
     back (hit numbers in reports count hits of the attached probe)."""

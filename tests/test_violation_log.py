@@ -24,6 +24,20 @@ def _violation(kind: Check, site: int, hit: int) -> Violation:
     return Violation(kind, "uprobe:f", site, f"{kind.value} at hit {hit}", {}, hit)
 
 
+def test_violations_held_back_join_before_anything_reads_or_adds() -> None:
+    held: list[Violation] = []
+    log = ViolationLog()
+    log.pull_from(lambda: [held.pop(0) for _ in range(len(held))])
+    held += [_violation(Check.REDZONE, 0x10, 1), _violation(Check.REDZONE, 0x10, 2)]
+    log.append(_violation(Check.REGS, 0x10, 3))
+    assert [v.hit for v in log] == [1, 2, 3]  # the held-back ones first, in their order
+    held.append(_violation(Check.REDZONE, 0x10, 4))
+    assert len(log) == 4 and log.of_kind(Check.REDZONE) == 3 and log.hits_flagged(Check.REDZONE) == Counter({0x10: 3})
+    held.append(_violation(Check.REDZONE, 0x10, 5))
+    log.clear()
+    assert list(log) == [] and held == []  # cleared with the log
+
+
 def test_the_log_keeps_the_first_and_counts_the_rest() -> None:
     log, seen = ViolationLog(kept=3), list[Violation]()
     log.listeners.append(seen.append)

@@ -45,6 +45,8 @@ Control block layout (64-bit words, struct edges in emu/hotpath_src/verify.h), t
   35, 36 where a snapshot holds rip and rsp
   37 the start buffer holds every register (else rip and rsp only)   38, 39 the start snapshot's
   rflags is read, and its value   40 the rflags register's id
+  41 the open transaction's number among its site's hits
+  42 the buffer of hits that repeat one Python judged (emu/hotpath/repeats.py; 0: none are held back)
 
 Snapshots: a uc_context_save copies the whole CPU in one memcpy, where reading the 48 registers of a
 state buffer costs a call each. The site hook saves one and reads only rip and rsp; the end of a hit
@@ -72,15 +74,16 @@ from emu.cpu import (
 from emu.cpu.effects import EffectSpans
 from emu.cpu.snapshots import context_snapshots
 from emu.cpu.state import RAW_KEPT, RAW_RIP, RAW_RSP
+from emu.hotpath.repeats import RepeatedVerdicts
 from emu.hotpath.write_log import WINDOW, WriteLog, native_hot_path
 
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, NREGS, IDS, START_PTRS, END_PTRS,
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ, START_AT, END_AT, REDZONE_AT, START_REDZONE_AT, STATE_LEN,
  KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT, CTX_SAVE, CTX_REG_READ, CTX_READ_BATCH,
  CTX_START, CTX_END, CTX_WORDS, CTX_NWORDS, CTX_RIP, CTX_RSP, START_FULL, START_FLAGS_READ, START_FLAGS,
- FLAGS_ID) = range(41)
+ FLAGS_ID, HIT, REPEATS) = range(43)
 KERNEL_EXITS = ("sysret", "iret", None)  # EDGES_EXIT_*: the exit counted in UprobeStats.exits (none for an INT3)
-START = 41 * 8  # byte offsets of the buffers
+START = 43 * 8  # byte offsets of the buffers
 END = START + STATE_BYTES
 REDZONE = END + STATE_BYTES
 START_REDZONE = REDZONE + WINDOW
@@ -178,6 +181,8 @@ class NativeEdges:
             base + START, base + END, base + REDZONE, base + START_REDZONE)
         w[STATE_LEN], w[KEPT] = STATE_BYTES, RAW_KEPT
         w[START_FULL] = 1
+        self.repeats: RepeatedVerdicts | None = RepeatedVerdicts()
+        w[REPEATS] = self.repeats.address
         self._fill_start = native.edges_fill_start
         self._snapshots = context_snapshots(cpu)
         if self._snapshots is not None:
@@ -251,6 +256,11 @@ class NativeEdges:
         transaction if it returns to ``resume`` with everything as the site hook found it."""
         w = self.words
         w[RET_PC], w[POPPED], w[NEXT], w[STATE] = ret, popped, resume, ARMED
+
+    def judge_every_hit(self) -> None:
+        """Hold back no repeated hit: Python sees every hit C does not settle as unchanged."""
+        self.repeats = None
+        self.words[REPEATS] = 0
 
     @property
     def finished(self) -> int:

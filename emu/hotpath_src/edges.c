@@ -123,23 +123,22 @@ static int registers_as_at_start(uc_engine *uc, struct edges *e)
 /* The red zone as at the start: the site hook's copy, or at a site that copies it lazily, the write
  * log's (taken before the first guest store into it). None taken: no guest store reached it, and the
  * kernel wrote none into it either, if Python never took the hit over (a kernel write there makes
- * Python take it: emu/verify/tracker.py, _on_kernel_write). */
+ * Python take it: emu/verify/tracker.py, _on_kernel_write). A red zone unlike the start's may still
+ * repeat a hit Python judged (repeats.c). */
 static int redzone_as_at_start(uc_engine *uc, struct edges *e)
 {
     const struct write_log *log = log_of(e);
-    const void *start = AS_PTR(void, e->start_redzone);
+    const void *start = NULL;
     if (e->start_redzone_status == REDZONE_LAZY) {
         if (!log->taken)
             return e->python_seq != e->seq;
-        if (log->status != 0)
-            return 0;
-        start = log->snapshot;
-    } else if (e->start_redzone_status != 0) {
-        return 0;
+        start = log->status == 0 ? log->snapshot : NULL;
+    } else if (e->start_redzone_status == 0) {
+        start = AS_PTR(void, e->start_redzone);
     }
-    if (read_memory(uc, e, STATE_RSP(e->start) - log->length, e->redzone, log->length))
+    if (start == NULL || read_memory(uc, e, STATE_RSP(e->start) - log->length, e->redzone, log->length))
         return 0;
-    return memcmp(start, AS_PTR(void, e->redzone), log->length) == 0;
+    return memcmp(start, AS_PTR(void, e->redzone), log->length) == 0 || repeats_judged_hit(uc, e, start);
 }
 
 /* Every register but rip and rsp as at the start, no store outside, and the red zone as at the start. */
@@ -157,7 +156,7 @@ static void edges_site_hook(uc_engine *uc, uint64_t address, uint32_t size, void
         AS_FN(hook_code_fn, e->py_site)(uc, address, size, e);
         return;
     }
-    record[1]++;
+    e->hit = ++record[1];
     if (e->ctx_start != 0) {
         save_snapshot(uc, e, e->ctx_start, e->start);
         e->start_full = 0, e->start_flags_read = 0;

@@ -64,7 +64,33 @@ struct edges {
     uint64_t start_flags_read;   /* start_flags holds ctx_start's rflags */
     uint64_t start_flags;
     uint64_t flags_id;           /* UC_X86_REG_EFLAGS */
+    uint64_t hit;                /* the open transaction's number among its site's hits */
+    uint64_t repeats;            /* struct repeats * (0: Python judges every hit C cannot settle) */
 };
+
+/* A hit's evidence, when C could not settle it only because its red zone differs from the start:
+ * what the red-zone check reads of it (emu/hotpath/repeats.py). */
+enum { REPEAT_ENTRIES = 16, REDZONE_WORDS = 16, CODE_BYTES = 16 };
+struct evidence {
+    uint64_t site, kernel_path, kernel_exit, count; /* count: the log entries that follow */
+    uint64_t before[REDZONE_WORDS], after[REDZONE_WORDS];
+    uint64_t entries[REPEAT_ENTRIES][4]; /* pc, offset from the red zone's base, size, value */
+    uint8_t code[REPEAT_ENTRIES][CODE_BYTES]; /* the code at each entry's pc (its writer's text) */
+};
+
+/* The verdict Python gave a hit, kept for the hits whose evidence repeats it (emu/hotpath/repeats.py). */
+struct repeats {
+    uint64_t armed;         /* memo holds the evidence of a hit Python judged */
+    uint64_t candidate_seq; /* the transaction whose evidence candidate holds (0: none) */
+    uint64_t count;         /* hits repeated since Python last took them */
+    uint64_t capacity;      /* hits the buffer holds */
+    struct evidence memo, candidate;
+    uint64_t hits[];        /* the repeated hits' numbers */
+};
+
+/* In repeats.c, for edges.c: the open hit left its red zone unlike before (REDZONE_WORDS words):
+ * 1 if its evidence is the memo's (its number is kept for Python), else 0 (and it may be the candidate). */
+int repeats_judged_hit(uc_engine *uc, struct edges *e, const void *before);
 
 typedef uc_err (*uc_context_save_fn)(uc_engine *uc, void *context);
 typedef uc_err (*uc_context_reg_fn)(void *context, int regid, void *value);

@@ -74,6 +74,8 @@ class ReadBack:
         self.confirmed: set[tuple[int, int]] = set()
         self._new: list[Violation] = []  # found since the last finished hit (the log keeps only the first ones)
         session.violations.listeners.append(self._new.append)
+        if session.tracker.edges is not None:
+            session.tracker.edges.judge_every_hit()  # each hit's clobbered bytes are marked as it ends
         inner = session.tracker.on_finished
 
         def finished(tx: Transaction) -> None:

@@ -66,6 +66,8 @@ class VerifySession:
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
         self.tracker.prepare = self._prepare
+        self._held_back: list[Violation] = []  # the violations of the hit whose evidence C compares hits with
+        self.violations.pull_from(self._repeated)
         self.shadow_stack: ShadowStack | None = None
         self.rsb: RsbModel | None = None
         if Verifier.SHSTK in self.enabled or rsb is not None:
@@ -137,22 +139,39 @@ class VerifySession:
         stack = self.machine.mem.find(tx.start_rsp)
         return stack is not None and stack.start <= addr and addr + size <= tx.redzone_base
 
+    def _repeated(self) -> list[Violation]:
+        """The violations of the hits C found to repeat a judged one (emu/hotpath/repeats.py)."""
+        repeats = self.tracker.edges.repeats if self.tracker.edges is not None else None
+        hits = [] if repeats is None else repeats.take()
+        return [Violation(v.kind, v.probe, v.address, v.summary, dict(v.detail), hit)
+                for hit in hits for v in self._held_back]
+
     def _finished(self, tx: Transaction) -> None:
+        found = self._judge(tx)
+        self.violations += found
+        if found and all(v.kind is Check.REDZONE for v in found) and self.tracker.repeatable(tx):
+            assert self.tracker.edges is not None and self.tracker.edges.repeats is not None
+            self._held_back = found
+            self.tracker.edges.repeats.arm()
+
+    def _judge(self, tx: Transaction) -> list[Violation]:
+        found: list[Violation] = []
         effect = None if tx.prepared is None else tx.prepared.effect
         if self._resume:
-            self.violations += check_fired(tx)
+            found += check_fired(tx)
         if tx.chain is None and effect is not None and not tx.outside and effect.settles(tx):
-            return  # the common case of a hit that is not a NOP, settled from the cache
+            return found  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
         if self._memory:
-            self.violations += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self._describe)
+            found += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self._describe)
         if self._regs:
-            self.violations += check_consumer_view(tx)
+            found += check_consumer_view(tx)
         if matches_exactly(tx, exp):
-            return
+            return found
         if self._regs:
-            self.violations += check_regs(tx, exp)
+            found += check_regs(tx, exp)
         if self._resume:
-            self.violations += check_resume(tx, exp)
+            found += check_resume(tx, exp)
         if self._redzone:
-            self.violations += check_redzone(tx, exp, self._describe)
+            found += check_redzone(tx, exp, self._describe)
+        return found

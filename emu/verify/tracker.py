@@ -260,6 +260,9 @@ class TransactionTracker:
                 self._by_site[addr] = ProbeSite(att.resolved.spec.text, uprobe, addr, original,
                                                 uprobe.insn.kind is Kind.NOP, addr + len(original), len(self._by_site))
         self._counters = SiteCounters(len(self._by_site), 0 if self.edges is None else self.edges.address)
+        if self.edges is not None and self.edges.repeats is not None:
+            self.edges.repeats.disarm()
+            self.edges.repeats.take()  # of the sites watched until now
         hotpath.touch()  # the C syscall front's site facts (site_facts) are of the old sites
         edges = self.edges
         for at in self._by_site.values():
@@ -281,6 +284,12 @@ class TransactionTracker:
             self.log.start(tx.redzone_base, snapshot_wanted=True)
         except BaseException as exc:
             self.cpu.hooks.raised(exc)
+
+    def repeatable(self, tx: Transaction) -> bool:
+        """``tx`` is the hit whose evidence C kept (emu/hotpath/repeats.py), and its verdict rests on that alone."""
+        repeats = None if self.edges is None else self.edges.repeats
+        return (repeats is not None and tx is self._native_tx and repeats.candidate_seq == self._seq
+                and tx.chain is None and not tx.outside and not tx.kernel_stores and not tx.unrecorded)
 
     # ------------------------------------------------------------------ threads
     def put_aside(self) -> Transaction | None:
@@ -347,6 +356,8 @@ class TransactionTracker:
 
     def _on_kernel_write(self, addr: int, data: bytes) -> None:
         """The fake kernel is about to write guest memory: keep what the red-zone and memory checks need."""
+        if self.edges is not None and self.edges.repeats is not None:
+            self.edges.repeats.disarm()  # it may be rewriting code a verdict held back names
         size = len(data)
         words = self._edge_words
         if words is None or words[STATE]:  # a transaction is open: where does it land?

@@ -48,11 +48,13 @@ KEPT = 100_000  # violations a run keeps whole; past them each one is only count
 class ViolationLog(Sequence[Violation]):
     """A run's violations in the order found, bounded: the first ``kept`` are kept whole, later ones
     are only counted (by kind, and the hits they flag at each site). A design that breaks something on
-    every hit would otherwise grow memory with every hit of a long run. ``listeners`` see every one."""
+    every hit would otherwise grow memory with every hit of a long run. ``listeners`` see every one.
+    A source (pull_from) may hold violations back; they join before anything reads or adds to the log."""
 
     def __init__(self, kept: int | None = None) -> None:
         self.kept = KEPT if kept is None else kept
-        self.dropped = 0
+        self._dropped = 0
+        self._source: Callable[[], list[Violation]] | None = None
         self.listeners: list[Callable[[Violation], None]] = []
         self._items: list[Violation] = []
         self._kinds: Counter[Check] = Counter()
@@ -64,7 +66,20 @@ class ViolationLog(Sequence[Violation]):
         log.extend(violations)
         return log
 
+    def pull_from(self, source: Callable[[], list[Violation]]) -> None:
+        """``source`` returns the violations it holds back (found in C: emu/hotpath/repeats.py), oldest first."""
+        self._source = source
+
+    def _pull(self) -> None:
+        if self._source is not None:
+            for violation in self._source():
+                self._add(violation)
+
     def append(self, violation: Violation) -> None:
+        self._pull()
+        self._add(violation)
+
+    def _add(self, violation: Violation) -> None:
         self._kinds[violation.kind] += 1
         flagged = self._flagged.get((violation.kind, violation.address))
         if flagged is None:
@@ -77,7 +92,7 @@ class ViolationLog(Sequence[Violation]):
         if len(self._items) < self.kept:
             self._items.append(violation)
         else:
-            self.dropped += 1
+            self._dropped += 1
 
     def extend(self, violations: Iterable[Violation]) -> None:
         for violation in violations:
@@ -89,25 +104,37 @@ class ViolationLog(Sequence[Violation]):
         return self
 
     def clear(self) -> None:
-        self.dropped = 0
+        """Forget every violation, those a source holds back included."""
+        if self._source is not None:
+            self._source()
+        self._dropped = 0
         self._items.clear()
         self._kinds.clear()
         self._flagged.clear()
 
     @property
+    def dropped(self) -> int:
+        """Violations counted but not kept."""
+        self._pull()
+        return self._dropped
+
+    @property
     def total(self) -> int:
         """Every violation found, kept or not."""
-        return len(self._items) + self.dropped
+        return len(self) + self.dropped
 
     def of_kind(self, kind: Check) -> int:
         """Violations of ``kind``, kept or not."""
+        self._pull()
         return self._kinds[kind]
 
     def hits_flagged(self, kind: Check) -> Counter[int]:
         """site -> the hits there that ``kind`` flagged (a hit's violations come together)."""
+        self._pull()
         return Counter({site: flagged[0] for (k, site), flagged in self._flagged.items() if k is kind})
 
     def __len__(self) -> int:
+        self._pull()
         return len(self._items)
 
     @overload
@@ -116,9 +143,11 @@ class ViolationLog(Sequence[Violation]):
     def __getitem__(self, index: slice) -> Sequence[Violation]: ...
 
     def __getitem__(self, index: int | slice) -> Violation | Sequence[Violation]:
+        self._pull()
         return self._items[index]
 
     def __iter__(self) -> Iterator[Violation]:
+        self._pull()
         return iter(self._items)
 
     def __bool__(self) -> bool:
@@ -127,7 +156,7 @@ class ViolationLog(Sequence[Violation]):
     def __eq__(self, other: object) -> bool:
         """Equal to a list of the same violations, or a log that kept and dropped the same."""
         if isinstance(other, ViolationLog):
-            return self._items == other._items and self.dropped == other.dropped
-        return isinstance(other, list) and self.dropped == 0 and self._items == other
+            return list(self) == list(other) and self.dropped == other.dropped
+        return isinstance(other, list) and self.dropped == 0 and list(self) == other
 
     __hash__ = None  # type: ignore[assignment]  # mutable
