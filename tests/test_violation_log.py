@@ -24,18 +24,48 @@ def _violation(kind: Check, site: int, hit: int) -> Violation:
     return Violation(kind, "uprobe:f", site, f"{kind.value} at hit {hit}", {}, hit)
 
 
+def _held_back(hits: list[int]) -> tuple[list[Violation], list[int]]:
+    """A source's answer: hit 1's violations, and the hits held back since the last call."""
+    taken = hits[:]
+    hits.clear()
+    return [_violation(Check.REDZONE, 0x10, 1), _violation(Check.REGS, 0x20, 1)], taken
+
+
+def _same_hit_as(template: Violation, hit: int) -> Violation:
+    return Violation(template.kind, template.probe, template.address, template.summary, template.detail, hit)
+
+
 def test_violations_held_back_join_before_anything_reads_or_adds() -> None:
-    held: list[Violation] = []
+    held: list[int] = []
     log = ViolationLog()
-    log.pull_from(lambda: [held.pop(0) for _ in range(len(held))])
-    held += [_violation(Check.REDZONE, 0x10, 1), _violation(Check.REDZONE, 0x10, 2)]
-    log.append(_violation(Check.REGS, 0x10, 3))
-    assert [v.hit for v in log] == [1, 2, 3]  # the held-back ones first, in their order
-    held.append(_violation(Check.REDZONE, 0x10, 4))
-    assert len(log) == 4 and log.of_kind(Check.REDZONE) == 3 and log.hits_flagged(Check.REDZONE) == Counter({0x10: 3})
-    held.append(_violation(Check.REDZONE, 0x10, 5))
+    log.pull_from(lambda: _held_back(held))
+    held += [2, 3]
+    log.append(_violation(Check.RESUME, 0x10, 4))
+    assert [(v.kind, v.hit) for v in log] == [(Check.REDZONE, 2), (Check.REGS, 2), (Check.REDZONE, 3),
+                                              (Check.REGS, 3), (Check.RESUME, 4)]  # held back ones first
+    held.append(5)
+    assert len(log) == 7 and log.of_kind(Check.REDZONE) == 3 and log.hits_flagged(Check.REGS) == Counter({0x20: 3})
+    held.append(6)
     log.clear()
     assert list(log) == [] and held == []  # cleared with the log
+
+
+@pytest.mark.parametrize("listened", [False, True])
+def test_held_back_violations_past_the_kept_ones_count_as_whole_ones(listened: bool) -> None:
+    """Past the kept violations, held-back hits are only counted, exactly as whole violations would
+    be; a listener still gets every one."""
+    held, heard = list(range(2, 40)), list[Violation]()
+    log = ViolationLog(kept=5)
+    if listened:
+        log.listeners.append(heard.append)
+    log.pull_from(lambda: _held_back(held))
+    template, _ = _held_back([])
+    whole = ViolationLog(kept=5)
+    whole += [_same_hit_as(v, hit) for hit in range(2, 40) for v in template]
+    assert log == whole and log.total == whole.total == 76 and log.dropped == 71
+    for kind in Check:
+        assert log.of_kind(kind) == whole.of_kind(kind) and log.hits_flagged(kind) == whole.hits_flagged(kind)
+    assert len(heard) == (76 if listened else 0)
 
 
 def test_the_log_keeps_the_first_and_counts_the_rest() -> None:

@@ -21,7 +21,7 @@ from emu.verify.kernel_writes import kernel_page
 from emu.verify.records import ProbeSite, Transaction
 from emu.verify.shstk import ShadowStack
 from emu.verify.tracker import TransactionTracker
-from emu.verify.violations import Check, Violation, ViolationLog
+from emu.verify.violations import Check, Repeats, Violation, ViolationLog
 
 if TYPE_CHECKING:
     from emu.kernel.uprobes.consumers import EntryPath
@@ -139,12 +139,11 @@ class VerifySession:
         stack = self.machine.mem.find(tx.start_rsp)
         return stack is not None and stack.start <= addr and addr + size <= tx.redzone_base
 
-    def _repeated(self) -> list[Violation]:
-        """The violations of the hits C found to repeat a judged one (emu/hotpath/repeats.py)."""
+    def _repeated(self) -> Repeats:
+        """The violations of the hit C compares others with, and the hits it found to repeat it
+        (emu/hotpath/repeats.py)."""
         repeats = self.tracker.edges.repeats if self.tracker.edges is not None else None
-        hits = [] if repeats is None else repeats.take()
-        return [Violation(v.kind, v.probe, v.address, v.summary, dict(v.detail), hit)
-                for hit in hits for v in self._held_back]
+        return self._held_back, [] if repeats is None else repeats.take()
 
     def _finished(self, tx: Transaction) -> None:
         found = self._judge(tx)

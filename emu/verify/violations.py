@@ -43,6 +43,7 @@ class Violation:  # breaks something usually does it on every hit. Treat it as i
 
 
 KEPT = 100_000  # violations a run keeps whole; past them each one is only counted
+Repeats = tuple[Sequence[Violation], list[int]]  # a hit's violations, and later hits that had them too
 
 
 class ViolationLog(Sequence[Violation]):
@@ -54,7 +55,7 @@ class ViolationLog(Sequence[Violation]):
     def __init__(self, kept: int | None = None) -> None:
         self.kept = KEPT if kept is None else kept
         self._dropped = 0
-        self._source: Callable[[], list[Violation]] | None = None
+        self._source: Callable[[], Repeats] | None = None
         self.listeners: list[Callable[[Violation], None]] = []
         self._items: list[Violation] = []
         self._kinds: Counter[Check] = Counter()
@@ -66,14 +67,34 @@ class ViolationLog(Sequence[Violation]):
         log.extend(violations)
         return log
 
-    def pull_from(self, source: Callable[[], list[Violation]]) -> None:
-        """``source`` returns the violations it holds back (found in C: emu/hotpath/repeats.py), oldest first."""
+    def pull_from(self, source: Callable[[], Repeats]) -> None:
+        """``source`` returns the violations it holds back (found in C: emu/hotpath/repeats.py): a
+        hit's violations and the numbers of the later hits that had them too, in order."""
         self._source = source
 
     def _pull(self) -> None:
         if self._source is not None:
-            for violation in self._source():
-                self._add(violation)
+            template, hits = self._source()
+            if hits:
+                self._add_repeats(template, hits)
+
+    def _add_repeats(self, template: Sequence[Violation], hits: list[int]) -> None:
+        """``template`` again for each of ``hits``: made whole while kept or listened to, else only counted."""
+        made = 0
+        while made < len(hits) and (self.listeners or len(self._items) < self.kept):
+            for v in template:
+                self._add(Violation(v.kind, v.probe, v.address, v.summary, dict(v.detail), hits[made]))
+            made += 1
+        rest = hits[made:]
+        if not rest:
+            return
+        self._dropped += len(template) * len(rest)
+        for v in template:
+            self._kinds[v.kind] += len(rest)
+        for key in dict.fromkeys((v.kind, v.address) for v in template):
+            flagged = self._flagged.setdefault(key, [0, 0])
+            flagged[0] += len(rest) - (flagged[1] == rest[0])
+            flagged[1] = rest[-1]
 
     def append(self, violation: Violation) -> None:
         self._pull()
