@@ -4,6 +4,7 @@ without Python, and every verdict is the one the Python hooks give."""
 from __future__ import annotations
 
 import ctypes
+import subprocess
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -144,6 +145,52 @@ def test_a_hit_whose_evidence_repeats_a_judged_one_gets_its_verdict_in_c(monkeyp
     assert native == python
     per_hit = Counter(hit for _, hit, _ in native[1])
     assert set(per_hit) == set(range(2, 31)) and all(per_hit[hit] == 2 for hit in range(3, 31))
+
+
+TWO_SITES = r"""
+#include <stdlib.h>
+void site_a(void), site_b(void);
+__asm__(".text\n.balign 16\n.globl site_a\n.type site_a,@function\nsite_a:\n .byte 0x0f,0x1f,0x44,0,0\n ret\n"
+        ".balign 16\n.globl site_b\n.type site_b,@function\nsite_b:\n .byte 0x0f,0x1f,0x44,0,0\n ret\n");
+int main(int argc, char **argv)
+{
+    for (long i = 0, n = atol(argv[1]); i < n; i++) {
+        site_a();
+        site_b();
+    }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def two_sites(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Two nop5 functions called in turn (built here: gcc builds the C extension too)."""
+    where = tmp_path_factory.mktemp("two_sites")
+    (where / "two_sites.c").write_text(TWO_SITES)
+    subprocess.run(["gcc", "-O1", "-static", "-no-pie", "-o", str(where / "two_sites"), str(where / "two_sites.c")],
+                   check=True)
+    return str(where / "two_sites")
+
+
+@needs_c
+def test_two_sites_that_take_turns_each_repeat_their_own_verdict(two_sites: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each site's judged hit is kept apart (a memo slot a site), so hits at two sites in turn are
+    each judged once; the report is the Python hooks' report."""
+    def verdicts(python_only: bool) -> tuple[int, list[tuple[int, int, str]]]:
+        if python_only:
+            monkeypatch.setattr(hotpath, "native", None)
+        m = Machine(two_sites, [two_sites, "30"], {}, RunOptions(design="linux-6.18"), GuestIO.captured())
+        m.attach("uretprobe:site_a")
+        m.attach("uretprobe:site_b")
+        session = VerifySession(m)
+        m.run()
+        edges = session.tracker.edges
+        return (0 if edges is None else edges.finished), [(v.address, v.hit, v.summary) for v in session.violations]
+
+    (settled, native), (_, python) = verdicts(False), verdicts(True)
+    assert native == python and len({site for site, _, _ in native}) == 2
+    assert settled >= 50  # of 60 hits: all but each site's INT3 hit and first judged hits
 
 
 @needs_c

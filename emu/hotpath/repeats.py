@@ -1,5 +1,5 @@
 """Hits that repeat one Python judged, found in C (emu/hotpath_src/repeats.c), so that a design that
-breaks the red zone the same way on every hit is judged once, not once a hit.
+breaks the red zone the same way on every hit is judged once a site, not once a hit.
 
 When the edges cannot settle a hit only because its red zone differs from the start, every register,
 rip and rsp included, is as the site hook found it and no store landed outside (the edges tested
@@ -12,30 +12,35 @@ Python judged has that hit's violations, with its own number: C keeps the number
 hit, and Python makes the violations when anything next reads or adds to the log, in hit order
 (ViolationLog.pull_from).
 
-Python arms the memo with a hit it judged whose violations are all red-zone ones (arm). The fake
-kernel writing guest memory, or the tracker binding new sites, disarms it.
+C keeps one judged hit's evidence (a memo) for each of SLOTS slots, a site's slot chosen by its
+address; two sites that share a slot take turns. Python arms the candidate's slot with a hit it
+judged whose violations are all red-zone ones (arm). The fake kernel writing guest memory, or the
+tracker binding new sites, disarms every slot.
 
 Buffer layout (64-bit words; struct repeats in emu/hotpath_src/verify.h):
-  0 armed   1 the transaction whose evidence the candidate holds   2 hits held back   3 their room
-  4.. the memo's evidence, then the candidate's (EVIDENCE_BYTES each), then the hits' numbers
+  0 the transaction whose evidence the candidate holds   1 its slot   2 hits held back   3 their room
+  4.. armed, a word a slot; then the candidate's evidence and each slot's memo (EVIDENCE_BYTES each);
+  then (slot, hit number) of each hit held back
 """
 
 from __future__ import annotations
 
 import ctypes
 
-ARMED, CANDIDATE_SEQ, COUNT, CAPACITY = range(4)
+CANDIDATE_SEQ, CANDIDATE_SLOT, COUNT, CAPACITY = range(4)
+SLOTS = 16  # REPEAT_SLOTS in verify.h
+ARMED = 4  # the first slot's word
 REPEAT_ENTRIES, REDZONE_WORDS, CODE_BYTES = 16, 16, 16  # as in verify.h
 EVIDENCE_BYTES = 8 * (4 + 2 * REDZONE_WORDS + 4 * REPEAT_ENTRIES) + CODE_BYTES * REPEAT_ENTRIES
-MEMO = 4 * 8
-CANDIDATE = MEMO + EVIDENCE_BYTES
-HITS = (CANDIDATE + EVIDENCE_BYTES) // 8  # the word of the first hit's number
+CANDIDATE = 8 * (ARMED + SLOTS)
+MEMOS = CANDIDATE + EVIDENCE_BYTES
+HITS = (MEMOS + SLOTS * EVIDENCE_BYTES) // 8  # the word of the first held-back hit
 HELD_BACK = 4096  # hits C holds back before a repeat goes to Python (which takes them first)
 
 
 class RepeatedVerdicts:
     def __init__(self, capacity: int = HELD_BACK) -> None:
-        self._buf = ctypes.create_string_buffer(8 * (HITS + capacity))
+        self._buf = ctypes.create_string_buffer(8 * (HITS + 2 * capacity))
         self._words = memoryview(self._buf).cast("B").cast("Q")
         self._words[CAPACITY] = capacity
 
@@ -48,25 +53,23 @@ class RepeatedVerdicts:
         """The transaction whose evidence C kept last (0: none)."""
         return self._words[CANDIDATE_SEQ]
 
-    @property
-    def armed(self) -> bool:
-        return self._words[ARMED] != 0
-
-    def arm(self) -> None:
-        """The memo takes the candidate's evidence: C holds back the hits that repeat it."""
+    def arm(self) -> int:
+        """The candidate's slot takes its evidence: C holds back the hits that repeat it. The slot."""
+        slot = self._words[CANDIDATE_SLOT]
         base = self.address
-        ctypes.memmove(base + MEMO, base + CANDIDATE, EVIDENCE_BYTES)
-        self._words[ARMED] = 1
+        ctypes.memmove(base + MEMOS + slot * EVIDENCE_BYTES, base + CANDIDATE, EVIDENCE_BYTES)
+        self._words[ARMED + slot] = 1
+        return slot
 
     def disarm(self) -> None:
-        self._words[ARMED] = 0
+        ctypes.memset(self.address + 8 * ARMED, 0, 8 * SLOTS)
         self._words[CANDIDATE_SEQ] = 0
 
     def take(self) -> list[int]:
-        """The numbers of the hits held back since the last take, in hit order."""
+        """(slot, hit number) of each hit held back since the last take, flat, in hit order."""
         words = self._words
         count = words[COUNT]
         if not count:
             return []
         words[COUNT] = 0
-        return words[HITS : HITS + count].tolist()
+        return words[HITS : HITS + 2 * count].tolist()

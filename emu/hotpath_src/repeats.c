@@ -40,6 +40,12 @@ static int same_evidence(const struct evidence *a, const struct evidence *b)
     return memcmp(a, b, head) == 0 && memcmp(a->code, b->code, a->count * CODE_BYTES) == 0;
 }
 
+/* A site's memo slot: the top bits of its address, hashed. */
+static uint64_t slot_of(uint64_t site)
+{
+    return (site * 0x9E3779B97F4A7C15ull) >> (64 - REPEAT_SLOT_BITS);
+}
+
 int repeats_judged_hit(uc_engine *uc, struct edges *e, const void *before)
 {
     struct repeats *r = AS_PTR(struct repeats, e->repeats);
@@ -49,10 +55,12 @@ int repeats_judged_hit(uc_engine *uc, struct edges *e, const void *before)
     struct evidence *ev = &r->candidate;
     if (!fill_evidence(e, before, ev) || !fill_code(uc, e, ev))
         return 0;
-    if (r->armed && r->count < r->capacity && same_evidence(ev, &r->memo)) {
-        r->hits[r->count++] = e->hit;
+    uint64_t slot = slot_of(e->site);
+    if (r->armed[slot] && r->count < r->capacity && same_evidence(ev, &r->memo[slot])) {
+        r->hits[2 * r->count] = slot, r->hits[2 * r->count + 1] = e->hit;
+        r->count++;
         return 1;
     }
-    r->candidate_seq = e->seq;
+    r->candidate_seq = e->seq, r->candidate_slot = slot;
     return 0;
 }

@@ -78,14 +78,18 @@ struct evidence {
     uint8_t code[REPEAT_ENTRIES][CODE_BYTES]; /* the code at each entry's pc (its writer's text) */
 };
 
-/* The verdict Python gave a hit, kept for the hits whose evidence repeats it (emu/hotpath/repeats.py). */
+/* The verdicts Python gave hits, kept for the hits whose evidence repeats one (emu/hotpath/repeats.py):
+ * one memo a slot, a site's slot chosen by its address. */
+enum { REPEAT_SLOT_BITS = 4, REPEAT_SLOTS = 1 << REPEAT_SLOT_BITS };
 struct repeats {
-    uint64_t armed;         /* memo holds the evidence of a hit Python judged */
-    uint64_t candidate_seq; /* the transaction whose evidence candidate holds (0: none) */
-    uint64_t count;         /* hits repeated since Python last took them */
-    uint64_t capacity;      /* hits the buffer holds */
-    struct evidence memo, candidate;
-    uint64_t hits[];        /* the repeated hits' numbers */
+    uint64_t candidate_seq;  /* the transaction whose evidence candidate holds (0: none) */
+    uint64_t candidate_slot; /* ... and its site's slot */
+    uint64_t count;          /* hits repeated since Python last took them */
+    uint64_t capacity;       /* hits the buffer holds */
+    uint64_t armed[REPEAT_SLOTS]; /* the slot's memo holds the evidence of a hit Python judged */
+    struct evidence candidate;
+    struct evidence memo[REPEAT_SLOTS];
+    uint64_t hits[];         /* (slot, hit number) of each repeated hit */
 };
 
 /* In repeats.c, for edges.c: the open hit left its red zone unlike before (REDZONE_WORDS words):

@@ -66,7 +66,7 @@ class VerifySession:
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
         self.tracker.prepare = self._prepare
-        self._held_back: list[Violation] = []  # the violations of the hit whose evidence C compares hits with
+        self._judged: dict[int, list[Violation]] = {}  # slot -> the violations of the hit C compares hits with
         self.violations.pull_from(self._repeated)
         self.shadow_stack: ShadowStack | None = None
         self.rsb: RsbModel | None = None
@@ -140,18 +140,25 @@ class VerifySession:
         return stack is not None and stack.start <= addr and addr + size <= tx.redzone_base
 
     def _repeated(self) -> Repeats:
-        """The violations of the hit C compares others with, and the hits it found to repeat it
-        (emu/hotpath/repeats.py)."""
+        """The hits C found to repeat a judged one (emu/hotpath/repeats.py), as runs of hits that repeat
+        the same one, with its violations."""
         repeats = self.tracker.edges.repeats if self.tracker.edges is not None else None
-        return self._held_back, [] if repeats is None else repeats.take()
+        held = [] if repeats is None else repeats.take()
+        runs: Repeats = []
+        for slot, hit in zip(held[::2], held[1::2], strict=True):
+            template = self._judged[slot]
+            if runs and runs[-1][0] is template:
+                runs[-1][1].append(hit)
+            else:
+                runs.append((template, [hit]))
+        return runs
 
     def _finished(self, tx: Transaction) -> None:
         found = self._judge(tx)
         self.violations += found
         if found and all(v.kind is Check.REDZONE for v in found) and self.tracker.repeatable(tx):
             assert self.tracker.edges is not None and self.tracker.edges.repeats is not None
-            self._held_back = found
-            self.tracker.edges.repeats.arm()
+            self._judged[self.tracker.edges.repeats.arm()] = found
 
     def _judge(self, tx: Transaction) -> list[Violation]:
         found: list[Violation] = []

@@ -43,7 +43,7 @@ class Violation:  # breaks something usually does it on every hit. Treat it as i
 
 
 KEPT = 100_000  # violations a run keeps whole; past them each one is only counted
-Repeats = tuple[Sequence[Violation], list[int]]  # a hit's violations, and later hits that had them too
+Repeats = list[tuple[Sequence[Violation], list[int]]]  # runs of a hit's violations and the later hits that had them too
 
 
 class ViolationLog(Sequence[Violation]):
@@ -68,14 +68,13 @@ class ViolationLog(Sequence[Violation]):
         return log
 
     def pull_from(self, source: Callable[[], Repeats]) -> None:
-        """``source`` returns the violations it holds back (found in C: emu/hotpath/repeats.py): a
-        hit's violations and the numbers of the later hits that had them too, in order."""
+        """``source`` returns the violations it holds back (found in C: emu/hotpath/repeats.py): runs
+        of a hit's violations and the numbers of the later hits that had them too, in order."""
         self._source = source
 
     def _pull(self) -> None:
         if self._source is not None:
-            template, hits = self._source()
-            if hits:
+            for template, hits in self._source():
                 self._add_repeats(template, hits)
 
     def _add_repeats(self, template: Sequence[Violation], hits: list[int]) -> None:
