@@ -34,10 +34,6 @@ def _held_back(hits: list[int]) -> Repeats:
     return [(TEMPLATE, taken)] if taken else []
 
 
-def _same_hit_as(template: Violation, hit: int) -> Violation:
-    return Violation(template.kind, template.probe, template.address, template.summary, template.detail, hit)
-
-
 def test_violations_held_back_join_before_anything_reads_or_adds() -> None:
     held: list[int] = []
     log = ViolationLog()
@@ -63,7 +59,7 @@ def test_held_back_violations_past_the_kept_ones_count_as_whole_ones(listened: b
         log.listeners.append(heard.append)
     log.pull_from(lambda: _held_back(held))
     whole = ViolationLog(kept=5)
-    whole += [_same_hit_as(v, hit) for hit in range(2, 40) for v in TEMPLATE]
+    whole += [v.at_hit(hit) for hit in range(2, 40) for v in TEMPLATE]
     assert log == whole and log.total == whole.total == 76 and log.dropped == 71
     for kind in Check:
         assert log.of_kind(kind) == whole.of_kind(kind) and log.hits_flagged(kind) == whole.hits_flagged(kind)

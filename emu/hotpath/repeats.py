@@ -43,6 +43,7 @@ class RepeatedVerdicts:
         self._buf = ctypes.create_string_buffer(8 * (HITS + 2 * capacity))
         self._words = memoryview(self._buf).cast("B").cast("Q")
         self._words[CAPACITY] = capacity
+        self._armed = False  # some slot may be armed (disarm() then clears them)
 
     @property
     def address(self) -> int:
@@ -59,11 +60,16 @@ class RepeatedVerdicts:
         base = self.address
         ctypes.memmove(base + MEMOS + slot * EVIDENCE_BYTES, base + CANDIDATE, EVIDENCE_BYTES)
         self._words[ARMED + slot] = 1
+        self._armed = True
         return slot
 
     def disarm(self) -> None:
-        ctypes.memset(self.address + 8 * ARMED, 0, 8 * SLOTS)
+        """No slot compares hits any more, and the candidate cannot be armed (the fake kernel calls
+        this on every write into guest memory: cheap while nothing is armed)."""
         self._words[CANDIDATE_SEQ] = 0
+        if self._armed:
+            ctypes.memset(self.address + 8 * ARMED, 0, 8 * SLOTS)
+            self._armed = False
 
     def take(self) -> list[int]:
         """(slot, hit number) of each hit held back since the last take, flat, in hit order."""

@@ -67,7 +67,8 @@ class VerifySession:
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
         self.tracker.prepare = self._prepare
         self._judged: dict[int, list[Violation]] = {}  # slot -> the violations of the hit C compares hits with
-        self.violations.pull_from(self._repeated)
+        if self.tracker.edges is not None and self.tracker.edges.repeats is not None:
+            self.violations.pull_from(self._repeated)
         self.shadow_stack: ShadowStack | None = None
         self.rsb: RsbModel | None = None
         if Verifier.SHSTK in self.enabled or rsb is not None:

@@ -28,6 +28,10 @@ class Violation:  # breaks something usually does it on every hit. Treat it as i
     detail: dict[str, Any] = field(default_factory=dict)
     hit: int = 0  # which hit of the probe (1-based)
 
+    def at_hit(self, hit: int) -> Violation:
+        """The same violation, found at another hit of its probe."""
+        return Violation(self.kind, self.probe, self.address, self.summary, dict(self.detail), hit)
+
     def line(self) -> str:
         return f"{self.kind.value}: {self.probe} at {self.address:#x} (hit {self.hit}): {self.summary}"
 
@@ -82,7 +86,7 @@ class ViolationLog(Sequence[Violation]):
         made = 0
         while made < len(hits) and (self.listeners or len(self._items) < self.kept):
             for v in template:
-                self._add(Violation(v.kind, v.probe, v.address, v.summary, dict(v.detail), hits[made]))
+                self._add(v.at_hit(hits[made]))
             made += 1
         rest = hits[made:]
         if not rest:
@@ -175,8 +179,10 @@ class ViolationLog(Sequence[Violation]):
 
     def __eq__(self, other: object) -> bool:
         """Equal to a list of the same violations, or a log that kept and dropped the same."""
+        self._pull()
         if isinstance(other, ViolationLog):
-            return list(self) == list(other) and self.dropped == other.dropped
-        return isinstance(other, list) and self.dropped == 0 and list(self) == other
+            other._pull()
+            return self._items == other._items and self._dropped == other._dropped
+        return isinstance(other, list) and self._dropped == 0 and self._items == other
 
     __hash__ = None  # type: ignore[assignment]  # mutable
