@@ -10,11 +10,11 @@ from emu.callret import CallRetTracker
 from emu.designs import DESIGNS, known_designs
 from emu.errors import UsageError
 from emu.guestio import GuestIO
+from emu.lockstep import Observed, SyscallLog, first_divergence
 from emu.machine import Machine, RunOptions, RunResult
 from emu.probes import ProbeSpec, parse_spec, scan_specs
 from emu.render import table
 from emu.rsb import RsbModel, RsbStats
-from emu.verify.lockstep import Observed, SyscallLog, first_divergence
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
 from emu.verify.violations import Check, ViolationLog
 
@@ -81,7 +81,7 @@ class CheckRequest:
     verifiers: tuple[Verifier, ...] = DEFAULT_VERIFIERS
     options: RunOptions = field(default_factory=RunOptions)
     stdin: bytes = b""
-    shstk: bool = False  # a CET shadow stack in every probed run (emu/verify/shstk.py)
+    shstk: bool = False  # a CET shadow stack in every probed run (emu/shstk.py)
     rsb: int | None = None  # an RSB model of this depth in every run, the unprobed one too (emu/rsb.py)
     tracer: Callable[[Machine], Any] | None = None  # called on each probed machine before its run (e.g. --html)
     watcher: Callable[[Machine, VerifySession], Any] | None = None  # as tracer, with the verifiers' session

@@ -14,6 +14,12 @@ if TYPE_CHECKING:  # (the Protocol is for the type checker only: making its clas
         def read(self, addr: int, size: int, /) -> bytes: ...
 
 
+STRAIGHT_LINE_SCAN = 256  # bytes enough for any kernel-side code to reach its end
+# Instructions after which execution need not continue with the next one (besides jumps, loops and ret).
+_BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "into", "iret", "iretd", "iretq",
+                       "sysret", "sysretq", "retf", "retfq", "hlt", "ud0", "ud1", "ud2"})
+
+
 @functools.cache
 def cs64(detail: bool = False) -> capstone.Cs:
     import capstone
@@ -39,3 +45,13 @@ def describe_insn(mem: Readable, address: int) -> str:
     except Exception:
         return "<unmapped>"
     return insn_text(code, address) or f"<undecodable {code[:4].hex()}>"
+
+
+def straight_line_end(code: bytes, address: int) -> tuple[int, int, str, str] | None:
+    """The first instruction of ``code`` (at ``address``) that may not fall through to the next, as
+    (pc, size, mnemonic without prefixes, operands); None if ``code`` has none."""
+    for pc, size, mnemonic, op_str in cs64().disasm_lite(code, address):
+        word = mnemonic.split()[-1]  # "repz ret", "bnd jmp"
+        if word in _BRANCHES or word == "ret" or word.startswith(("j", "loop")):
+            return pc, size, word, op_str
+    return None

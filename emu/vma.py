@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +21,24 @@ class MemoryBackend(Protocol):
     def mem_write(self, addr: int, data: bytes) -> None: ...
     def flush_code(self, begin: int, end: int) -> None: ...
     def mem_map_shared(self, addr: int, size: int, prot: Prot, pages: SharedPages, offset: int) -> None: ...
+
+
+class WatchedBackend:
+    """A backend that reports each write before passing it on (a verifier seeing the fake kernel's
+    copy_to_user before it lands); every other operation is the wrapped backend's own bound method."""
+
+    def __init__(self, backend: MemoryBackend, on_write: Callable[[int, bytes], None]) -> None:  # (address, bytes)
+        self.backend, self.on_write = backend, on_write
+        self.mem_read: Callable[[int, int], bytes] = backend.mem_read
+        self.mem_map: Callable[[int, int, Prot], None] = backend.mem_map
+        self.mem_unmap: Callable[[int, int], None] = backend.mem_unmap
+        self.mem_protect: Callable[[int, int, Prot], None] = backend.mem_protect
+        self.flush_code: Callable[[int, int], None] = backend.flush_code
+        self.mem_map_shared: Callable[[int, int, Prot, SharedPages, int], None] = backend.mem_map_shared
+
+    def mem_write(self, addr: int, data: bytes) -> None:
+        self.on_write(addr, data)
+        self.backend.mem_write(addr, data)
 
 
 class SharedPages:
@@ -137,3 +156,4 @@ SPECIAL: dict[str, Special] = {
     "[vvar_vclock]": Special(Prot.READ, movable=False, io=True),
     "[vdso]": Special(Prot.READ | Prot.WRITE | Prot.EXEC, movable=True, io=False),
 }
+KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})  # the special mappings uprobes run code in

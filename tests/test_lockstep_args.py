@@ -6,8 +6,8 @@ from types import SimpleNamespace
 from typing import cast
 
 from emu.kernel.sched import Scheduler
+from emu.lockstep import Observed, SyscallLog, first_divergence
 from emu.memory import Memory
-from emu.verify.lockstep import Observed, SyscallLog, first_divergence
 
 ARITY = {"write": 3, "openat": 4, "writev": 3, "exit_group": 1}
 

@@ -27,8 +27,8 @@ from emu.kernel.sched import Scheduler
 from emu.kernel.state import SignalState
 from emu.kernel.tasks import Task, TaskState
 from emu.kernel.uprobes.records import Uprobe
+from emu.lockstep import Observed, SyscallLog, first_divergence
 from emu.machine import Machine, RunOptions
-from emu.verify.lockstep import Observed, SyscallLog, first_divergence
 from emu.verify.records import ProbeSite, Transaction, others_folded_in
 from emu.verify.session import Verifier, VerifySession
 from emu.verify.tracker import TransactionTracker

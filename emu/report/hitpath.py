@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from emu.disasm import cs64
 from emu.kernel.uprobes.consumers import EntryPath
+from emu.vma import KERNEL_SIDE
 
 if TYPE_CHECKING:
     from emu.cpu import HookHandle
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     from emu.machine import Machine
     from emu.vma import Vma
 
-KERNEL_SIDE = frozenset({"[uprobes-trampoline]", "[uprobes]"})  # the kernel's pages mapped into the process
 MAX_HITS = 2  # hits followed per site: the designs that optimize do it on the first hit
 MAX_STEPS = 64  # instructions kept per hit (a design that loops in its slot is cut short)
 _ENDS_BLOCK = frozenset({"syscall", "int3", "call", "jmp", "ret", "iretq", "sysretq", "hlt", "ud2"})

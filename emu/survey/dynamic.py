@@ -64,7 +64,7 @@ class ReadBack:
     buffer), whatever the probe did."""
 
     def __init__(self, machine: Machine, session: VerifySession) -> None:
-        from emu.verify.kernel_writes import WatchedBackend
+        from emu.vma import WatchedBackend
 
         self.cpu = machine.cpu
         self.mem = machine.mem
@@ -121,7 +121,7 @@ class ReadBack:
 
     def _kernel_side(self) -> bool:
         from emu.cpu import Reg
-        from emu.verify.kernel_writes import KERNEL_SIDE
+        from emu.vma import KERNEL_SIDE
 
         vma = self.mem.find(self.cpu.read(Reg.RIP))
         return vma is not None and vma.name in KERNEL_SIDE

@@ -16,6 +16,7 @@ from emu.hotpath.write_log import entries as log_entries
 from emu.kernel.uprobes.consumers import EntryPath
 from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
+from emu.verify.violations import Check, Violation
 
 if TYPE_CHECKING:
     from emu.cpu.effects import Prepared
@@ -24,6 +25,7 @@ RSP_INDEX = 7  # in Cpu.read_user_state() order, which the checks use
 RIP_INDEX = 16
 _QWORD = struct.Struct("<Q")
 GuestWrite = tuple[int, int, int, int]  # a logged store: pc, address, size, value
+Evidence = tuple[tuple[str, object], ...]  # a violation's detail, as items
 
 
 @dataclass(slots=True)
@@ -116,3 +118,12 @@ def others_folded_in(before: bytes, suspended: bytes, resumed: bytes) -> bytes:
     """The reference ``before`` with the bytes other threads changed while the probed one was suspended
     (``suspended`` -> ``resumed``) taken as they left them."""
     return bytes(r if r != s else b for b, s, r in zip(before, suspended, resumed, strict=True))
+
+
+def violation(kind: Check, tx: Transaction, summary: str, **detail: object) -> Violation:
+    """A violation of ``tx``'s hit."""
+    return Violation(kind, tx.probe, tx.site, summary, dict(detail), tx.hit)
+
+
+def path_name(tx: Transaction) -> str:
+    return tx.path._value_ if tx.path else "?"  # not .value: a Python-level descriptor, on every violation

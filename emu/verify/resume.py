@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Protocol
 from emu import hotpath
 from emu.abi import RED_ZONE, U64
 from emu.cpu.state import RAW_RIP, RAW_RSP
-from emu.disasm import cs64
+from emu.disasm import STRAIGHT_LINE_SCAN, straight_line_end
 from emu.kernel.uprobes.regs import ExitPath
-from emu.verify.kernel_writes import KERNEL_SIDE
+from emu.vma import KERNEL_SIDE
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     from emu.machine import Machine
     from emu.verify.records import ProbeSite, Transaction
 
-TAIL_SCAN_BYTES = 256
-# Instructions after which execution need not continue with the next one.
-_BRANCHES = frozenset({"call", "syscall", "sysenter", "int", "int1", "int3", "into", "iret", "iretd", "iretq",
-                       "sysret", "sysretq", "retf", "retfq", "hlt", "ud0", "ud1", "ud2"})
 _KERNEL_ENTRIES = frozenset({"syscall", "int3"})  # the kernel's own exit is seen by the hooks here
 _IRET = ExitPath.IRET.value  # its count in the kernel's exit record (UprobeStats.exits)
 _QWORD = struct.Struct("<Q")
@@ -145,7 +141,9 @@ class ResumeWatch:
         if a hooked ``ret`` ends it and no block hook is needed."""
         if addr not in self._followed:
             self._followed.add(addr)
-            end = self._straight_line_end(addr)
+            vma = self.mem.find(addr)
+            assert vma is not None
+            end = straight_line_end(self.mem.read(addr, min(STRAIGHT_LINE_SCAN, vma.end - addr)), addr)
             if end is not None and end[2] == "ret":
                 pc, size, _word, op_str = end
                 self._popped[pc] = 8 + (int(op_str, 0) if op_str else 0)
@@ -159,16 +157,6 @@ class ResumeWatch:
             elif end is None or end[2] not in _KERNEL_ENTRIES:
                 self._watch_blocks()  # else the kernel is entered again: the hooks here see its exit
         return addr in self._tail_ret and not self.watching_blocks
-
-    def _straight_line_end(self, addr: int) -> tuple[int, int, str, str] | None:
-        vma = self.mem.find(addr)
-        assert vma is not None
-        code = self.mem.read(addr, min(TAIL_SCAN_BYTES, vma.end - addr))
-        for pc, size, mnemonic, op_str in cs64().disasm_lite(code, addr):
-            word = mnemonic.split()[-1]  # "repz ret", "bnd jmp"
-            if word in _BRANCHES or word == "ret" or word.startswith(("j", "loop")):
-                return pc, size, word, op_str
-        return None
 
     def _on_ret(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
         try:

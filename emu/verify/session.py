@@ -2,42 +2,28 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from emu.callret import CallRetTracker
+from emu.callret_models import CallRetModels
 from emu.cpu.effects import Prepared, ReferenceCache
 from emu.cpu.scratch import ScratchCpu
 from emu.disasm import insn_text
 from emu.errors import UsageError
-from emu.rsb import RsbModel
 from emu.verify.checks.memory import check_memory
 from emu.verify.checks.redzone import check_redzone
 from emu.verify.checks.regs import check_consumer_view, check_regs
 from emu.verify.checks.resume import check_fired, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
-from emu.verify.kernel_writes import kernel_page
 from emu.verify.records import ProbeSite, Transaction
-from emu.verify.shstk import ShadowStack
 from emu.verify.tracker import TransactionTracker
 from emu.verify.violations import Check, Repeats, Violation, ViolationLog
 
 if TYPE_CHECKING:
-    from emu.kernel.uprobes.consumers import EntryPath
-    from emu.kernel.uprobes.records import Uprobe
-    from emu.kernel.uprobes.regs import PtRegs
     from emu.machine import Machine
 
 
-class Verifier(enum.Enum):
-    REDZONE = "redzone"
-    REGS = "regs"
-    RESUME = "resume"
-    MEMORY = "memory"  # writes outside the red zone, the design's scratch and the kernel's pages
-    LOCKSTEP = "lockstep"
-    SHSTK = "shstk"  # opt-in: a CET shadow stack (emu/verify/shstk.py)
-
+Verifier = Check  # a verifier goes by the kind of violation it reports
 
 DEFAULT_VERIFIERS = (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME, Verifier.MEMORY)
 
@@ -69,19 +55,11 @@ class VerifySession:
         self._judged: dict[int, list[Violation]] = {}  # slot -> the violations of the hit C compares hits with
         if self.tracker.edges is not None and self.tracker.edges.repeats is not None:
             self.violations.pull_from(self._repeated)
-        self.shadow_stack: ShadowStack | None = None
-        self.rsb: RsbModel | None = None
+        models = None
         if Verifier.SHSTK in self.enabled or rsb is not None:
-            calls = CallRetTracker(machine)
-            if Verifier.SHSTK in self.enabled:
-                self.shadow_stack = ShadowStack(machine, calls, self.violations.append)
-            if rsb is not None:
-                self.rsb = RsbModel(calls, rsb)
-            self._names: dict[int, str] = {}
-            for att in machine.attachments:
-                self._names.setdefault(att.address, att.resolved.spec.text)
-            self._hits: dict[int, int] = {}
-            machine.uprobes.chain_observers.append(self._on_chain)
+            models = CallRetModels(machine, Verifier.SHSTK in self.enabled, rsb, self.violations.append)
+        self.shadow_stack = None if models is None else models.shadow_stack
+        self.rsb = None if models is None else models.rsb
 
     def rebind(self) -> None:
         """Forget the violations so far and watch the machine's current attachments (for a caller
@@ -108,17 +86,6 @@ class VerifySession:
     def transactions(self) -> int:
         return self.tracker.count
 
-    def _on_chain(self, probe: Uprobe, _regs: PtRegs | None, _path: EntryPath, after: bool) -> None:
-        if after:
-            return
-        name = self._names.get(probe.vaddr, f"uprobe:{probe.vaddr:#x}")
-        self._hits[probe.vaddr] = self._hits.get(probe.vaddr, 0) + 1
-        if self.shadow_stack is not None:
-            sh = self.shadow_stack
-            sh.last_probe, sh.last_site, sh.last_hit = name, probe.vaddr, self._hits[probe.vaddr]
-        if self.rsb is not None:
-            self.rsb.probe_hit(name)
-
     def _prepare(self, tx: Transaction | None, at: ProbeSite, start_raw: bytes) -> Prepared | None:
         """The reference of a hit whose instruction is about to run: from ``start_raw``, or ``tx``'s
         start with what its consumers changed (None: they moved ip, no instruction runs)."""
@@ -131,14 +98,6 @@ class VerifySession:
         code = self.tracker.raw.mem(pc, 16)
         text = None if code is None else insn_text(code, pc)
         return self.machine.describe_insn(pc) if text is None else text
-
-    def _allowed(self, tx: Transaction, addr: int, size: int) -> bool:
-        """A write there is the hit's right: the kernel's own pages, or the design's scratch deeper
-        than the write log's SCRATCH below the red zone, on the interrupted thread's own stack."""
-        if kernel_page(self.machine.mem, addr):
-            return True
-        stack = self.machine.mem.find(tx.start_rsp)
-        return stack is not None and stack.start <= addr and addr + size <= tx.redzone_base
 
     def _repeated(self) -> Repeats:
         """The hits C found to repeat a judged one (emu/hotpath/repeats.py), as runs of hits that repeat
@@ -170,7 +129,7 @@ class VerifySession:
             return found  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)
         if self._memory:
-            found += check_memory(tx, exp, self.tracker.raw.mem, self._allowed, self._describe)
+            found += check_memory(tx, exp, self.tracker.raw.mem, self.machine.mem, self._describe)
         if self._regs:
             found += check_consumer_view(tx)
         if matches_exactly(tx, exp):

@@ -1,7 +1,7 @@
 """The transaction tracker: it follows each probe hit from the moment execution reaches a patched
 site until the guest resumes (emu/verify/resume.py says when), with a code hook per site, the write
 log (emu/hotpath/write_log.py), a memory backend that sees the fake kernel's writes before they land
-(emu/verify/kernel_writes.py) and an observer of the handler chain. With the C extension the site,
+(emu/vma.py's WatchedBackend) and an observer of the handler chain. With the C extension the site,
 write and ``ret`` hooks are C (emu/hotpath/edges.py says what they settle without Python).
 """
 
@@ -38,10 +38,11 @@ from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
-from emu.verify.kernel_writes import WatchedBackend, outside_the_hits_share
+from emu.verify.checks.memory import outside_the_hits_share
 from emu.verify.records import Finished, Prepare, ProbeSite, Transaction
 from emu.verify.resume import ResumeWatch
 from emu.verify.threads import ThreadWatch
+from emu.vma import WatchedBackend
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine
@@ -356,28 +357,26 @@ class TransactionTracker:
 
     def _on_kernel_write(self, addr: int, data: bytes) -> None:
         """The fake kernel is about to write guest memory: keep what the red-zone and memory checks need."""
-        if self.edges is not None and self.edges.repeats is not None:
-            self.edges.repeats.disarm()  # it may be rewriting code a verdict held back names
-        size = len(data)
-        words = self._edge_words
-        if words is None or words[STATE]:  # a transaction is open: where does it land?
-            tx = self._active
-            rsp = words[START_RSP] if words is not None and words[SEQ] != self._seq else (
-                tx.start_rsp if tx is not None else None)
-            if rsp is not None and not (rsp - RED_ZONE - SCRATCH <= addr and addr + size <= rsp):  # inline: every hit
-                tx = self.active  # kept with the bytes it overwrites if the memory check must see it
-                if tx is not None and outside_the_hits_share(self.mem, addr, data, rsp):
-                    tx.outside = True
-                    tx.kernel_stores += ((addr, self.raw.mem(addr, size) or bytes(size), data),)
-        if self._unmaterialized():  # no Transaction yet: a write into its red zone is noted (_materialize)
-            assert self._edge_words is not None and self.edges is not None
-            if not _reaches_redzone(addr, size, self._edge_words[START_RSP] - RED_ZONE):
-                return
-            if self.edges.has_start_redzone:
-                self._kernel_wrote_seq = self._edge_words[SEQ]
-                return
+        edges, words, size = self.edges, self._edge_words, len(data)
+        if edges is not None and edges.repeats is not None:
+            edges.repeats.disarm()  # it may be rewriting code a verdict held back names
+        if words is not None and not words[STATE]:
+            return  # no hit open
+        tx = self._active
+        rsp = words[START_RSP] if words is not None and words[SEQ] != self._seq else None if tx is None else tx.start_rsp
+        if rsp is None:
+            return
+        if not (rsp - RED_ZONE - SCRATCH <= addr and addr + size <= rsp) and (tx := self.active) is not None \
+                and outside_the_hits_share(self.mem, addr, data, rsp):  # kept with the bytes it overwrites
+            tx.outside = True
+            tx.kernel_stores += ((addr, self.raw.mem(addr, size) or bytes(size), data),)
+        if not _reaches_redzone(addr, size, rsp - RED_ZONE):
+            return
+        if self._unmaterialized() and edges is not None and words is not None and edges.has_start_redzone:
+            self._kernel_wrote_seq = words[SEQ]  # no Transaction yet: _materialize() takes it up
+            return
         tx = self.active
-        if tx is not None and _reaches_redzone(addr, size, tx.redzone_base):
+        if tx is not None:
             self.fold_log(tx)  # the guest's stores so far, and the red zone before the first
             if tx.redzone_before is None:
                 tx.redzone_before = self._redzone_at_start(tx)

@@ -20,7 +20,7 @@ XOL_NAME = "[uprobes]"
 
 
 class ShadowStackHooks(Protocol):
-    """The task's user shadow stack, when the harness models one (spec 3.7; emu/verify/shstk.py)."""
+    """The task's user shadow stack, when the harness models one (spec 3.7; emu/shstk.py)."""
 
     def push(self, addr: int) -> None: ...  # shstk_push
     def pop(self) -> int | None: ...  # shstk_pop; None: nothing to pop (-EFAULT)

@@ -1,24 +1,52 @@
 """What a hit writes elsewhere (``memory``): a hit may write only below the red zone (the design's
-scratch) and into the kernel's own pages; any other byte it leaves changed that the original
-instruction would not have is reported with its address, old and new bytes and writer."""
+scratch, on the interrupted thread's own stack) and into the kernel's own pages; any other byte it
+leaves changed that the original instruction would not have is reported with its address, old and
+new bytes and writer. The fake kernel's writes are seen before they land (emu/vma.py's WatchedBackend)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from emu.abi import RED_ZONE, Prot
 from emu.hotpath.write_log import classify
 from emu.hotpath.write_log import entries as log_entries
-from emu.verify.checks.hit import path_name, violation
+from emu.memory import Memory
 from emu.verify.expected import Expected
-from emu.verify.records import Transaction
+from emu.verify.records import Transaction, path_name, violation
 from emu.verify.violations import Check, Violation
+from emu.vma import KERNEL_SIDE
 
 Reader = Callable[[int, int], bytes | None]  # (address, size) -> the guest's bytes now (None: unmapped)
-Allowed = Callable[[Transaction, int, int], bool]  # (tx, address, size): a write there is the hit's right
 
 
-def outside_writes(tx: Transaction, allowed: Allowed,
-                   describe: Callable[[int], str]) -> dict[int, tuple[int, str]]:
+def kernel_page(mem: Memory, addr: int) -> bool:
+    """``addr`` lies in a mapping the kernel made for uprobes or one user code cannot write (text the
+    kernel patches probe sites in): no user store lands there by the design's mistake."""
+    vma = mem.find(addr)
+    return vma is not None and (vma.name in KERNEL_SIDE or not vma.prot & Prot.WRITE)
+
+
+def outside_the_hits_share(mem: Memory, addr: int, data: bytes, rsp: int) -> bool:
+    """A kernel write during a hit at ``rsp`` that the memory check must see: outside the red zone, the
+    scratch and the kernel's own pages, and not a uretprobe's return-address hijack (spec 5.1)."""
+    if addr == rsp and len(data) == 8 and kernel_page(mem, int.from_bytes(data, "little")):
+        return False  # the return address replaced by the uretprobe trampoline's (first: on every uretprobe hit)
+    if classify(addr, len(data), rsp - RED_ZONE) != 2:
+        return False
+    vma = mem.find(addr)
+    return vma is not None and vma.name not in KERNEL_SIDE and bool(vma.prot & Prot.WRITE)
+
+
+def _allowed(mem: Memory, tx: Transaction, addr: int, size: int) -> bool:
+    """A guest store there is the hit's right: the kernel's own pages, or the design's scratch deeper
+    than the write log's SCRATCH below the red zone, on the interrupted thread's own stack."""
+    if kernel_page(mem, addr):
+        return True
+    stack = mem.find(tx.start_rsp)
+    return stack is not None and stack.start <= addr and addr + size <= tx.redzone_base
+
+
+def outside_writes(tx: Transaction, mem: Memory, describe: Callable[[int], str]) -> dict[int, tuple[int, str]]:
     """Each byte written during ``tx`` outside the red zone and the scratch: (its first old value, the last writer)."""
     written: dict[int, tuple[int, str]] = {}
 
@@ -29,18 +57,18 @@ def outside_writes(tx: Transaction, allowed: Allowed,
 
     for chunk in tx.logged:
         for pc, addr, size, _value, old_word in log_entries(chunk):
-            if classify(addr, size, tx.redzone_base) == 2 and not allowed(tx, addr, size):
+            if classify(addr, size, tx.redzone_base) == 2 and not _allowed(mem, tx, addr, size):
                 note(addr, old_word.to_bytes(8, "little")[:size], f"guest code at {pc:#x}: {describe(pc)}")
     for addr, old_bytes, _new in tx.kernel_stores:
         note(addr, old_bytes, "the fake kernel (copy_to_user)")
     return written
 
 
-def check_memory(tx: Transaction, exp: Expected, read: Reader, allowed: Allowed,
+def check_memory(tx: Transaction, exp: Expected, read: Reader, mem: Memory,
                  describe: Callable[[int], str]) -> list[Violation]:
     if not tx.outside:
         return []
-    written = outside_writes(tx, allowed, describe)
+    written = outside_writes(tx, mem, describe)
     stored = {addr + i: byte for addr, data in exp.stores for i, byte in enumerate(data)}
     found: list[Violation] = []
     for lo, hi, writer in _byte_runs(written):

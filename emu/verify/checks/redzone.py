@@ -8,9 +8,8 @@ import functools
 from collections.abc import Callable
 
 from emu.abi import RED_ZONE
-from emu.verify.checks.hit import Evidence, path_name
 from emu.verify.expected import Expected
-from emu.verify.records import Transaction, guest_writes
+from emu.verify.records import Evidence, Transaction, guest_writes, path_name
 from emu.verify.violations import Check, Violation
 
 

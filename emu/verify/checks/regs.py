@@ -5,9 +5,8 @@ handlers were given, as the interrupted code had them."""
 from __future__ import annotations
 
 from emu.cpu.state import x87_registers
-from emu.verify.checks.hit import path_name, violation
 from emu.verify.expected import STATE_INDEX, Expected, same_registers
-from emu.verify.records import RIP_INDEX, Transaction
+from emu.verify.records import RIP_INDEX, Transaction, path_name, violation
 from emu.verify.violations import Check, Violation
 
 # Every rflags bit a user program can observe (pushf), bit 1 and IF included: a hit must leave them as

@@ -3,9 +3,8 @@ instruction alone would have taken it."""
 
 from __future__ import annotations
 
-from emu.verify.checks.hit import path_name, violation
 from emu.verify.expected import Expected, resume_address
-from emu.verify.records import Transaction
+from emu.verify.records import Transaction, path_name, violation
 from emu.verify.violations import Check, Violation
 
 
