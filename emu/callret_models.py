@@ -16,12 +16,17 @@ if TYPE_CHECKING:
     from emu.kernel.uprobes.records import Uprobe
     from emu.kernel.uprobes.regs import PtRegs
     from emu.machine import Machine
-    from emu.verify.violations import Violation
+    from emu.violations import Violation
 
 
 class CallRetModels:
     def __init__(self, machine: Machine, shstk: bool, rsb: int | None, report: Callable[[Violation], None]) -> None:
-        """A shadow stack if ``shstk`` (its faults go to ``report``), an RSB model of depth ``rsb`` if given."""
+        """A shadow stack if ``shstk`` (its faults go to ``report``), an RSB model of depth ``rsb`` if given;
+        neither: nothing is hooked."""
+        self.shadow_stack: ShadowStack | None = None
+        self.rsb: RsbModel | None = None
+        if not shstk and rsb is None:
+            return
         calls = CallRetTracker(machine)
         self.shadow_stack = ShadowStack(machine, calls, report) if shstk else None
         self.rsb = RsbModel(calls, rsb) if rsb is not None else None

@@ -16,7 +16,7 @@ from emu.probes import ProbeSpec, parse_spec, scan_specs
 from emu.render import table
 from emu.rsb import RsbModel, RsbStats
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
-from emu.verify.violations import Check, ViolationLog
+from emu.violations import Check, ViolationLog
 
 
 @dataclass

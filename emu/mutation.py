@@ -30,7 +30,7 @@ from emu.guestio import GuestIO
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.machine import Machine, RunOptions
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
-from emu.verify.violations import Violation
+from emu.violations import Violation
 
 LIVE_STATE = str(Path(__file__).resolve().parent.parent / "elf_samples" / "live_state")
 ROUNDS = "3"  # hits per site: the first is INT3 (it optimizes the site), the next two take the trampoline

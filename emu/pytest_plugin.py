@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from emu.guestio import GuestIO
     from emu.machine import Attachment, Machine, RunResult
     from emu.verify.session import VerifySession
-    from emu.verify.violations import Violation
+    from emu.violations import Violation
 
 MARKER = "uprobe_designs"
 DEFAULT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C", "HOME": "/nonexistent", "TZ": "UTC"}

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from emu.callret import CallRetTracker
-from emu.verify.violations import Check, Violation
+from emu.violations import Check, Violation
 
 if TYPE_CHECKING:
     from emu.machine import Machine

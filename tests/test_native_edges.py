@@ -22,7 +22,7 @@ from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.kernel.uprobes.regs import PtRegs
 from emu.machine import Machine, RunOptions
 from emu.verify.session import VerifySession
-from emu.verify.violations import Check
+from emu.violations import Check
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 TARGETS = str(SAMPLES / "probe_targets")

@@ -10,7 +10,7 @@ import pytest
 from emu.check import DesignReport
 from emu.report.check_page import page, redzone_patterns, writer_kind
 from emu.report.hitpath import HitPath
-from emu.verify.violations import Check, Violation, ViolationLog
+from emu.violations import Check, Violation, ViolationLog
 
 SITE = 0x40186F
 PUSHES = {-8: "call 0x3ff000", -16: "push rcx", -24: "push r11", -32: "push rax"}

@@ -15,7 +15,7 @@ from emu.kernel.uprobes import syscalls
 from emu.kernel.uprobes.core import Uprobes
 from emu.machine import Machine, RunOptions
 from emu.verify.session import VerifySession
-from emu.verify.violations import Check
+from emu.violations import Check
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 SHAPES = str(SAMPLES / "rsb_shapes")

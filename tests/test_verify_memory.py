@@ -17,7 +17,7 @@ from emu.mutation import global_address
 from emu.pytest_plugin import assert_no_violations
 from emu.verify.checks.regs import FLAG_BITS, flag_changes
 from emu.verify.session import VerifySession
-from emu.verify.violations import Check, Violation
+from emu.violations import Check, Violation
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 REDZONE = str(SAMPLES / "redzone_probe")

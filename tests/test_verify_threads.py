@@ -32,7 +32,7 @@ from emu.machine import Machine, RunOptions
 from emu.verify.records import ProbeSite, Transaction, others_folded_in
 from emu.verify.session import Verifier, VerifySession
 from emu.verify.tracker import TransactionTracker
-from emu.verify.violations import Check
+from emu.violations import Check
 
 THREADS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "threads")
 SPECS = ("uprobe:probed", "usdt:thr:tick")

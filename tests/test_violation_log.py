@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from emu import violations as violations_module
 from emu.check import CheckRequest, run_check
 from emu.commands.check import more_help
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
-from emu.verify import violations as violations_module
 from emu.verify.session import VerifySession
-from emu.verify.violations import Check, Repeats, Violation, ViolationLog
+from emu.violations import Check, Repeats, Violation, ViolationLog
 
 TRIG = str(Path(__file__).resolve().parent.parent / "elf_samples" / "trig")
 BROKEN = ("linux-6.18", "nop5", "uretprobe:uprobe_target_nop5")  # every hit leaves two red-zone runs changed

@@ -18,7 +18,7 @@ from emu.commands.common import (
     run_options,
     write_json,
 )
-from emu.verify.violations import ViolationLog
+from emu.violations import ViolationLog
 
 NAME = "check"
 HELP = "run unprobed and under each design with verifiers; print one table"

@@ -16,7 +16,7 @@ from emu.abi import RED_ZONE
 from emu.report import svg
 from emu.report.hitpath import HitPath
 from emu.report.html import Page
-from emu.verify.violations import Check, Violation
+from emu.violations import Check, Violation
 
 if TYPE_CHECKING:
     from emu.check import DesignReport

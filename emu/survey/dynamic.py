@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from emu.machine import Machine
     from emu.verify.records import Transaction
     from emu.verify.session import VerifySession
-    from emu.verify.violations import Violation
+    from emu.violations import Violation
 
 DYNAMIC_VERSION = 1  # bump when a dynamic verdict could change: stored runs of older versions are redone
 
@@ -92,7 +92,7 @@ class ReadBack:
         return Counter(site for site, _hit in self.confirmed)
 
     def _mark(self, tx: Transaction) -> None:
-        from emu.verify.violations import Check
+        from emu.violations import Check
 
         new = self._new[:]
         self._new.clear()  # in place: the log's listener appends to this list
@@ -170,7 +170,7 @@ def _digest(path: str) -> str:
 def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, start: float) -> DesignRun:
     from emu.check import CheckRequest, run_check
     from emu.machine import Machine, RunOptions
-    from emu.verify.violations import Check
+    from emu.violations import Check
 
     argv, env = [entry.binary, *entry.args], dict(entry.env)
     options = RunOptions(timeout_s=entry.timeout_s, design=design)

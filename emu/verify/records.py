@@ -16,7 +16,7 @@ from emu.hotpath.write_log import entries as log_entries
 from emu.kernel.uprobes.consumers import EntryPath
 from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.regs import PtRegs
-from emu.verify.violations import Check, Violation
+from emu.violations import Check, Violation
 
 if TYPE_CHECKING:
     from emu.cpu.effects import Prepared

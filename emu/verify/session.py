@@ -15,9 +15,9 @@ from emu.verify.checks.redzone import check_redzone
 from emu.verify.checks.regs import check_consumer_view, check_regs
 from emu.verify.checks.resume import check_fired, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
-from emu.verify.records import ProbeSite, Transaction
+from emu.verify.records import ProbeSite, Transaction, violation
 from emu.verify.tracker import TransactionTracker
-from emu.verify.violations import Check, Repeats, Violation, ViolationLog
+from emu.violations import Check, Repeats, Violation, ViolationLog
 
 if TYPE_CHECKING:
     from emu.machine import Machine
@@ -55,11 +55,8 @@ class VerifySession:
         self._judged: dict[int, list[Violation]] = {}  # slot -> the violations of the hit C compares hits with
         if self.tracker.edges is not None and self.tracker.edges.repeats is not None:
             self.violations.pull_from(self._repeated)
-        models = None
-        if Verifier.SHSTK in self.enabled or rsb is not None:
-            models = CallRetModels(machine, Verifier.SHSTK in self.enabled, rsb, self.violations.append)
-        self.shadow_stack = None if models is None else models.shadow_stack
-        self.rsb = None if models is None else models.rsb
+        models = CallRetModels(machine, Verifier.SHSTK in self.enabled, rsb, self.violations.append)
+        self.shadow_stack, self.rsb = models.shadow_stack, models.rsb
 
     def rebind(self) -> None:
         """Forget the violations so far and watch the machine's current attachments (for a caller
@@ -78,9 +75,8 @@ class VerifySession:
         tx = self.tracker.active if opened is not None else self.tracker.lost if killed else None
         if tx is None:
             return
-        self.violations.append(Violation(Check.RESUME, tx.probe, tx.site,
-                                         f"never resumed: the run ended inside the hit ({ending})",
-                                         {"ending": ending}, tx.hit))
+        self.violations.append(violation(Check.RESUME, tx, f"never resumed: the run ended inside the hit ({ending})",
+                                         ending=ending))
 
     @property
     def transactions(self) -> int:

@@ -117,18 +117,17 @@ class TransactionTracker:
             self._edge_words[STATE] = IDLE if tx is None else OPEN
             self._seq = self._edge_words[PY_SEQ] = self._edge_words[SEQ]
 
-    def _unmaterialized(self) -> bool:
-        """The site hook's open transaction has no Transaction yet."""
+    def _pending(self) -> NativeEdges | None:
+        """The C edges, if the site hook's open transaction has no Transaction yet."""
         words = self._edge_words
-        return words is not None and words[STATE] != IDLE and words[SEQ] != self._seq
+        return self.edges if words is not None and words[STATE] != IDLE and words[SEQ] != self._seq else None
 
     def opened(self) -> tuple[ProbeSite, Mapping[str, int]] | None:
         """The open transaction's site and exit counts at its start, without making it a Transaction."""
-        if self._unmaterialized():
-            assert self._edge_words is not None
+        if (edges := self._pending()) is not None:
             self._adopt_kernel_part()
-            at = self._by_site.get(self._edge_words[SITE])
-            exits = self._entry_exits if self._entry_seq == self._edge_words[SEQ] else self._exits
+            at = self._by_site.get(edges.words[SITE])
+            exits = self._entry_exits if self._entry_seq == edges.words[SEQ] else self._exits
             return None if at is None else (at, exits)
         tx = self.active
         return None if tx is None else (tx.at, tx.exits_before)
@@ -205,7 +204,7 @@ class TransactionTracker:
     def arm(self, ret: int, popped: int) -> None:
         """Let the C hook on the ``ret`` at ``ret`` (popping ``popped`` bytes) settle the open transaction
         if it left everything as it found it; only one :meth:`finish` would settle alike (a NOP site)."""
-        if self._unmaterialized():
+        if self._pending() is not None:
             at = self._pending_site()
         else:
             tx = self.active
@@ -218,13 +217,13 @@ class TransactionTracker:
     def _pending_site(self) -> ProbeSite | None:
         """The site of the site hook's open transaction still without a Transaction, if its probe is
         attached, its handler chain ran and no step out of line is under way."""
-        if not self._unmaterialized() or self._up.task.stepping:
+        edges = self._pending()
+        if edges is None or self._up.task.stepping:
             return None
-        assert self._edge_words is not None
         self._adopt_kernel_part()
-        if self._path_seq != self._edge_words[SEQ]:
+        if self._path_seq != edges.words[SEQ]:
             return None  # the handler chain has not run for it (yet): not a hit to settle as clean
-        at = self._by_site.get(self._edge_words[SITE])
+        at = self._by_site.get(edges.words[SITE])
         return at if at is not None and self._up.probes.get(at.address) is at.uprobe else None
 
     def settle_at_kernel_return(self, rip_advance: int) -> bool:
@@ -260,17 +259,19 @@ class TransactionTracker:
                 original = uprobe.insn.raw
                 self._by_site[addr] = ProbeSite(att.resolved.spec.text, uprobe, addr, original,
                                                 uprobe.insn.kind is Kind.NOP, addr + len(original), len(self._by_site))
-        self._counters = SiteCounters(len(self._by_site), 0 if self.edges is None else self.edges.address)
-        if self.edges is not None and self.edges.repeats is not None:
-            self.edges.repeats.disarm()
-            self.edges.repeats.take()  # of the sites watched until now
-        hotpath.touch()  # the C syscall front's site facts (site_facts) are of the old sites
         edges = self.edges
+        self._counters = SiteCounters(len(self._by_site), 0 if edges is None else edges.address)
+        hotpath.touch()  # the C syscall front's site facts (site_facts) are of the old sites
+        if edges is None:
+            self._site_hooks = [self.cpu.hooks.add_raw_code(self._on_site, site, site) for site in self._by_site]
+            return
+        if edges.repeats is not None:
+            edges.repeats.disarm()
+            edges.repeats.take()  # of the sites watched until now
         for at in self._by_site.values():
-            if edges is not None and at.nop:
+            if at.nop:
                 self._counters.copy_redzone_lazily(at.index)
-        self._site_hooks = [self.cpu.hooks.add_raw_code(self._on_site, site, site) if edges is None
-                            else edges.add_site_hook(site, self._counters.record(at.index)) for site, at in self._by_site.items()]
+        self._site_hooks = [edges.add_site_hook(site, self._counters.record(at.index)) for site, at in self._by_site.items()]
 
     def _on_site(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
         """Raw code hook at each probe site (with the C site hook: only when a transaction is open)."""
@@ -372,8 +373,8 @@ class TransactionTracker:
             tx.kernel_stores += ((addr, self.raw.mem(addr, size) or bytes(size), data),)
         if not _reaches_redzone(addr, size, rsp - RED_ZONE):
             return
-        if self._unmaterialized() and edges is not None and words is not None and edges.has_start_redzone:
-            self._kernel_wrote_seq = words[SEQ]  # no Transaction yet: _materialize() takes it up
+        if (pending := self._pending()) is not None and pending.has_start_redzone:
+            self._kernel_wrote_seq = pending.words[SEQ]  # no Transaction yet: _materialize() takes it up
             return
         tx = self.active
         if tx is not None:
@@ -409,21 +410,19 @@ class TransactionTracker:
         at = self._by_site.get(probe.vaddr)
         if self.prepare is None or at is None or at.nop:
             return
-        if self._unmaterialized():  # no consumer with a handler: its input is the start state
-            assert self.edges is not None
-            if self.edges.words[SITE] == probe.vaddr:
-                self._prepared_seq, self._prepared = self.edges.words[SEQ], self.prepare(None, at, self.edges.start_raw())
+        if (edges := self._pending()) is not None:  # no consumer with a handler: its input is the start state
+            if edges.words[SITE] == probe.vaddr:
+                self._prepared_seq, self._prepared = edges.words[SEQ], self.prepare(None, at, edges.start_raw())
             return
         tx = self.active
         if tx is not None and tx.site == probe.vaddr:
             tx.prepared = self.prepare(tx, at, tx.start_raw)
 
     def _on_chain(self, probe: Uprobe, regs: PtRegs | None, path: EntryPath, after: bool) -> None:
-        words = self._edge_words
-        if self._unmaterialized() and words is not None:  # no Transaction yet: a handler needs one
-            if probe.vaddr != words[SITE]:
+        if (edges := self._pending()) is not None:  # no Transaction yet: a handler needs one
+            if probe.vaddr != edges.words[SITE]:
                 return
-            self._path_seq, self._entry_path = words[SEQ], path
+            self._path_seq, self._entry_path = edges.words[SEQ], path
             if regs is None or after or not _has_handler(probe):
                 return
         tx = self.active

@@ -13,7 +13,7 @@ from emu.hotpath.write_log import entries as log_entries
 from emu.memory import Memory
 from emu.verify.expected import Expected
 from emu.verify.records import Transaction, path_name, violation
-from emu.verify.violations import Check, Violation
+from emu.violations import Check, Violation
 from emu.vma import KERNEL_SIDE
 
 Reader = Callable[[int, int], bytes | None]  # (address, size) -> the guest's bytes now (None: unmapped)

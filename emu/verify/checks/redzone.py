@@ -10,7 +10,7 @@ from collections.abc import Callable
 from emu.abi import RED_ZONE
 from emu.verify.expected import Expected
 from emu.verify.records import Evidence, Transaction, guest_writes, path_name
-from emu.verify.violations import Check, Violation
+from emu.violations import Check, Violation
 
 
 def check_redzone(tx: Transaction, exp: Expected, describe: Callable[[int], str]) -> list[Violation]:
@@ -56,11 +56,9 @@ def _runs(mask: int) -> list[tuple[int, int]]:
     runs: list[tuple[int, int]] = []
     while mask:
         lo = (mask & -mask).bit_length() - 1
-        hi = lo
-        while mask >> hi & 1:
-            hi += 1
-        runs.append((lo, hi))
-        mask &= ~(((1 << hi - lo) - 1) << lo)
+        ones = mask >> lo
+        runs.append((lo, hi := lo + (~ones & ones + 1).bit_length() - 1))  # past its trailing ones
+        mask &= -1 << hi
     return runs
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from emu.cpu.state import x87_registers
 from emu.verify.expected import STATE_INDEX, Expected, same_registers
 from emu.verify.records import RIP_INDEX, Transaction, path_name, violation
-from emu.verify.violations import Check, Violation
+from emu.violations import Check, Violation
 
 # Every rflags bit a user program can observe (pushf), bit 1 and IF included: a hit must leave them as
 # the reference does. Not compared: RF, VM, VIF, VIP, NT and IOPL, which no user-mode instruction can see.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from emu.verify.expected import Expected, resume_address
 from emu.verify.records import Transaction, path_name, violation
-from emu.verify.violations import Check, Violation
+from emu.violations import Check, Violation
 
 
 def check_fired(tx: Transaction) -> list[Violation]:

@@ -19,8 +19,8 @@ class Check(enum.Enum):
     SHSTK = "shstk"  # a ret the shadow stack disagrees with (#CP), or the kernel refusing it
 
 
-@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us more to build, and a design that
-class Violation:  # breaks something usually does it on every hit. Treat it as immutable all the same.
+@dataclass(slots=True)  # not frozen, as one is built for each hit that breaks something (a frozen one is slower):
+class Violation:  # treat it as immutable all the same
     kind: Check
     probe: str
     address: int
