@@ -37,6 +37,14 @@ int hotpath_add_writelog(PyObject *module); /* writelog.c */
 int hotpath_add_edges(PyObject *module);    /* edges.c */
 
 /* Helper for the parts: add a C function's address to the module as an int constant. */
-int hotpath_add_address(PyObject *module, const char *name, void *function);
+static inline int hotpath_add_address(PyObject *module, const char *name, void *function)
+{
+    PyObject *value = PyLong_FromVoidPtr(function);
+    if (value == NULL)
+        return -1;
+    int status = PyModule_AddObjectRef(module, name, value);
+    Py_DECREF(value);
+    return status;
+}
 
 #endif

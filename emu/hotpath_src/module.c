@@ -3,16 +3,6 @@
 
 #define HOTPATH_ABI 5 /* emu/hotpath.py refuses a module built for another interface */
 
-int hotpath_add_address(PyObject *module, const char *name, void *function)
-{
-    PyObject *value = PyLong_FromVoidPtr(function);
-    if (value == NULL)
-        return -1;
-    int status = PyModule_AddObjectRef(module, name, value);
-    Py_DECREF(value);
-    return status;
-}
-
 int hotpath_add_base(PyObject *module)
 {
     return PyModule_AddIntConstant(module, "ABI", HOTPATH_ABI);
