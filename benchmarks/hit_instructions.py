@@ -88,7 +88,7 @@ def main() -> None:
             plain, verified = (per_iteration(row, v, Path(tmp)) for v in (False, True))
             growth = sum(verified[k] - plain[k] for k in UNICORN_WORK)
             ceiling = plain["total"] / (plain["total"] + growth) if row[1] else None
-            cells = [f"{plain[k]:,.0f} -> {verified[k]:,.0f}" for k in UNICORN_WORK]
+            cells = [f"{round(plain[k]):,} -> {round(verified[k]):,}" for k in UNICORN_WORK]
             print(f"{row[0]:<14} {row[1] or '(no probe)':<30} {plain['total']:>7,.0f} {verified['total']:>9,.0f} "
                   f"{cells[0]:>15} {cells[1]:>13} {cells[2]:>15} {'-' if ceiling is None else f'{ceiling:.2f}':>8}",
                   flush=True)
