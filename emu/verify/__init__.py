@@ -1,1 +1,1 @@
-"""Verifiers hooked into a run: red zone, registers, resume, lockstep. Violations are structured records."""
+"""The per-hit verifiers: red zone, registers, resume and memory effects, judged per probe hit (a transaction)."""

@@ -6,15 +6,18 @@ new bytes and writer. The fake kernel's writes are seen before they land (emu/vm
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE, Prot
 from emu.hotpath.write_log import classify
 from emu.hotpath.write_log import entries as log_entries
-from emu.memory import Memory
 from emu.verify.expected import Expected
 from emu.verify.records import Transaction, path_name, violation
 from emu.violations import Check, Violation
 from emu.vma import KERNEL_SIDE
+
+if TYPE_CHECKING:
+    from emu.memory import Memory
 
 Reader = Callable[[int, int], bytes | None]  # (address, size) -> the guest's bytes now (None: unmapped)
 
