@@ -147,6 +147,7 @@ class Cpu:
         self._ret_batch = _RegBatch((Reg.RAX, Reg.RCX, Reg.R11))
         self._syscall_batch = _RegBatch(SYSCALL_REGS)
         self._gpr_batch = _RegBatch(GPRS + (Reg.RIP, Reg.RFLAGS))
+        self._rip_batch = _RegBatch((Reg.RIP,))
         self._read_buf = ctypes.create_string_buffer(PAGE_SIZE)
         self._read_view = memoryview(self._read_buf).cast("B")
         self._addr_arg = ctypes.c_uint64()  # reused: a new one per call costs
@@ -221,6 +222,21 @@ class Cpu:
             value = user_flags(value)
         self._one.value = value & 0xFFFFFFFFFFFFFFFF
         binding.reg_write(self._uch, reg, self._one_ref)
+
+    def resume_at(self, rip: int) -> None:
+        """Set rip from a hook that runs between translation blocks: an interrupt hook.
+
+        Unicorn 2.1.4's uc_reg_write of rip asks for the next exit not to sync the pc, and only an exit
+        from inside a block clears that request. From an interrupt hook no such exit follows, so every
+        memory hook and every fault for the rest of the run (until some in-block hook writes rip) would
+        read the rip of its block's start, not of its instruction: a guest's SIGSEGV handler would see
+        the wrong rip, and the verifiers would name the wrong writer. uc_reg_write_batch leaves that
+        request alone, and between blocks nothing has to stop the sync. A hook inside a block (code,
+        memory) must keep using ``write``: there the exit that follows would restore the pc over a
+        batch write."""
+        self._rip_batch.values[0] = rip & 0xFFFFFFFFFFFFFFFF
+        b = self._rip_batch
+        binding.reg_write_batch(self._uch, b.ids, b.ptrs, 1)
 
     def batch_writer(self, regs: Sequence[Reg]) -> Callable[[Sequence[int]], None]:
         """A function writing ``regs`` in one C call. Writing RIP ends the translation block."""

@@ -225,8 +225,7 @@ class Hooks:
             return None
         if self.fast_front is None:
             functions = tuple(binding.native_function(name) for name in (
-                "uc_reg_read_batch", "uc_reg_write_batch", "uc_reg_read", "uc_reg_write", "uc_mem_read",
-                "uc_mem_write"))
+                "uc_reg_read_batch", "uc_reg_write_batch", "uc_reg_read", "uc_mem_read", "uc_mem_write"))
             ids = (Reg.RAX, Reg.RIP, Reg.RFLAGS, Reg.RSP, Reg.RCX, Reg.R11)
             self.fast_front = native.FastSys(ctypes.cast(self._uch, ctypes.c_void_p).value, functions,
                                              tuple(int(i) for i in ids))

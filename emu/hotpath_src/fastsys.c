@@ -74,7 +74,6 @@ typedef struct {
     uc_reg_read_batch_fn reg_read_batch;
     uc_reg_write_batch_fn reg_write_batch;
     uc_reg_read_fn reg_read;
-    uc_reg_write_fn reg_write;
     uc_mem_read_fn mem_read;
     uc_mem_write_fn mem_write;
     hook_syscall_fn python_syscall;
@@ -366,7 +365,11 @@ static void on_interrupt(uc_engine *uc, uint32_t intno, void *user_data)
             f->stats[ST_TRAPS]++;
             f->stats[ST_EMULATED]++;
             rip = rip - 1 + probe->int3_length; /* spec 4.2: a NOP's emulation is ip += length */
-            f->reg_write(uc, f->ids[REG_IP], &rip);
+            /* the batch call, as Cpu.resume_at says: uc_reg_write from an interrupt hook would leave
+             * Unicorn reading stale pcs in memory hooks and faults for the rest of the run */
+            int rip_id = f->ids[REG_IP];
+            void *rip_ptr = &rip;
+            f->reg_write_batch(uc, &rip_id, &rip_ptr, 1);
             if (watch == WATCH_OPEN) {
                 note_kernel_part(f, PATH_INT3, EDGES_EXIT_NONE);
                 if (!edges_settle_at_return(uc, f->verifier, 0, probe->nop_next) && f->python_after_interrupt != NULL)
@@ -390,17 +393,16 @@ static int fastsys_init(FastSys *self, PyObject *args, PyObject *kwds)
     PyObject *uc, *functions, *ids;
     if (!PyArg_ParseTuple(args, "OO!O!", &uc, &PyTuple_Type, &functions, &PyTuple_Type, &ids))
         return -1;
-    if (PyTuple_GET_SIZE(functions) != 6 || PyTuple_GET_SIZE(ids) != REG_IDS) {
-        PyErr_SetString(PyExc_ValueError, "FastSys: 6 function addresses and 6 register ids");
+    if (PyTuple_GET_SIZE(functions) != 5 || PyTuple_GET_SIZE(ids) != REG_IDS) {
+        PyErr_SetString(PyExc_ValueError, "FastSys: 5 function addresses and 6 register ids");
         return -1;
     }
     self->uc = address_of(uc);
     self->reg_read_batch = (uc_reg_read_batch_fn)address_of(PyTuple_GET_ITEM(functions, 0));
     self->reg_write_batch = (uc_reg_write_batch_fn)address_of(PyTuple_GET_ITEM(functions, 1));
     self->reg_read = (uc_reg_read_fn)address_of(PyTuple_GET_ITEM(functions, 2));
-    self->reg_write = (uc_reg_write_fn)address_of(PyTuple_GET_ITEM(functions, 3));
-    self->mem_read = (uc_mem_read_fn)address_of(PyTuple_GET_ITEM(functions, 4));
-    self->mem_write = (uc_mem_write_fn)address_of(PyTuple_GET_ITEM(functions, 5));
+    self->mem_read = (uc_mem_read_fn)address_of(PyTuple_GET_ITEM(functions, 3));
+    self->mem_write = (uc_mem_write_fn)address_of(PyTuple_GET_ITEM(functions, 4));
     for (int i = 0; i < REG_IDS; i++)
         self->ids[i] = (int)PyLong_AsLong(PyTuple_GET_ITEM(ids, i));
     self->handler_nr = -1;
@@ -709,7 +711,7 @@ static PyTypeObject FastSysType = {
     .tp_name = "emu._hotpath.FastSys",
     .tp_basicsize = sizeof(FastSys),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "FastSys(uc, (reg_read_batch, reg_write_batch, reg_read, reg_write, mem_read, mem_write), "
+    .tp_doc = "FastSys(uc, (reg_read_batch, reg_write_batch, reg_read, mem_read, mem_write), "
               "(rax, rip, rflags, rsp, rcx, r11 ids))",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)fastsys_init,

@@ -16,7 +16,6 @@ typedef int uc_err;                      /* UC_ERR_OK is 0 */
 
 /* Public API functions (unicorn.h) the hot path calls. */
 typedef uc_err (*uc_reg_read_fn)(uc_engine *uc, int regid, void *value);
-typedef uc_err (*uc_reg_write_fn)(uc_engine *uc, int regid, const void *value);
 typedef uc_err (*uc_reg_read_batch_fn)(uc_engine *uc, int *regs, void **vals, int count);
 typedef uc_err (*uc_reg_write_batch_fn)(uc_engine *uc, int *regs, void *const *vals, int count);
 typedef uc_err (*uc_mem_read_fn)(uc_engine *uc, uint64_t address, void *bytes, size_t size);

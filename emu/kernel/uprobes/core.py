@@ -164,7 +164,7 @@ class Uprobes:
         if probe is None:
             if self.mem.read(bp, 1) == INT3:
                 return False  # a real int3: SIGTRAP
-            self.cpu.write(Reg.RIP, bp)  # raced with removal: restart the instruction
+            self.cpu.resume_at(bp)  # raced with removal: restart the instruction
             return True
         self.stats.traps += 1
         regs = regs_from_cpu(self.cpu)
