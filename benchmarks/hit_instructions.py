@@ -18,10 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # probe_hits, for its rows and its run
 
+import callgrind  # noqa: E402
 import probe_hits  # noqa: E402
 
 SHORT, LONG = 2_000, 12_000
@@ -43,20 +40,8 @@ def _child(design: str, spec: str, workload: str, n: int, verify: bool) -> None:
 def _profile(row: tuple[str, str | None, str], n: int, verify: bool, out: Path) -> dict[str, int]:
     """Total instructions and the inclusive cost of UNICORN_WORK in one run of ``n`` iterations."""
     design, spec, workload = row
-    cmd = ["valgrind", "--tool=callgrind", "--smc-check=all", f"--callgrind-out-file={out}", sys.executable,
-           __file__, "--child", design, spec or "", workload, str(n), "1" if verify else "0"]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict layouts in every run
-    run = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
-    total = re.search(r"Collected : (\d+)", run.stderr)
-    assert total is not None, run.stderr[-500:]
-    counts = {"total": int(total.group(1))}
-    listing = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
-                             capture_output=True, text=True, check=True).stdout
-    for line in listing.splitlines():
-        m = re.match(r"\s*([\d,]+) \([ \d.]+%\)\s+\S*:(\w+) ", line)
-        if m and m.group(2) in UNICORN_WORK:
-            counts[m.group(2)] = counts.get(m.group(2), 0) + int(m.group(1).replace(",", ""))
-    return counts
+    argv = [sys.executable, __file__, "--child", design, spec or "", workload, str(n), "1" if verify else "0"]
+    return {"total": callgrind.profile(argv, out)["Ir"], **callgrind.inclusive(out, UNICORN_WORK)}
 
 
 def per_iteration(row: tuple[str, str | None, str], verify: bool, tmp: Path) -> dict[str, float]:
@@ -74,8 +59,7 @@ def main() -> None:
         design, spec, workload, n, verify = args.child
         _child(design, spec, workload, int(n), verify == "1")
         return
-    if shutil.which("valgrind") is None:
-        raise SystemExit("hit_instructions: valgrind is not installed")
+    callgrind.require("hit_instructions")
     rows = [LOOP] + [(d, s, w) for d, s, w, _path, _scale in probe_hits.ROWS]
     if args.rows:
         wanted = set(args.rows.split(","))

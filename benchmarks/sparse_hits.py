@@ -1,24 +1,33 @@
 """Per-hit cost of a probe in real-looking code against the same probe in a tight loop.
 
     python3 benchmarks/sparse_hits.py [--functions N] [--rounds R] [--repeat K] [--designs D,...]
-                                      [--kinds uprobe,uretprobe,usdt] [--verify] [--json FILE]
+                                      [--kinds uprobe,uretprobe,usdt] [--verify]
+                                      [--instructions [--cache-sim]] [--json FILE]
 
 A generated static binary holds N small functions (a NOP site and ``ret``: nop5 for the designs
 that optimize nop5, nop10 for nop10) called through a function-pointer table. The probe is a
 uprobe on the first function's site, a uretprobe on it, or (``usdt``) a USDT probe with a
 semaphore that the first function tests before its site (fixtures/usdt.h). ``sparse`` mode
 calls every function once a round for R rounds; ``tight`` mode calls the first function R times,
-which is what `uprobe-emu bench` measures. Each mode runs unprobed and with a uprobe on the first
-function (R hits either way), in the same process, alternating, and the per-hit cost is
+which is what `uprobe-emu bench` measures. Each mode runs unprobed and probed (R hits), and the
+per-hit cost is
 
-    (CPU time probed - CPU time unprobed) / hits
+    (cost probed - cost unprobed) / hits
 
-(median of K pairs). With --verify the unprobed run has the verifiers on too: what they cost on
-code no probe touches (their write hook sees every store of the run, hit or not) is a figure of
-its own, the "watch" column (unprobed sparse run, verified / plain), not a cost of the hits.
-A hit that slows the unprobed code around it (a flushed translation, a forced exit from the
-emulator's loop) shows up as a sparse cost above the tight one; the ratio sparse/tight is the
-figure to watch. No assertions: the numbers go into the README.
+The cost is CPU time by default: the two runs alternate in this process, and a figure is the median
+of K pairs. With --instructions it is the instructions callgrind counts inside the emulation (hooks
+included), from runs of 20 and 20 + R rounds (R: 200 by default), so start-up and the first hit's
+work cancel; the counts repeat to a few instructions per hit, where a CPU time on a shared machine
+moves by more than a sparse hit costs. --cache-sim adds the simulated cache misses per hit (first
+level instruction, first level data, last level), the part of a hit's cost that instruction counts
+miss: code between hits evicts the lines the hit's path needs.
+
+With --verify the unprobed run has the verifiers on too: what they cost on code no probe touches
+(their write hook sees every store of the run, hit or not) is a figure of its own, the "watch"
+column (unprobed sparse run, verified / plain), not a cost of the hits. A hit that slows the
+unprobed code around it (a flushed translation, a forced exit from the emulator's loop, a jump
+target evicted from Unicorn's jump cache) shows up as a sparse cost above the tight one; the ratio
+sparse/tight is the figure to watch. No assertions: the numbers go into the README.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import callgrind  # noqa: E402
 from probe_hits import cpu_seconds  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -91,67 +101,133 @@ def build(functions: int, site: str, kind: str, workdir: str) -> str:
     return str(binary)
 
 
+COST = "cost"  # the per-hit figure's key: CPU microseconds, or instructions with --instructions
+MISSES = {"I1 misses": ("I1mr",), "D1 misses": ("D1mr", "D1mw"), "LL misses": ("ILmr", "DLmr", "DLmw")}
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     design: str
     kind: str
     verify: bool
-    tight_us: float  # per-hit cost in the tight loop
-    sparse_us: float  # per-hit cost with the other functions' calls between hits
-    watch: float  # the unprobed sparse run's CPU time with the verifiers on, over without (1.0: off)
+    unit: str  # "us" (CPU time) or "instructions" (callgrind)
+    tight: float  # per-hit cost in the tight loop
+    sparse: float  # per-hit cost with the other functions' calls between hits
+    watch: float  # the unprobed sparse run with the verifiers on, over without (1.0: off)
+    misses: dict[str, tuple[float, float]]  # --cache-sim: simulated cache misses per hit, (tight, sparse)
 
     @property
     def ratio(self) -> float:
-        return self.sparse_us / self.tight_us if self.tight_us > 0 else float("inf")
+        return self.sparse / self.tight if self.tight > 0 else float("inf")
 
 
-def per_hit_us(binary: str, design: str, mode: str, rounds: int, repeat: int, probe: str, verify: bool) -> float:
-    costs = []
-    for _ in range(repeat):
-        argv = [binary, mode, str(rounds)]
-        unprobed = cpu_seconds(argv, design, None, verify)
-        probed = cpu_seconds(argv, design, probe, verify)
-        costs.append((probed - unprobed) / rounds * 1e6)
-    return statistics.median(costs)
+class Timed:
+    """Per-hit cost in CPU microseconds: the median of ``repeat`` unprobed/probed pairs of ``rounds`` rounds."""
+
+    unit = "us"
+
+    def __init__(self, rounds: int, repeat: int) -> None:
+        self.rounds, self.repeat = rounds, repeat
+
+    def per_hit(self, binary: str, design: str, mode: str, probe: str, verify: bool) -> dict[str, float]:
+        argv = [binary, mode, str(self.rounds)]
+        costs = [(cpu_seconds(argv, design, probe, verify) - cpu_seconds(argv, design, None, verify))
+                 / self.rounds * 1e6 for _ in range(self.repeat)]
+        return {COST: statistics.median(costs)}
+
+    def watch(self, binary: str, design: str) -> float:
+        argv = [binary, "sparse", str(self.rounds)]
+        return statistics.median(cpu_seconds(argv, design, None, True) / cpu_seconds(argv, design, None, False)
+                                 for _ in range(self.repeat))
 
 
-def watch_cost(binary: str, design: str, rounds: int, repeat: int) -> float:
-    """The verifiers' cost on the unprobed sparse run, as a ratio (median of ``repeat`` pairs)."""
-    argv = [binary, "sparse", str(rounds)]
-    return statistics.median(cpu_seconds(argv, design, None, True) / cpu_seconds(argv, design, None, False)
-                             for _ in range(repeat))
+class Counted:
+    """Per-hit cost in instructions, counted by callgrind inside the emulation (hooks included). Each
+    figure comes from runs of FIRST and FIRST + ``rounds`` rounds, so translating the program and the
+    first hit's work (attaching, optimizing the site) cancel out."""
+
+    unit = "instructions"
+    FIRST = 20
+
+    def __init__(self, rounds: int, cache_sim: bool, workdir: str) -> None:
+        self.rounds, self.cache_sim, self.workdir = rounds, cache_sim, Path(workdir)
+        self._runs: dict[tuple[str, ...], dict[str, int]] = {}
+
+    def _run(self, binary: str, design: str, mode: str, rounds: int, probe: str, verify: bool) -> dict[str, int]:
+        key = (binary, design, mode, str(rounds), probe, str(verify))
+        if key not in self._runs:
+            argv = [sys.executable, __file__, "--child", *key]
+            out = self.workdir / f"callgrind.{len(self._runs)}.out"
+            self._runs[key] = callgrind.profile(argv, out, collect=callgrind.EMULATION, cache_sim=self.cache_sim)
+        return self._runs[key]
+
+    def _per_round(self, binary: str, design: str, mode: str, probe: str, verify: bool) -> dict[str, float]:
+        first, last = (self._run(binary, design, mode, n, probe, verify) for n in (self.FIRST,
+                                                                                   self.FIRST + self.rounds))
+        return {event: (last[event] - first[event]) / self.rounds for event in last}
+
+    def per_hit(self, binary: str, design: str, mode: str, probe: str, verify: bool) -> dict[str, float]:
+        probed, unprobed = (self._per_round(binary, design, mode, p, verify) for p in (probe, ""))
+        per_hit = {event: probed[event] - unprobed[event] for event in probed}
+        return {COST: per_hit.pop("Ir"), **per_hit}
+
+    def watch(self, binary: str, design: str) -> float:
+        verified, plain = (self._per_round(binary, design, "sparse", "", v)["Ir"] for v in (True, False))
+        return verified / plain
 
 
-def measure(design: str, kind: str, functions: int, rounds: int, repeat: int, verify: bool, workdir: str) -> Row:
+def measure(meter: Timed | Counted, design: str, kind: str, functions: int, verify: bool, workdir: str) -> Row:
     binary = build(functions, SITE_OF_DESIGN[design], kind, workdir)
-    probe = SPEC_OF_KIND[kind]
-    return Row(design, kind, verify,
-               tight_us=per_hit_us(binary, design, "tight", rounds, repeat, probe, verify),
-               sparse_us=per_hit_us(binary, design, "sparse", rounds, repeat, probe, verify),
-               watch=watch_cost(binary, design, rounds, repeat) if verify else 1.0)
+    tight, sparse = (meter.per_hit(binary, design, mode, SPEC_OF_KIND[kind], verify) for mode in ("tight", "sparse"))
+    misses = {name: (sum(tight.get(e, 0.0) for e in events), sum(sparse.get(e, 0.0) for e in events))
+              for name, events in MISSES.items() if events[0] in tight}
+    return Row(design, kind, verify, meter.unit, tight[COST], sparse[COST],
+               meter.watch(binary, design) if verify else 1.0, misses)
+
+
+def _child(binary: str, design: str, mode: str, rounds: str, probe: str, verify: str) -> None:
+    cpu_seconds([binary, mode, rounds], design, probe or None, verify == "True")
+
+
+def _line(row: Row) -> str:
+    precision = 0 if row.unit == "instructions" else 2
+    cells = [f"{row.design:<12} {row.kind:<10} {'on' if row.verify else 'off':<10}",
+             f"{row.tight:>13,.{precision}f} {row.sparse:>14,.{precision}f} {row.ratio:>12.2f}x {row.watch:>6.2f}x"]
+    cells += [f"{t:>8,.0f} / {s:<8,.0f}" for t, s in row.misses.values()]
+    return " ".join(cells)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--functions", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, help="rounds a run (default 2000; 200 more than the first run's"
+                                               f" {Counted.FIRST} with --instructions)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--designs", default=",".join(SITE_OF_DESIGN))
     ap.add_argument("--kinds", default="uprobe", help=f"probe kinds, of {','.join(SPEC_OF_KIND)}")
     ap.add_argument("--verify", action="store_true", help="also every row with the verifiers on")
+    ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind, not CPU time")
+    ap.add_argument("--cache-sim", action="store_true", help="with --instructions: simulated cache misses per hit too")
     ap.add_argument("--json")
+    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child:
+        _child(*args.child)
+        return
+    if args.instructions:
+        callgrind.require("sparse_hits")
     rows = []
-    print(f"{'design':<12} {'probe':<10} {'verifiers':<10} {'tight us/hit':>13} {'sparse us/hit':>14} {'sparse/tight':>13}"
-          f" {'watch':>7}")
     with tempfile.TemporaryDirectory() as workdir:
+        meter = (Counted(args.rounds or 200, args.cache_sim, workdir) if args.instructions
+                 else Timed(args.rounds or 2000, args.repeat))
+        print(f"{'design':<12} {'probe':<10} {'verifiers':<10} {'tight ' + meter.unit:>13} {'sparse':>14}"
+              f" {'sparse/tight':>13} {'watch':>7}" + "".join(f" {name + ' t/s':>19}" for name in MISSES
+                                                             if args.cache_sim and args.instructions))
         for design in args.designs.split(","):
             for kind in args.kinds.split(","):
                 for verify in (False, True) if args.verify else (False,):
-                    row = measure(design, kind, args.functions, args.rounds, args.repeat, verify, workdir)
-                    rows.append(row)
-                    print(f"{row.design:<12} {kind:<10} {'on' if verify else 'off':<10} {row.tight_us:>13.2f}"
-                          f" {row.sparse_us:>14.2f} {row.ratio:>12.2f}x {row.watch:>6.2f}x", flush=True)
+                    rows.append(measure(meter, design, kind, args.functions, verify, workdir))
+                    print(_line(rows[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) | {"ratio": r.ratio} for r in rows], indent=2) + "\n")
 

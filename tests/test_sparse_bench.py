@@ -1,8 +1,11 @@
-"""benchmarks/sparse_hits.py measures what it says: R hits in either mode, for every probe kind."""
+"""benchmarks/sparse_hits.py measures what it says: R hits in either mode, for every probe kind; its
+instruction counts are callgrind's, taken inside the emulation, and the per-hit figure is the probed
+run's growth over the unprobed one's."""
 
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 
@@ -17,6 +20,7 @@ assert _spec is not None and _spec.loader is not None
 sparse_hits = importlib.util.module_from_spec(_spec)
 sys.modules["sparse_hits"] = sparse_hits
 _spec.loader.exec_module(sparse_hits)
+callgrind = sys.modules["callgrind"]  # sparse_hits put benchmarks/ on sys.path and imported it
 
 ROUNDS = 7
 
@@ -41,3 +45,32 @@ def test_the_sparse_mode_calls_every_function_and_the_tight_one_only_the_first(t
     binary = sparse_hits.build(5, sparse_hits.NOP5, "uprobe", str(tmp_path))
     assert hits(binary, "linux-6.18", "sparse", "uprobe:f4") == ROUNDS
     assert hits(binary, "linux-6.18", "tight", "uprobe:f4") == 0
+
+
+def test_a_profile_s_totals_are_read_by_event_name() -> None:
+    text = "# callgrind format\nevents: Ir I1mr D1mr\nsummary: 900 7 3\nfn=(1) f\n0 900 7 3\ntotals: 900 7 3\n"
+    assert callgrind.totals(text) == {"Ir": 900, "I1mr": 7, "D1mr": 3}
+    with pytest.raises(ValueError, match="not a callgrind profile"):
+        callgrind.totals("events: Ir\n")
+
+
+needs_valgrind = pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+
+
+@needs_valgrind
+def test_callgrind_counts_repeat_and_collect_only_inside_the_named_function(tmp_path: Path) -> None:
+    true = shutil.which("true")
+    assert true is not None
+    first, second = (callgrind.profile([true], tmp_path / f"{n}.out")["Ir"] for n in (1, 2))
+    assert first == second > 10_000
+    assert callgrind.profile([true], tmp_path / "3.out", collect=callgrind.EMULATION)["Ir"] == 0
+
+
+def test_a_counted_hit_is_the_probed_run_s_growth_per_round_over_the_unprobed_one_s(tmp_path: Path) -> None:
+    counted = sparse_hits.Counted(rounds=10, cache_sim=False, workdir=str(tmp_path))
+    first, last = sparse_hits.Counted.FIRST, sparse_hits.Counted.FIRST + 10
+    growth = {("uprobe:f0", first): 5_000, ("uprobe:f0", last): 5_000 + 10 * 1_700,
+              ("", first): 4_000, ("", last): 4_000 + 10 * 500}
+    counted._run = lambda binary, design, mode, rounds, probe, verify: {
+        "Ir": growth[(probe, rounds)], "I1mr": 3 * rounds if probe else rounds}
+    assert counted.per_hit("b", "int3", "tight", "uprobe:f0", False) == {sparse_hits.COST: 1_200.0, "I1mr": 2.0}
