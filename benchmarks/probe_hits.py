@@ -19,6 +19,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
@@ -42,12 +43,15 @@ ROWS = [   # would otherwise weigh on a figure of a few tens of milliseconds)
 ]
 
 
-def cpu_seconds(argv: list[str], design: str, spec: str | None, verify: bool) -> float:
-    """CPU time of one emulated run of ``argv`` under ``design``, with ``spec`` attached and the verifiers
-    on if asked (construction excluded)."""
+def cpu_seconds(argv: list[str], design: str, spec: str | None, verify: bool,
+                prepare: Callable[[Machine], object] | None = None) -> float:
+    """CPU time of one emulated run of ``argv`` under ``design``, with ``spec`` attached, ``prepare`` called
+    on the machine and the verifiers on if asked (construction excluded)."""
     m = Machine(argv[0], argv, {}, RunOptions(design=design), GuestIO.captured())
     if spec:
         m.attach(spec)
+    if prepare:
+        prepare(m)
     if verify:
         VerifySession(m)
     start = time.process_time()

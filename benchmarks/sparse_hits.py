@@ -2,7 +2,7 @@
 
     python3 benchmarks/sparse_hits.py [--functions N] [--rounds R] [--repeat K] [--designs D,...]
                                       [--kinds uprobe,uretprobe,usdt] [--verify]
-                                      [--instructions [--cache-sim]] [--json FILE]
+                                      [--instructions [--cache-sim]] [--same-pages] [--json FILE]
 
 A generated static binary holds N small functions (a NOP site and ``ret``: nop5 for the designs
 that optimize nop5, nop10 for nop10) called through a function-pointer table. The probe is a
@@ -27,7 +27,11 @@ With --verify the unprobed run has the verifiers on too: what they cost on code 
 column (unprobed sparse run, verified / plain), not a cost of the hits. A hit that slows the
 unprobed code around it (a flushed translation, a forced exit from the emulator's loop, a jump
 target evicted from Unicorn's jump cache) shows up as a sparse cost above the tight one; the ratio
-sparse/tight is the figure to watch. No assertions: the numbers go into the README.
+sparse/tight is the figure to watch. A design that maps a page at its first hit (a trampoline) makes
+the probed run's address space differ from the unprobed one's, and with the verifiers on every access
+of the run pays for the lookup of a map with that page in it; --same-pages maps the probed run's new
+pages in the unprobed runs too, so a row charges the hits and not the page. No assertions: the
+numbers go into the README.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import callgrind  # noqa: E402
 from probe_hits import cpu_seconds  # noqa: E402
+
+from emu.abi import Prot  # noqa: E402
+from emu.guestio import GuestIO  # noqa: E402
+from emu.machine import Machine, RunOptions  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NOP5 = "0x0f,0x1f,0x44,0x00,0x00"
@@ -101,6 +110,30 @@ def build(functions: int, site: str, kind: str, workdir: str) -> str:
     return str(binary)
 
 
+def extra_pages(binary: str, design: str, probe: str) -> str:
+    """The mappings a probed run ends with that an unprobed one lacks (a design's trampoline page), as
+    ``start,size,prot`` items joined by ``;``: with --same-pages the unprobed run maps them too."""
+    def mappings(spec: str | None) -> list[tuple[int, int, int]]:
+        m = Machine(binary, [binary, "tight", "2"], {}, RunOptions(design=design), GuestIO.captured())
+        if spec:
+            m.attach(spec)
+        assert m.run().exit_status == 0
+        return [(vma.start, vma.end - vma.start, int(vma.prot)) for vma in m.mem.overlapping(0, 1 << 64)]
+
+    unprobed = mappings(None)
+    new = [(start, size, prot) for start, size, prot in mappings(probe)
+           if not any(start < s + n and s < start + size for s, n, _ in unprobed)]
+    return ";".join(f"{start:#x},{size:#x},{prot}" for start, size, prot in new)
+
+
+def map_pages(pages: str) -> Callable[[Machine], object] | None:
+    """What the unprobed child does before it runs: map ``pages`` (extra_pages' form)."""
+    if not pages:
+        return None
+    items = [tuple(int(field, 0) for field in item.split(",")) for item in pages.split(";")]
+    return lambda m: [m.mem.map(start, size, Prot(prot), name="[probed run's page]") for start, size, prot in items]
+
+
 COST = "cost"  # the per-hit figure's key: CPU microseconds, or instructions with --instructions
 MISSES = {"I1 misses": ("I1mr",), "D1 misses": ("D1mr", "D1mw"), "LL misses": ("ILmr", "DLmr", "DLmw")}
 
@@ -115,6 +148,7 @@ class Row:
     sparse: float  # per-hit cost with the other functions' calls between hits
     watch: float  # the unprobed sparse run with the verifiers on, over without (1.0: off)
     misses: dict[str, tuple[float, float]]  # --cache-sim: simulated cache misses per hit, (tight, sparse)
+    pages: str = ""  # --same-pages: what the unprobed runs mapped too (extra_pages' form)
 
     @property
     def ratio(self) -> float:
@@ -129,9 +163,9 @@ class Timed:
     def __init__(self, rounds: int, repeat: int) -> None:
         self.rounds, self.repeat = rounds, repeat
 
-    def per_hit(self, binary: str, design: str, mode: str, probe: str, verify: bool) -> dict[str, float]:
+    def per_hit(self, binary: str, design: str, mode: str, probe: str, verify: bool, pages: str) -> dict[str, float]:
         argv = [binary, mode, str(self.rounds)]
-        costs = [(cpu_seconds(argv, design, probe, verify) - cpu_seconds(argv, design, None, verify))
+        costs = [(cpu_seconds(argv, design, probe, verify) - cpu_seconds(argv, design, None, verify, map_pages(pages)))
                  / self.rounds * 1e6 for _ in range(self.repeat)]
         return {COST: statistics.median(costs)}
 
@@ -153,21 +187,24 @@ class Counted:
         self.rounds, self.cache_sim, self.workdir = rounds, cache_sim, Path(workdir)
         self._runs: dict[tuple[str, ...], dict[str, int]] = {}
 
-    def _run(self, binary: str, design: str, mode: str, rounds: int, probe: str, verify: bool) -> dict[str, int]:
-        key = (binary, design, mode, str(rounds), probe, str(verify))
+    def _run(self, binary: str, design: str, mode: str, rounds: int, probe: str, verify: bool,
+             pages: str = "") -> dict[str, int]:
+        key = (binary, design, mode, str(rounds), probe, str(verify), pages)
         if key not in self._runs:
             argv = [sys.executable, __file__, "--child", *key]
             out = self.workdir / f"callgrind.{len(self._runs)}.out"
             self._runs[key] = callgrind.profile(argv, out, collect=callgrind.EMULATION, cache_sim=self.cache_sim)
         return self._runs[key]
 
-    def _per_round(self, binary: str, design: str, mode: str, probe: str, verify: bool) -> dict[str, float]:
-        first, last = (self._run(binary, design, mode, n, probe, verify) for n in (self.FIRST,
-                                                                                   self.FIRST + self.rounds))
+    def _per_round(self, binary: str, design: str, mode: str, probe: str, verify: bool,
+                   pages: str = "") -> dict[str, float]:
+        first, last = (self._run(binary, design, mode, n, probe, verify, pages)
+                       for n in (self.FIRST, self.FIRST + self.rounds))
         return {event: (last[event] - first[event]) / self.rounds for event in last}
 
-    def per_hit(self, binary: str, design: str, mode: str, probe: str, verify: bool) -> dict[str, float]:
-        probed, unprobed = (self._per_round(binary, design, mode, p, verify) for p in (probe, ""))
+    def per_hit(self, binary: str, design: str, mode: str, probe: str, verify: bool, pages: str) -> dict[str, float]:
+        probed = self._per_round(binary, design, mode, probe, verify)
+        unprobed = self._per_round(binary, design, mode, "", verify, pages)
         per_hit = {event: probed[event] - unprobed[event] for event in probed}
         return {COST: per_hit.pop("Ir"), **per_hit}
 
@@ -176,17 +213,20 @@ class Counted:
         return verified / plain
 
 
-def measure(meter: Timed | Counted, design: str, kind: str, functions: int, verify: bool, workdir: str) -> Row:
+def measure(meter: Timed | Counted, design: str, kind: str, functions: int, verify: bool, same_pages: bool,
+            workdir: str) -> Row:
     binary = build(functions, SITE_OF_DESIGN[design], kind, workdir)
-    tight, sparse = (meter.per_hit(binary, design, mode, SPEC_OF_KIND[kind], verify) for mode in ("tight", "sparse"))
+    probe = SPEC_OF_KIND[kind]
+    pages = extra_pages(binary, design, probe) if same_pages else ""
+    tight, sparse = (meter.per_hit(binary, design, mode, probe, verify, pages) for mode in ("tight", "sparse"))
     misses = {name: (sum(tight.get(e, 0.0) for e in events), sum(sparse.get(e, 0.0) for e in events))
               for name, events in MISSES.items() if events[0] in tight}
     return Row(design, kind, verify, meter.unit, tight[COST], sparse[COST],
-               meter.watch(binary, design) if verify else 1.0, misses)
+               meter.watch(binary, design) if verify else 1.0, misses, pages)
 
 
-def _child(binary: str, design: str, mode: str, rounds: str, probe: str, verify: str) -> None:
-    cpu_seconds([binary, mode, rounds], design, probe or None, verify == "True")
+def _child(binary: str, design: str, mode: str, rounds: str, probe: str, verify: str, pages: str) -> None:
+    cpu_seconds([binary, mode, rounds], design, probe or None, verify == "True", map_pages(pages))
 
 
 def _line(row: Row) -> str:
@@ -209,7 +249,9 @@ def main() -> None:
     ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind, not CPU time")
     ap.add_argument("--cache-sim", action="store_true", help="with --instructions: simulated cache misses per hit too")
     ap.add_argument("--json")
-    ap.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--same-pages", action="store_true",
+                    help="the unprobed run maps the pages the probed one's design maps (its trampoline page)")
+    ap.add_argument("--child", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         _child(*args.child)
@@ -226,7 +268,7 @@ def main() -> None:
         for design in args.designs.split(","):
             for kind in args.kinds.split(","):
                 for verify in (False, True) if args.verify else (False,):
-                    rows.append(measure(meter, design, kind, args.functions, verify, workdir))
+                    rows.append(measure(meter, design, kind, args.functions, verify, args.same_pages, workdir))
                     print(_line(rows[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) | {"ratio": r.ratio} for r in rows], indent=2) + "\n")

@@ -71,6 +71,27 @@ def test_a_counted_hit_is_the_probed_run_s_growth_per_round_over_the_unprobed_on
     first, last = sparse_hits.Counted.FIRST, sparse_hits.Counted.FIRST + 10
     growth = {("uprobe:f0", first): 5_000, ("uprobe:f0", last): 5_000 + 10 * 1_700,
               ("", first): 4_000, ("", last): 4_000 + 10 * 500}
-    counted._run = lambda binary, design, mode, rounds, probe, verify: {
-        "Ir": growth[(probe, rounds)], "I1mr": 3 * rounds if probe else rounds}
-    assert counted.per_hit("b", "int3", "tight", "uprobe:f0", False) == {sparse_hits.COST: 1_200.0, "I1mr": 2.0}
+    mapped: set[tuple[str, str]] = set()
+
+    def run(binary: str, design: str, mode: str, rounds: int, probe: str, verify: bool, pages: str = "") -> dict:
+        mapped.add((probe, pages))
+        return {"Ir": growth[(probe, rounds)], "I1mr": 3 * rounds if probe else rounds}
+
+    counted._run = run
+    page = "0x3ff000,0x1000,5"
+    assert counted.per_hit("b", "int3", "tight", "uprobe:f0", False, page) == {sparse_hits.COST: 1_200.0, "I1mr": 2.0}
+    assert mapped == {("uprobe:f0", ""), ("", page)}  # only the unprobed runs map the probed run's page
+
+
+def test_same_pages_finds_the_trampoline_page_a_design_maps_and_maps_it_in_the_unprobed_run(tmp_path: Path) -> None:
+    binary = sparse_hits.build(5, sparse_hits.NOP5, "uprobe", str(tmp_path))
+    pages = sparse_hits.extra_pages(binary, "linux-6.18", "uprobe:f0")
+    assert pages == "0x3ff000,0x1000,5"  # r-x, next to the text, as the kernel places it
+    assert sparse_hits.extra_pages(binary, "int3", "uprobe:f0") == ""  # int3 maps nothing
+    m = Machine(binary, [binary, "tight", "1"], {}, RunOptions(design="linux-6.18"), GuestIO.captured())
+    prepare = sparse_hits.map_pages(pages)
+    assert prepare is not None and sparse_hits.map_pages("") is None
+    prepare(m)
+    assert m.run().exit_status == 0
+    vma = m.mem.find(0x3FF000)
+    assert vma is not None and (vma.start, vma.end) == (0x3FF000, 0x400000)
