@@ -17,8 +17,8 @@ per-hit cost is
 The cost is CPU time by default: the two runs alternate in this process, and a figure is the median
 of K pairs. With --instructions it is the instructions callgrind counts inside the emulation (hooks
 included), from runs of 20 and 20 + R rounds (R: 200 by default), so start-up and the first hit's
-work cancel; the counts repeat to a few instructions per hit, where a CPU time on a shared machine
-moves by more than a sparse hit costs. --cache-sim adds the simulated cache misses per hit (first
+work cancel; two processes' counts of one row differ by tens of instructions a hit, where a CPU time
+on a shared machine moves by more than a sparse hit costs. --cache-sim adds the simulated cache misses per hit (first
 level instruction, first level data, last level), the part of a hit's cost that instruction counts
 miss: code between hits evicts the lines the hit's path needs.
 
@@ -240,8 +240,8 @@ def _line(row: Row) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--functions", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, help="rounds a run (default 2000; 200 more than the first run's"
-                                               f" {Counted.FIRST} with --instructions)")
+    ap.add_argument("--rounds", type=int, help="rounds a run (default 2000); with --instructions, the rounds the"
+                                               f" long run adds to the short run's {Counted.FIRST} (default 200)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--designs", default=",".join(SITE_OF_DESIGN))
     ap.add_argument("--kinds", default="uprobe", help=f"probe kinds, of {','.join(SPEC_OF_KIND)}")

@@ -234,8 +234,8 @@ class Cpu:
         request alone, and between blocks nothing has to stop the sync. A hook inside a block (code,
         memory) must keep using ``write``: there the exit that follows would restore the pc over a
         batch write."""
-        self._rip_batch.values[0] = rip & 0xFFFFFFFFFFFFFFFF
         b = self._rip_batch
+        b.values[0] = rip & 0xFFFFFFFFFFFFFFFF
         binding.reg_write_batch(self._uch, b.ids, b.ptrs, 1)
 
     def batch_writer(self, regs: Sequence[Reg]) -> Callable[[Sequence[int]], None]:
