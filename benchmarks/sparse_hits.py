@@ -60,7 +60,7 @@ from emu.machine import Machine, RunOptions  # noqa: E402
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NOP5 = "0x0f,0x1f,0x44,0x00,0x00"
 NOP10 = "0x66,0x2e,0x0f,0x1f,0x84,0x00,0x00,0x00,0x00,0x00"
-SITE_OF_DESIGN = {"int3": NOP5, "linux-6.18": NOP5, "jmp-slots": NOP5, "nop10": NOP10}
+SITE_OF_DESIGN = {"int3": NOP5, "uretprobe-rfc": NOP5, "linux-6.18": NOP5, "jmp-slots": NOP5, "nop10": NOP10}
 USDT_SITE = {NOP5: "USDT_SITE_NOP1_NOP5", NOP10: "USDT_SITE_NOP1_NOP10"}
 SPEC_OF_KIND = {"uprobe": "uprobe:f0", "uretprobe": "uretprobe:f0", "usdt": "usdt:bench:hit"}
 
