@@ -24,6 +24,7 @@ for _f in (reg_read, reg_write, reg_read_batch, reg_write_batch, ctl):
 # UC_CTL_WRITE(UC_CTL_TB_REMOVE_CACHE, 2 arguments), as the binding encodes it
 CTL_REMOVE_CACHE = (unicorn.UC_CTL_IO_WRITE << 30) | (2 << 26) | unicorn.UC_CTL_TB_REMOVE_CACHE
 CTL_FLUSH_TB = (unicorn.UC_CTL_IO_WRITE << 30) | unicorn.UC_CTL_TB_FLUSH
+CTL_FLUSH_TLB = (unicorn.UC_CTL_IO_WRITE << 30) | unicorn.UC_CTL_TLB_FLUSH
 
 # Bound through PyDLL: these calls keep the GIL (releasing and taking it back costs more than they
 # do; they never call back into Python). No argtypes: their conversion costs more than the call;

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 import unicorn
 import unicorn.x86_const as x86
 
-from emu.abi import PAGE_SIZE, Prot
+from emu.abi import PAGE_SIZE, Prot, page_down
 from emu.cpu import binding
-from emu.cpu.hooks import Hooks
+from emu.cpu.hooks import Hooks, native_hot_path
+from emu.cpu.pages import PageTable, install_tlb_fill
 from emu.cpu.regs import (
     CR0_MP,
     CR0_NE,
@@ -76,11 +77,6 @@ _UC_ACCESS = {
     unicorn.UC_MEM_FETCH_PROT: (Access.FETCH, False),
 }
 
-
-_HOOK_MEM_INVALID = (
-    unicorn.UC_HOOK_MEM_READ_UNMAPPED | unicorn.UC_HOOK_MEM_WRITE_UNMAPPED | unicorn.UC_HOOK_MEM_FETCH_UNMAPPED
-    | unicorn.UC_HOOK_MEM_READ_PROT | unicorn.UC_HOOK_MEM_WRITE_PROT | unicorn.UC_HOOK_MEM_FETCH_PROT
-)
 
 
 class _RegBatch:
@@ -142,6 +138,12 @@ class Cpu:
         _Engines.adopt(self, self._uc)
         self._uch = self._uc._uch
         self.hooks = Hooks(self._uch)
+        # Each page enters the TLB with its mapping's permissions (emu/cpu/pages.py says why); a fault
+        # reaches _on_invalid_mem through a hook the fill arms over the faulting page alone.
+        self._uc.ctl_set_tlb_mode(unicorn.UC_TLB_VIRTUAL)
+        self._fault_cb = binding.MEM_CB(self._on_invalid_mem)
+        self.pages = PageTable(self._uch, binding.callback_address(self._fault_cb))
+        install_tlb_fill(self.hooks, self.pages, native_hot_path())
         self._one = ctypes.c_uint64()
         self._one_ref = ctypes.byref(self._one)
         self._ret_batch = _RegBatch((Reg.RAX, Reg.RCX, Reg.R11))
@@ -162,7 +164,6 @@ class Cpu:
         self._counting = False  # the last run counted instructions (translated code carries the count hook)
         self.last_bad_access: BadAccess | None = None
         self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
-        self.hooks.add(_HOOK_MEM_INVALID, binding.MEM_CB(self._on_invalid_mem), 1, 0)
         self._wide = ctypes.create_string_buffer(32)  # one x87 or xmm register (fxsave_image)
         self._enter_user_mode()  # before the exec state is saved: a saved context carries the CPL
         self._exec_context = self._linux_exec_state()
@@ -191,7 +192,7 @@ class Cpu:
         SYSRET reads no descriptor table, so none is needed. The stub runs from page 0, unmapped
         before anything else is mapped."""
         uc = self._uc
-        uc.mem_map(0, PAGE_SIZE)
+        self.mem_map(0, PAGE_SIZE, Prot.READ | Prot.WRITE | Prot.EXEC)
         try:
             uc.mem_write(0, _SYSRETQ)
             uc.reg_write(x86.UC_X86_REG_MSR, (_MSR_EFER, uc.reg_read(x86.UC_X86_REG_MSR, _MSR_EFER) | _EFER_SCE))
@@ -201,7 +202,7 @@ class Cpu:
             uc.reg_write(x86.UC_X86_REG_R11, FLAGS_FIXED)
             uc.emu_start(0, landing)
         finally:
-            uc.mem_unmap(0, PAGE_SIZE)
+            self.mem_unmap(0, PAGE_SIZE)
         uc.reg_write(x86.UC_X86_REG_RCX, 0)
         uc.reg_write(x86.UC_X86_REG_R11, 0)
         uc.reg_write(x86.UC_X86_REG_RIP, 0)
@@ -353,19 +354,40 @@ class Cpu:
         self._uc.context_restore(context.raw)
 
     # ------------------------------------------------------------------- memory
+    # Unicorn flushes the TLB when it maps or unmaps; the page table follows every change.
     def mem_map(self, addr: int, size: int, prot: Prot) -> None:
         self._uc.mem_map(addr, size, int(prot))
+        self.pages.set(addr, addr + size, int(prot))
 
     def mem_map_shared(self, addr: int, size: int, prot: Prot, pages: SharedPages, offset: int) -> None:
         """Map host memory other engines map too (MAP_SHARED); guest stores still fire the write hooks."""
         self._uc.mem_map_ptr(addr, size, int(prot), pages.address + offset)
+        self.pages.set(addr, addr + size, int(prot))
         self._shared_pages[id(pages)] = pages  # alive as long as this engine may touch it
 
     def mem_unmap(self, addr: int, size: int) -> None:
-        self._uc.mem_unmap(addr, size)
+        self._uc.mem_unmap(addr, size)  # it drops the range's code while the table still shows it
+        self.pages.set(addr, addr + size, None)
+        self._drop_grants()
+
+    def _drop_grants(self) -> None:
+        """Unicorn fills the TLB for a fetch of a range it drops code from, whatever the range holds
+        (emu/cpu/pages.py): an entry that lets a data page run must not stay in the TLB."""
+        if self.pages.take_granted():
+            binding.ctl(self._uch, binding.CTL_FLUSH_TLB)
 
     def mem_protect(self, addr: int, size: int, prot: Prot) -> None:
+        """mprotect. Unicorn flushes its TLB only when a page's writability changes, so this flushes it
+        every time. Where EXEC goes, the range's translated code goes first, while the table still lets
+        Unicorn find it (emu/cpu/pages.py): it would run on from the cache where a jump must fault, and
+        stores made while the page is not executable invalidate nothing, so once EXEC comes back the
+        page must run what it holds then."""
+        if self.pages.takes_exec(addr, addr + size, int(prot)):
+            self.flush_code(addr, addr + size)
         self._uc.mem_protect(addr, size, int(prot))
+        self.pages.set(addr, addr + size, int(prot))
+        self.pages.take_granted()
+        binding.ctl(self._uch, binding.CTL_FLUSH_TLB)
 
     def mem_read(self, addr: int, size: int) -> bytes:
         small = size <= PAGE_SIZE  # up to a page: one reused buffer
@@ -389,6 +411,7 @@ class Cpu:
         status = binding.ctl(self._uch, binding.CTL_REMOVE_CACHE, ctypes.c_uint64(begin), ctypes.c_uint64(end))
         if status != unicorn.UC_ERR_OK:
             raise binding.UcError(status)
+        self._drop_grants()
 
     def step(self, begin: int) -> StopReason:
         """Execute exactly one instruction at ``begin``.
@@ -404,8 +427,9 @@ class Cpu:
     def _on_invalid_mem(self, _uc: object, access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
         kind, unmapped = _UC_ACCESS.get(access, (Access.READ, True))
         self.last_bad_access = BadAccess(kind, addr, size, unmapped)
-        if unmapped and self.on_unmapped is not None:
-            return self.on_unmapped(self.last_bad_access)
+        if unmapped and self.on_unmapped is not None and self.on_unmapped(self.last_bad_access):
+            self.pages.disarm(addr)  # mapped now: its stores may take the fast path again
+            return True
         return False
 
     # --------------------------------------------------------------------- runs
@@ -417,26 +441,53 @@ class Cpu:
         (Unicorn itself flushes the other way). Counting costs ~12 ns an instruction (measured: a tight
         loop runs 13x slower), which is why single-threaded runs do not count, and why ``--json`` and
         ``--max-insns`` count per translated block instead (emu/icount.py) and use ``count`` only for
-        the last few instructions before a limit."""
+        the last few instructions before a limit.
+
+        A fetch from an unmapped page goes to ``on_unmapped`` after the run stops (emu/cpu/pages.py:
+        no hook hears of it); if that maps it, an uncounted run goes on from there. A counted run
+        reports the fault instead (a run that starts again counts again): with ``count`` 1, a fetch
+        fault at another address than ``begin`` is the next instruction's, after the one ran."""
         self.last_bad_access = None
         if count and not self._counting:
             self.flush_all_code()
         self._counting = bool(count)
-        _Engines.running += 1
-        try:
-            self._uc.emu_start(begin, 0xFFFFFFFFFFFFFFFF, timeout=timeout_us, count=count)
-            reason = StopReason.FINISHED
-        except binding.UcError as err:
-            reason = _reason(getattr(err, "errno", -1))
-        finally:
-            _Engines.running -= 1
-            if not _Engines.running and _Engines.buried:
-                _Engines.close_buried()
+        reason = self._emulate(begin, timeout_us, count)
+        while (not count and reason is StopReason.BAD_ACCESS and (bad := self.last_bad_access) is not None
+               and bad.access is Access.FETCH and bad.unmapped and self.on_unmapped is not None
+               and self.on_unmapped(bad)):
+            reason = self._emulate(self.read(Reg.RIP), timeout_us, count)  # mapped now: fetch it again
         hooks = self.hooks
         if hooks.error is not None:
             exc, hooks.error = hooks.error, None
             raise exc
         return reason
+
+    def _emulate(self, begin: int, timeout_us: int, count: int) -> StopReason:
+        """One uc_emu_start; what stopped it (a fetch that faulted: the fault, in last_bad_access)."""
+        _Engines.running += 1
+        try:
+            self._uc.emu_start(begin, 0xFFFFFFFFFFFFFFFF, timeout=timeout_us, count=count)
+            reason = StopReason.FINISHED
+        except binding.UcError as err:
+            code = getattr(err, "errno", -1)
+            reason = _reason(code)
+            if code in _FETCH_FAULTS and self.last_bad_access is None:
+                self.last_bad_access = self._fetch_fault()
+        finally:
+            _Engines.running -= 1
+            if self.pages.after_run():  # a fill let an access through that must fault next time too
+                binding.ctl(self._uch, binding.CTL_FLUSH_TLB)
+            if not _Engines.running and _Engines.buried:
+                _Engines.close_buried()
+        return reason
+
+    def _fetch_fault(self) -> BadAccess:
+        """A fetch fault stops the CPU at its instruction, with no hook told (emu/cpu/pages.py): the first
+        byte it could not fetch is there, or where the instruction crosses into the next page (an
+        instruction spans two pages at most)."""
+        rip = self.read(Reg.RIP)
+        addr = rip if not self.pages.perms_at(rip) & Prot.EXEC else page_down(rip) + PAGE_SIZE
+        return BadAccess(Access.FETCH, addr, 1, unmapped=self.pages.perms_at(addr) == 0)
 
     def stop(self) -> None:
         binding.emu_stop(self._uch)
@@ -451,6 +502,9 @@ class Cpu:
         return self._uch
 
 
+
+
+_FETCH_FAULTS = (unicorn.UC_ERR_FETCH_UNMAPPED, unicorn.UC_ERR_FETCH_PROT)
 
 
 def _reason(errno: int) -> StopReason:

@@ -179,7 +179,7 @@ class Hooks:
         after_cfunc = SYSCALL_CB(after_only)
         front.set_fallback(callback_address(cfunc), 0, callback_address(after_cfunc), 0)
         self._keep += [cfunc, after_cfunc]
-        return self.add(unicorn.UC_HOOK_INSN, ctypes.c_void_p(_native().fastsys_syscall_hook), 1, 0,
+        return self.add(unicorn.UC_HOOK_INSN, ctypes.c_void_p(native_hot_path().fastsys_syscall_hook), 1, 0,
                         x86.UC_X86_INS_SYSCALL, user_data=front.user_data)
 
     def add_interrupt(self, callback: Callable[[int], None]) -> HookHandle:
@@ -209,7 +209,7 @@ class Hooks:
         after_cfunc = INTR_CB(after_only)
         front.set_fallback(0, callback_address(cfunc), 0, callback_address(after_cfunc))
         self._keep += [cfunc, after_cfunc]
-        return self.add(unicorn.UC_HOOK_INTR, ctypes.c_void_p(_native().fastsys_interrupt_hook), *_EVERYWHERE,
+        return self.add(unicorn.UC_HOOK_INTR, ctypes.c_void_p(native_hot_path().fastsys_interrupt_hook), *_EVERYWHERE,
                         user_data=front.user_data)
 
     def _take_over(self) -> None:
@@ -220,7 +220,7 @@ class Hooks:
     def _front(self) -> Any:
         """The C hot path's FastSys in front of the syscall and interrupt hooks (one per engine), or
         None with the pure-Python hot path. emu/kernel/uprobes/fastpath.py fills its tables."""
-        native = _native()
+        native = native_hot_path()
         if native is None:
             return None
         if self.fast_front is None:
@@ -263,8 +263,8 @@ class Hooks:
         return self.add(unicorn.UC_HOOK_EDGE_GENERATED, ctypes.c_void_p(function), *_EVERYWHERE, user_data=user_data)
 
 
-def _native() -> Any:
-    """The C extension, or None (emu.hotpath loads it on first use: a run without hooks never does)."""
-    from emu import hotpath  # on first use: a run without hooks never loads the extension
+def native_hot_path() -> Any:
+    """The C extension, or None (UPROBE_EMU_PURE_PYTHON, or not built)."""
+    from emu import hotpath  # here, not at the top: emu.hotpath's package imports emu.cpu
 
     return hotpath.native

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from emu.abi import PAGE_SIZE, U64, Prot, page_down
-from emu.cpu.engine import BadAccess, Cpu, StopReason
+from emu.cpu.engine import Access, BadAccess, Cpu, StopReason
 from emu.cpu.regs import Reg
 from emu.cpu.state import RawState
 
@@ -108,16 +108,22 @@ class ScratchCpu:
     def execute(self, site: int, original: bytes, raw: bytes) -> Reference:
         """Run ``original`` at ``site`` from the RawState snapshot ``raw`` (its rip is ignored)."""
         key = self._site = (site, original)
-        predicted = self._site_pages.get(key, frozenset())
+        code = frozenset({page_down(site), page_down(site + len(original) - 1)})  # fetched, not faulted in
+        predicted = self._site_pages.get(key, frozenset()) | code
         self._prepare(predicted)
         self._stores, self._loads, self._loads_known, self._faulted = [], [], True, set()
         self.raw.write(raw, write_rip=False)
         reason = self.cpu.run(site, count=1)
         used = predicted | self._faulted
         self._site_pages[key] = used if len(used) <= MAX_PAGES else frozenset(self._faulted)
-        faulted = reason is not StopReason.FINISHED
+        faulted = reason is not StopReason.FINISHED and not self._next_fetch_failed(site)
         reads = tuple(self._loads) if self._loads_known else None
         return Reference(self.raw.read(), self._take_stores(), faulted, reads)
+
+    def _next_fetch_failed(self, site: int) -> bool:
+        """The run stopped at a fetch of the instruction after the one run (its page is not mapped here)."""
+        bad = self.cpu.last_bad_access
+        return bad is not None and bad.access is Access.FETCH and self.cpu.read(Reg.RIP) != site
 
     def _prepare(self, predicted: frozenset[int]) -> None:
         """Map exactly the predicted pages, each holding the guest's bytes now (a page the guest no

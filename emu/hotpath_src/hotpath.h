@@ -34,6 +34,7 @@ int hotpath_add_icount(PyObject *module);   /* icount.c */
 int hotpath_add_fastsys(PyObject *module);  /* fastsys.c */
 int hotpath_add_writelog(PyObject *module); /* writelog.c */
 int hotpath_add_edges(PyObject *module);    /* edges.c */
+int hotpath_add_tlbfill(PyObject *module);  /* tlbfill.c */
 
 /* Helper for the parts: add a C function's address to the module as an int constant. */
 static inline int hotpath_add_address(PyObject *module, const char *name, void *function)
