@@ -47,6 +47,7 @@ class Memory:
         self.mmap_base = mmap_base
         self._vmas: list[Vma] = []
         self.patch_observers: list[Callable[[int, bytes, bytes], None]] = []  # (addr, old, new) after each patch
+        self.map_observers: list[Callable[[Vma], None]] = []  # each new mapping, after map()
         self._starts: list[int] = []
         self.stack_limit = STACK_LIMIT  # RLIMIT_STACK: how far [stack] may grow down from its top
         self._stack_pieces = 0  # backend regions the stack grew by since it was last one region
@@ -144,6 +145,8 @@ class Memory:
         vma = Vma(lo, hi, prot, name, offset, dev, inode, shared, accounted=not shared and bool(prot & Prot.WRITE))
         self._insert(vma)
         self._coalesce(lo, hi)
+        for observer in self.map_observers:
+            observer(vma)
         return vma
 
     def copy_to(self, child: Memory, keep: Callable[[Vma], bool]) -> None:

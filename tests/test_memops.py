@@ -111,8 +111,9 @@ def test_what_cannot_be_told_from_the_text_is_marked_unknown() -> None:
 
 
 @pytest.mark.parametrize(("asm", "transfer", "conditional"), [
-    ("jmp 0x401000", Transfer.DIRECT, False), ("call 0x401000", Transfer.DIRECT, False), ("jne 0x401000", Transfer.DIRECT, True),
-    ("loop 0x400010", Transfer.DIRECT, True), ("jmp rax", Transfer.INDIRECT, False), ("call qword ptr [rbx + 8]", Transfer.INDIRECT, False),
+    ("jmp 0x401000", Transfer.DIRECT, False), ("call 0x401000", Transfer.DIRECT, False),
+    ("jne 0x401000", Transfer.DIRECT, True), ("loop 0x400010", Transfer.DIRECT, True), ("jmp rax", Transfer.INDIRECT, False),
+    ("call qword ptr [rbx + 8]", Transfer.INDIRECT, False),
     ("ret", Transfer.RETURN, False), ("ret 8", Transfer.RETURN, False), ("syscall", Transfer.KERNEL, False),
     ("int3", Transfer.KERNEL, False), ("push rax", Transfer.NONE, False), ("mov rax, rbx", Transfer.NONE, False),
 ])

@@ -1,4 +1,4 @@
-"""The red-zone write log: the C hook and its Python stand-in record the same stores."""
+"""The red-zone write log, as the store watch fills it: the C watch and its Python twin record the same stores."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from conftest import python_hot_path_forced
 from emu.abi import Prot
 from emu.cpu import Cpu, RawState, Reg
 from emu.guestio import GuestIO
+from emu.hotpath.store_watch import StoreWatch
 from emu.hotpath.write_log import WriteLog, entries, native_hot_path
 from emu.machine import Machine, RunOptions
 from emu.verify.session import VerifySession
@@ -31,23 +32,27 @@ def _cpu(code: bytes) -> Cpu:
     return cpu
 
 
-def _hooked(log: WriteLog, cpu: Cpu) -> bool:
-    """The log's hook over the data page (C or its Python stand-in); True: C."""
-    return log.add_hook(cpu, DATA, DATA + 0xFFF, RawState(cpu).mem)[1]
+def _hooked(log: WriteLog, cpu: Cpu) -> StoreWatch:
+    """A store watch over the code page logging into ``log`` (C or its Python twin)."""
+    watch = StoreWatch(cpu, log, RawState(cpu).mem)
+    watch.watch(CODE, CODE + 0x1000)
+    cpu.hooks.keep(watch)
+    return watch
 
 
 def _stores_on_a_cpu(log: WriteLog) -> tuple[list[tuple[int, int, int, int, int]], bytes | None, bool]:
     cpu = _cpu(STORES)
     cpu.mem_write(DATA + 0x100, bytes(range(128)))
     cpu.mem_write(DATA + 0x200, OUTSIDE_OLD.to_bytes(8, "little"))
-    native = _hooked(log, cpu)
+    watch = _hooked(log, cpu)
     log.start(DATA + 0x100, snapshot_wanted=True)
     cpu.write(Reg.RAX, 0x1122334455667788)
     cpu.run(CODE)
     assert log.count == 3 and log.outside == 1  # the store at DATA + 0x200 is outside the window
+    watch.complete()  # what each store wrote, read now that they have run
     raw, overflowed = log.take()
     assert log.count == 0 and log.outside == 0 and not overflowed
-    return entries(raw), log.snapshot(), native
+    return entries(raw), log.snapshot(), watch.native
 
 
 OUTSIDE_OLD = 0x0123456789ABCDEF
@@ -110,7 +115,7 @@ def test_a_window_that_cannot_be_read_gives_no_snapshot(monkeypatch: pytest.Monk
 
 @pytest.mark.parametrize("python", [False, True])
 def test_a_closed_log_logs_nothing(monkeypatch: pytest.MonkeyPatch, python: bool) -> None:
-    """The hook stays for the whole run: between transactions it must log nothing."""
+    """The watch stays for the whole run: between transactions it must log nothing."""
     log = WriteLog()
     cpu = _cpu(STORES)
     with python_hot_path_forced(monkeypatch) if python else contextlib.nullcontext():

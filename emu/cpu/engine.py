@@ -164,6 +164,8 @@ class Cpu:
         self._counting = False  # the last run counted instructions (translated code carries the count hook)
         self.last_bad_access: BadAccess | None = None
         self.on_unmapped: Callable[[BadAccess], bool] | None = None  # True: mapped it, retry the access
+        # (begin, end) of code that may have changed: dropped from the translation cache, mapped, unmapped
+        self.code_observers: list[Callable[[int, int], None]] = []
         self._wide = ctypes.create_string_buffer(32)  # one x87 or xmm register (fxsave_image)
         self._enter_user_mode()  # before the exec state is saved: a saved context carries the CPL
         self._exec_context = self._linux_exec_state()
@@ -358,16 +360,23 @@ class Cpu:
     def mem_map(self, addr: int, size: int, prot: Prot) -> None:
         self._uc.mem_map(addr, size, int(prot))
         self.pages.set(addr, addr + size, int(prot))
+        self._code_changed(addr, addr + size)
+
+    def _code_changed(self, begin: int, end: int) -> None:
+        for observer in self.code_observers:
+            observer(begin, end)
 
     def mem_map_shared(self, addr: int, size: int, prot: Prot, pages: SharedPages, offset: int) -> None:
         """Map host memory other engines map too (MAP_SHARED); guest stores still fire the write hooks."""
         self._uc.mem_map_ptr(addr, size, int(prot), pages.address + offset)
         self.pages.set(addr, addr + size, int(prot))
+        self._code_changed(addr, addr + size)
         self._shared_pages[id(pages)] = pages  # alive as long as this engine may touch it
 
     def mem_unmap(self, addr: int, size: int) -> None:
         self._uc.mem_unmap(addr, size)  # it drops the range's code while the table still shows it
         self.pages.set(addr, addr + size, None)
+        self._code_changed(addr, addr + size)
         self._drop_grants()
 
     def _drop_grants(self) -> None:
@@ -412,6 +421,7 @@ class Cpu:
         if status != unicorn.UC_ERR_OK:
             raise binding.UcError(status)
         self._drop_grants()
+        self._code_changed(begin, end)
 
     def step(self, begin: int) -> StopReason:
         """Execute exactly one instruction at ``begin``.

@@ -42,6 +42,7 @@ class Hooks:
     def __init__(self, handle: Any) -> None:
         self._uch = handle
         self._callbacks: dict[int, object] = {}
+        self._kinds: dict[int, int] = {}  # handle -> the UC_HOOK_* bits it was added with
         self._keep: list[object] = []  # what C hooks point into or call (python_address, keep)
         self.error: BaseException | None = None  # raised in a hook, for Cpu.run to re-raise
         self.fast_front: Any = None  # the C syscall and interrupt front (_front), made with the first hook
@@ -86,11 +87,18 @@ class Hooks:
         if status != binding.OK:
             raise binding.UcError(status)
         self._callbacks[handle.value] = cfunc
+        self._kinds[handle.value] = kind
         return HookHandle(handle.value)
 
     def remove(self, hook: HookHandle) -> None:
         binding.hook_del(self._uch, ctypes.c_size_t(hook.value))
         self._callbacks.pop(hook.value, None)
+        self._kinds.pop(hook.value, None)
+
+    def installed(self, kinds: int) -> int:
+        """How many hooks added here (and not removed) have any of the UC_HOOK_* bits ``kinds``: a memory
+        hook, say, which keeps every translated load and store on Unicorn's slow path while it exists."""
+        return sum(1 for kind in self._kinds.values() if kind & kinds)
 
     def keep(self, owner: object) -> None:
         """Keep ``owner`` (whose buffers native hooks point into) alive as long as this engine."""

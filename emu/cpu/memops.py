@@ -148,7 +148,8 @@ def _stores(insn: object, word: str, rep: bool) -> tuple[tuple[MemOp, ...], bool
     if word.startswith(_UNKNOWN) or (word == "enter" and ops[1].imm != 0):
         return (), False
     if word in _STACK_PUSHES or word == "enter":
-        return (MemOp(int(Reg.RSP), disp=-(2 if opsize16 and word != "call" else 8), size=2 if opsize16 and word != "call" else 8),), True
+        size = 2 if opsize16 and word != "call" else 8
+        return (MemOp(int(Reg.RSP), disp=-size, size=size),), True
     if word in _STRING_STORES and (word != "movsd" or all(op.type == cx.X86_OP_MEM for op in ops)):  # not SSE's
         return (MemOp(int(Reg.RDI), size=_STRING_STORES[word], string=True, rep=rep,
                       addr32=0x67 in insn.prefix),), True  # type: ignore[attr-defined]

@@ -47,6 +47,7 @@ Control block layout (64-bit words, struct edges in emu/hotpath_src/verify.h), t
   rflags is read, and its value   40 the rflags register's id
   41 the open transaction's number among its site's hits
   42 the buffer of hits that repeat one Python judged (emu/hotpath/repeats.py; 0: none are held back)
+  43 the store watch (emu/hotpath/store_watch.py): the site hook has it log the site's own stores
 
 Snapshots: a uc_context_save copies the whole CPU in one memcpy, where reading the 48 registers of a
 state buffer costs a call each. The site hook saves one and reads only rip and rsp; the end of a hit
@@ -81,9 +82,9 @@ from emu.hotpath.write_log import WINDOW, WriteLog, native_hot_path
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ, START_AT, END_AT, REDZONE_AT, START_REDZONE_AT, STATE_LEN,
  KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT, CTX_SAVE, CTX_REG_READ, CTX_READ_BATCH,
  CTX_START, CTX_END, CTX_WORDS, CTX_NWORDS, CTX_RIP, CTX_RSP, START_FULL, START_FLAGS_READ, START_FLAGS,
- FLAGS_ID, HIT, REPEATS) = range(43)
+ FLAGS_ID, HIT, REPEATS, WATCH) = range(44)
 KERNEL_EXITS = ("sysret", "iret", None)  # EDGES_EXIT_*: the exit counted in UprobeStats.exits (none for an INT3)
-START = 43 * 8  # byte offsets of the buffers
+START = 44 * 8  # byte offsets of the buffers
 END = START + STATE_BYTES
 REDZONE = END + STATE_BYTES
 START_REDZONE = REDZONE + WINDOW
@@ -158,7 +159,7 @@ class NativeEdges:
     """The control block of one tracker and the C functions that use it. :meth:`create` returns
     None without the C extension: the tracker's Python hooks do the same work then."""
 
-    def __init__(self, cpu: Cpu, native: ModuleType, log: WriteLog, on_site: RawCodeHook) -> None:
+    def __init__(self, cpu: Cpu, native: ModuleType, log: WriteLog, watch: int, on_site: RawCodeHook) -> None:
         self.cpu = cpu
         self._site_code, self._ret_code = native.edges_site_hook, native.edges_ret_hook
         self._settle_return, self._read_end = native.edges_settle_return, native.edges_read_end
@@ -175,7 +176,7 @@ class NativeEdges:
         w = self.words
         w[REG_BATCH], w[MEM_READ] = native_function("uc_reg_read_batch"), native_function("uc_mem_read")
         w[PY_SITE] = cpu.hooks.python_address(on_site)
-        w[LOG] = log.address
+        w[LOG], w[WATCH] = log.address, watch
         w[NREGS], w[IDS], w[START_PTRS], w[END_PTRS] = n, base + IDS_AT, base + START_PTRS_AT, base + END_PTRS_AT
         w[START_AT], w[END_AT], w[REDZONE_AT], w[START_REDZONE_AT] = (
             base + START, base + END, base + REDZONE, base + START_REDZONE)
@@ -194,9 +195,10 @@ class NativeEdges:
             w[CTX_RIP], w[CTX_RSP], w[FLAGS_ID] = snaps.rip_offset, snaps.rsp_offset, Reg.RFLAGS
 
     @classmethod
-    def create(cls, cpu: Cpu, log: WriteLog, on_site: RawCodeHook) -> NativeEdges | None:
+    def create(cls, cpu: Cpu, log: WriteLog, watch: int, on_site: RawCodeHook) -> NativeEdges | None:
+        """``watch``: the store watch's block (StoreWatch.address)."""
         native = native_hot_path()
-        return None if native is None else cls(cpu, native, log, on_site)
+        return None if native is None else cls(cpu, native, log, watch, on_site)
 
     def add_site_hook(self, address: int, record: int) -> HookHandle:
         """The C hook at a probe site; ``record``: the site's in SiteCounters."""

@@ -9,19 +9,23 @@ it overwrites (``old``, read before the store lands), and counted in ``outside``
 settles a hit while that count is not zero, and the memory check (emu/verify/checks/memory.py) reads the
 entries.
 
-The hook is one permanent write hook over the whole address space, added only for a verified run;
-it does nothing while no transaction is open (the OPEN word). With the C extension it is C
-(emu/hotpath_src/writelog.c); without it, a Python hook does the same.
+The store watch fills it (emu/hotpath/store_watch.py): it logs an instruction's stores before the
+instruction runs; their values are read later (``complete``). It also notes an instruction
+whose stores it could not follow (``unseen``) and the first transfer out of the watched code
+(``left``). With the C extension it is C (emu/hotpath_src/writelog.c); without it, Python does the same.
 
 Buffer layout (64-bit words, then bytes; struct write_log in emu/hotpath_src/verify.h):
   0 count: stores seen since start() (it counts on past the capacity)
   1 capacity: entries the buffer holds     2 the red zone's base     3 its length
-  4, 5: uc_mem_read, uc_reg_read (for the C hook)
-  6 taken: the snapshot is taken (or not wanted)
-  7 snapshot status: what uc_mem_read returned (0: the red zone was mapped)
-  8 outside: stores since start() that landed neither in the red zone nor in the scratch below it
-  9 open: a transaction is open (the hook logs)     10 the id of rip     11 SCRATCH
-  12.. snapshot (WINDOW bytes), then the entries (pc, address, size, value, old), 40 bytes each
+  4 uc_mem_read (for the C watch)
+  5 taken: the snapshot is taken (or not wanted)
+  6 snapshot status: what uc_mem_read returned (0: the red zone was mapped)
+  7 outside: stores since start() that landed neither in the red zone nor in the scratch below it
+  8 open: a transaction is open (the watch logs)     9 SCRATCH
+  10 pending: entries from here on have no value yet     11, 12 unseen: instructions whose stores were
+  not followed, and the first one's pc     13, 14 left: the first transfer out of the watched code (pc, target)
+  15-17 a conditional branch out (pc, target, the next instruction's address): taken unless that runs next
+  18.. snapshot (WINDOW bytes), then the entries (pc, address, size, value, old), 40 bytes each
 """
 
 from __future__ import annotations
@@ -33,19 +37,14 @@ from types import ModuleType
 
 from emu import hotpath
 from emu.abi import RED_ZONE
-from emu.cpu import (
-    Cpu,
-    HookHandle,
-    RawWriteHook,
-    Reg,
-    native_function,
-)
+from emu.cpu import native_function
 
-COUNT, CAPACITY, BASE, LENGTH, MEM_READ, REG_READ, TAKEN, STATUS, OUTSIDE, OPEN, RIP_ID, SCRATCH_WORD = range(12)
-SNAPSHOT_OFFSET = 12 * 8
+COUNT, CAPACITY, BASE, LENGTH, MEM_READ, TAKEN, STATUS, OUTSIDE, OPEN, SCRATCH_WORD, PENDING, UNSEEN, UNSEEN_PC, \
+    LEFT_PC, LEFT_TO, BRANCH_PC, BRANCH_TO, BRANCH_NEXT = range(18)
+SNAPSHOT_OFFSET = 18 * 8
 WINDOW = RED_ZONE
 ENTRIES_OFFSET = SNAPSHOT_OFFSET + WINDOW
-ENTRY = struct.Struct("=QQQqQ")  # pc, address, size, value (as Unicorn passes it: signed), old (outside stores)
+ENTRY = struct.Struct("=QQQqQ")  # pc, address, size, value (the bytes stored, little-endian), old (outside stores)
 CAPACITY_ENTRIES = 256
 SCRATCH = 4096  # bytes below the red zone a design may use without a log entry (deeper ones are logged, and
 # the memory check still lets through those on the interrupted thread's own stack mapping)
@@ -67,42 +66,8 @@ class WriteLog:
         self._words[CAPACITY] = capacity
         self._words[LENGTH] = WINDOW
         self._words[MEM_READ] = native_function("uc_mem_read")
-        self._words[REG_READ] = native_function("uc_reg_read")
         self._words[TAKEN] = 1
-        self._words[RIP_ID] = Reg.RIP
         self._words[SCRATCH_WORD] = SCRATCH
-
-    def add_hook(self, cpu: Cpu, begin: int, end: int, mem: MemReader) -> tuple[HookHandle, bool]:
-        """The C hook over [begin, end], or without the C extension its Python stand-in, which
-        reads guest memory with ``mem``. True: C."""
-        native = native_hot_path()
-        if native is None:
-            return cpu.hooks.add_raw_mem_write(self._python_hook(cpu, mem), begin, end), False
-        return cpu.hooks.add_native_mem_write(native.writelog_hook, ctypes.addressof(self._buf), begin, end), True
-
-    def _python_hook(self, cpu: Cpu, mem: MemReader) -> RawWriteHook:
-        """What writelog.c does, in Python."""
-        words = self._words
-
-        def on_write(_uc: object, _access: int, addr: int, size: int, value: int, _ud: object) -> bool:
-            try:
-                if not words[OPEN]:
-                    return True
-                base = words[BASE]
-                where = classify(addr, size, base)
-                if where == 1:
-                    return True
-                if where == 2:  # not landed yet: the bytes it overwrites
-                    self.record(cpu.read(Reg.RIP), addr, size, value, mem(addr, size) or bytes(size))
-                    return True
-                if not words[TAKEN]:  # the first store into it, not landed yet: the red zone as it was
-                    self.set_snapshot(mem(base, WINDOW))
-                self.record(cpu.read(Reg.RIP), addr, size, value)
-            except BaseException as exc:
-                cpu.hooks.raised(exc)
-            return True
-
-        return on_write
 
     @property
     def address(self) -> int:
@@ -117,12 +82,18 @@ class WriteLog:
         words[BASE] = base
         words[TAKEN] = 0 if snapshot_wanted else 1
         words[STATUS] = 0
-        words[OUTSIDE] = 0
+        words[OUTSIDE] = words[PENDING] = words[UNSEEN] = words[UNSEEN_PC] = words[LEFT_PC] = words[LEFT_TO] = 0
+        words[BRANCH_PC] = 0
         words[OPEN] = 1
 
     def close(self) -> None:
         """No transaction is open: the hook logs nothing until the next start()."""
         self._words[OPEN] = 0
+
+    @property
+    def base(self) -> int:
+        """The red zone's lowest address."""
+        return self._words[BASE]
 
     @property
     def is_open(self) -> bool:
@@ -136,6 +107,68 @@ class WriteLog:
     @property
     def count(self) -> int:
         return self._words[COUNT]
+
+    @property
+    def flagged(self) -> bool:
+        """The watch saw a store, or something it could not follow, since start() or the last take()."""
+        w = self._words
+        return bool(w[COUNT] or w[UNSEEN] or w[LEFT_PC] or w[BRANCH_PC])
+
+    @property
+    def unseen(self) -> tuple[int, int]:
+        """(instructions whose stores the watch could not follow, the first one's pc)."""
+        return self._words[UNSEEN], self._words[UNSEEN_PC]
+
+    @property
+    def left(self) -> tuple[int, int] | None:
+        """(pc, target) of the first transfer out of the watched code, if any."""
+        w = self._words
+        return (w[LEFT_PC], w[LEFT_TO]) if w[LEFT_PC] else None
+
+    def note_unseen(self, pc: int) -> None:
+        w = self._words
+        if not w[UNSEEN]:
+            w[UNSEEN_PC] = pc
+        w[UNSEEN] += 1
+
+    def note_left(self, pc: int, target: int) -> None:
+        w = self._words
+        if not w[LEFT_PC]:
+            w[LEFT_PC], w[LEFT_TO] = pc, target
+
+    def note_branch(self, pc: int, target: int, after: int) -> None:
+        """A conditional branch out of the watched code: taken unless ``after`` runs next."""
+        w = self._words
+        w[BRANCH_PC], w[BRANCH_TO], w[BRANCH_NEXT] = pc, target, after
+
+    def resolve_branch(self, address: int | None) -> None:
+        """The watched instruction at ``address`` runs next (None: none did, the log is read): the
+        pending conditional branch out was taken unless it is the one right after it."""
+        w = self._words
+        if w[BRANCH_PC]:
+            if address != w[BRANCH_NEXT]:
+                self.note_left(w[BRANCH_PC], w[BRANCH_TO])
+            w[BRANCH_PC] = 0
+
+    def pending_overlaps(self, addr: int, size: int) -> bool:
+        """A logged store whose value is not read yet lies in [addr, addr + size)."""
+        w = self._words
+        for i in range(w[PENDING], min(w[COUNT], w[CAPACITY])):
+            _pc, at, n, _value, _old = ENTRY.unpack_from(self._bytes, ENTRIES_OFFSET + ENTRY.size * i)
+            if at < addr + size and addr < at + n:
+                return True
+        return False
+
+    def complete(self, read: MemReader) -> None:
+        """Each logged store's value, read now that it has run (watch_complete in C; ``read`` reads guest memory)."""
+        self.resolve_branch(None)
+        w = self._words
+        for i in range(w[PENDING], min(w[COUNT], w[CAPACITY])):
+            at = ENTRIES_OFFSET + ENTRY.size * i
+            pc, addr, size, _value, old = ENTRY.unpack_from(self._bytes, at)
+            stored = (read(addr, size) or bytes(size)).ljust(8, b"\0")
+            ENTRY.pack_into(self._bytes, at, pc, addr, size, int.from_bytes(stored, "little", signed=True), old)
+        w[PENDING] = w[COUNT]
 
     def snapshot(self) -> bytes | None:
         """The window as it was before the first store into it; None if it could not be read
@@ -151,7 +184,8 @@ class WriteLog:
         count, capacity = words[COUNT], words[CAPACITY]
         kept = min(count, capacity)
         entries = self._bytes[ENTRIES_OFFSET : ENTRIES_OFFSET + ENTRY.size * kept].tobytes()
-        words[COUNT] = words[OUTSIDE] = 0
+        words[COUNT] = words[OUTSIDE] = words[PENDING] = words[UNSEEN] = words[UNSEEN_PC] = words[LEFT_PC] = 0
+        words[LEFT_TO] = 0
         return entries, count > capacity
 
     @property
@@ -168,8 +202,8 @@ class WriteLog:
         self._words[TAKEN] = 1
 
     def record(self, pc: int, addr: int, size: int, value: int, old: bytes | None = None) -> None:
-        """What the C hook does after the snapshot, for a Python hook; ``old``: the bytes an
-        outside store overwrites (None: a store into the red zone)."""
+        """What the C watch does after the snapshot, for the Python one; ``old``: the bytes an
+        outside store overwrites (None: a store into the red zone); ``value``: 0 until complete()."""
         words = self._words
         count = words[COUNT]
         if old is not None:

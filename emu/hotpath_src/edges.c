@@ -30,10 +30,12 @@ static void settle(struct edges *e)
     log_of(e)->open = 0;
 }
 
-/* No store landed outside the red zone and the scratch (else the memory check needs Python). */
+/* No store landed outside the red zone and the scratch, every store was seen and control stayed in
+ * the watched code (else the memory or the resume check needs Python). */
 static int nothing_outside(const struct edges *e)
 {
-    return log_of(e)->outside == 0;
+    const struct write_log *log = log_of(e);
+    return log->outside == 0 && log->unseen == 0 && log->left_pc == 0;
 }
 
 /* ---------------------------------------------------------------- the state at the two edges
@@ -138,6 +140,7 @@ static int redzone_as_at_start(uc_engine *uc, struct edges *e)
     }
     if (start == NULL || read_memory(uc, e, STATE_RSP(e->start) - log->length, e->redzone, log->length))
         return 0;
+    watch_complete_from(uc, log_of(e), AS_PTR(uint8_t, e->redzone)); /* the evidence repeats.c compares */
     return memcmp(start, AS_PTR(void, e->redzone), log->length) == 0 || repeats_judged_hit(uc, e, start);
 }
 
@@ -177,11 +180,14 @@ static void edges_site_hook(uc_engine *uc, uint64_t address, uint32_t size, void
     e->site = address;
     e->seq++;
     e->state = EDGES_OPEN;
-    log->count = 0;
+    log->count = log->pending = 0;
     log->base = base;
     log->status = 0;
-    log->outside = 0;
+    log->outside = log->unseen = log->unseen_pc = log->left_pc = log->left_to = log->branch_pc = 0;
     log->open = 1;
+    struct store_watch *w = AS_PTR(struct store_watch, e->watch);
+    if (w != NULL)
+        watch_instruction(uc, w, address, size); /* the site's own stores: a call's return address */
 }
 
 /* At a trampoline's ret: user data is the block. */
@@ -264,6 +270,7 @@ static PyObject *edges_settle_compared(PyObject *module, PyObject *const *args, 
     uc_engine *uc = ENGINE(a[0]);
     struct edges *e = AS_PTR(struct edges, a[1]);
     fill_start(e); /* the comparison's spans read the start buffer */
+    watch_complete(uc, log_of(e));
     read_state(uc, e, e->end_ptrs);
     int ok = nothing_outside(e) && read_memory(uc, e, a[2], e->redzone, log_of(e)->length) == 0;
     for (const struct comparison_op *op = AS_PTR(struct comparison_op, a[3]); ok && op->length; op++)

@@ -1,5 +1,5 @@
-/* The verifiers' control blocks, shared by writelog.c and edges.c (emu/hotpath/write_log.py and
- * native_edges.py lay them out from Python: every field is a 64-bit word, pointers included, so
+/* The verifiers' control blocks, shared by writelog.c and edges.c (emu/hotpath/write_log.py,
+ * store_watch.py and edges.py lay them out from Python: every field is a 64-bit word, pointers included, so
  * that Python reads and writes them through one memoryview of words).
  */
 #ifndef UPROBE_EMU_VERIFY_H
@@ -7,7 +7,7 @@
 
 #include "hotpath.h"
 
-/* One logged store: (pc, address, size, value as Unicorn passes it, the bytes an outside store overwrites). */
+/* One logged store: (pc, address, size, the value it stored, the bytes an outside store overwrites). */
 struct log_entry {
     uint64_t pc, address, size;
     int64_t value;
@@ -21,16 +21,57 @@ struct write_log {
     uint64_t base;      /* the red zone's lowest address */
     uint64_t length;    /* the red zone's length (the snapshot's) */
     uint64_t mem_read;  /* uc_mem_read_fn */
-    uint64_t reg_read;  /* uc_reg_read_fn */
     uint64_t taken;     /* the snapshot is taken (or not wanted) */
     uint64_t status;    /* what uc_mem_read returned for the snapshot (0: read) */
     uint64_t outside;   /* stores that landed neither in the red zone nor in the scratch below it */
-    uint64_t open;      /* a transaction is open: the hook logs (else it returns at once) */
-    uint64_t rip_id;    /* UC_X86_REG_RIP */
+    uint64_t open;      /* a transaction is open: the watch logs (else it returns at once) */
     uint64_t scratch;   /* bytes below the red zone a design may store into without an entry */
+    uint64_t pending;   /* entries from here on have their value still to read (their store has not run yet) */
+    uint64_t unseen;    /* instructions whose stores the watch could not follow (emu/cpu/memops.py) */
+    uint64_t unseen_pc; /* ... the first of them */
+    uint64_t left_pc, left_to; /* the first transfer out of the watched code before the resume (0: none) */
+    uint64_t branch_pc, branch_to, branch_next; /* a conditional branch out: taken unless branch_next runs
+                                                   next (when the log is read, it was taken) */
     uint8_t snapshot[128]; /* the red zone before the first store into it (length bytes of it) */
     struct log_entry entries[];
 };
+
+/* The store watch (emu/hotpath/store_watch.py): a code hook over the code a hit runs that logs
+ * each instruction's stores from formulas decoded once (emu/cpu/memops.py). */
+struct watch_op {
+    uint64_t base, index, scale, disp, size, segment, flags; /* registers by Unicorn id, 0: none */
+};
+enum { WATCH_OP_REP = 1, WATCH_OP_ADDR32 = 2 };
+enum { WATCH_OPS = 3 }; /* up to two stores, then an indirect branch's memory operand */
+struct watch_record {
+    uint64_t pc;     /* 0: an empty slot (Python empties the slots of code that changes) */
+    uint64_t length;
+    uint64_t flags;  /* WATCH_KNOWN, WATCH_CONDITIONAL */
+    uint64_t transfer; /* WATCH_T_* */
+    uint64_t target;   /* DIRECT: the address; INDIRECT_REG: the register's id */
+    uint64_t nstores;
+    struct watch_op ops[WATCH_OPS];
+    uint64_t pad[5];
+};
+enum { WATCH_KNOWN = 1, WATCH_CONDITIONAL = 2 };
+enum { WATCH_T_NONE, WATCH_T_DIRECT, WATCH_T_REG, WATCH_T_MEM, WATCH_T_RETURN, WATCH_T_KERNEL };
+enum { WATCH_RANGE_NO_EXITS = 1 }; /* a range whose transfers the kernel answers for (the out-of-line step) */
+struct store_watch {
+    uint64_t log;        /* struct write_log * */
+    uint64_t reg_read, mem_read; /* uc_reg_read_fn, uc_mem_read_fn */
+    uint64_t decode;     /* hook_code_fn: Python fills the record of an instruction the table lacks */
+    uint64_t table, shift; /* struct watch_record *, 1 << (64 - shift) slots */
+    uint64_t nranges, ranges; /* (start, end, flags) of the code watched */
+    uint64_t decoded;    /* records Python filled */
+    uint64_t rcx;        /* UC_X86_REG_RCX: a rep store's count */
+};
+
+/* In writelog.c, for edges.c: one instruction about to run, at a site or in the watched code. */
+void watch_instruction(uc_engine *uc, struct store_watch *w, uint64_t address, uint32_t size);
+/* ... and the values of the stores logged so far, read now that they have run: those in the red zone
+ * from window (its bytes now; NULL: read them). */
+void watch_complete(uc_engine *uc, struct write_log *log);
+void watch_complete_from(uc_engine *uc, struct write_log *log, const uint8_t *window);
 
 /* The edges' control block (emu/hotpath/edges.py). */
 struct edges {
@@ -66,6 +107,7 @@ struct edges {
     uint64_t flags_id;           /* UC_X86_REG_EFLAGS */
     uint64_t hit;                /* the open transaction's number among its site's hits */
     uint64_t repeats;            /* struct repeats * (0: Python judges every hit C cannot settle) */
+    uint64_t watch;              /* struct store_watch * */
 };
 
 /* A hit's evidence, when C could not settle it only because its red zone differs from the start:

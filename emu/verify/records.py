@@ -57,6 +57,8 @@ class Transaction:
     exits_after: Mapping[str, int] = MappingProxyType({})
     outside = False  # a store landed outside the red zone and the scratch below it (the memory check)
     kernel_stores: tuple[tuple[int, bytes, bytes], ...] = ()  # (address, old, new) of the kernel's writes there
+    unseen: tuple[int, int] = (0, 0)  # instructions whose stores the watch could not follow, and the first's pc
+    left: tuple[int, int] | None = None  # (pc, target) of the first transfer out of the watched code
 
     def __init__(self, at: ProbeSite, hit: int, start_raw: bytes, exits_before: Mapping[str, int]) -> None:
         self.at, self.site, self.nop, self.hit, self.start_raw = at, at.address, at.nop, hit, start_raw

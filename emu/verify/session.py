@@ -10,10 +10,10 @@ from emu.cpu.effects import Prepared, ReferenceCache
 from emu.cpu.scratch import ScratchCpu
 from emu.disasm import insn_text
 from emu.errors import UsageError
-from emu.verify.checks.memory import check_memory
+from emu.verify.checks.memory import check_memory, check_unseen
 from emu.verify.checks.redzone import check_redzone
 from emu.verify.checks.regs import check_consumer_view, check_regs
-from emu.verify.checks.resume import check_fired, check_resume
+from emu.verify.checks.resume import check_fired, check_left, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
 from emu.verify.records import ProbeSite, Transaction, violation
 from emu.verify.tracker import TransactionTracker
@@ -120,7 +120,9 @@ class VerifySession:
         found: list[Violation] = []
         effect = None if tx.prepared is None else tx.prepared.effect
         if self._resume:
-            found += check_fired(tx)
+            found += check_fired(tx) + check_left(tx)
+        if self._memory:
+            found += check_unseen(tx, self._describe)
         if tx.chain is None and effect is not None and not tx.outside and effect.settles(tx):
             return found  # the common case of a hit that is not a NOP, settled from the cache
         exp = expected_outcome(tx, self.references)

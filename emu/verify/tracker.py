@@ -33,21 +33,21 @@ from emu.hotpath.edges import (
     NativeEdges,
     SiteCounters,
 )
+from emu.hotpath.store_watch import StoreWatch
 from emu.hotpath.write_log import SCRATCH, WriteLog
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
 from emu.kernel.uprobes.insn import Kind
-from emu.kernel.uprobes.records import Uprobe
+from emu.kernel.uprobes.records import XOL_NAME, Uprobe
 from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.checks.memory import outside_the_hits_share
 from emu.verify.records import Finished, Prepare, ProbeSite, Transaction
 from emu.verify.resume import ResumeWatch
 from emu.verify.threads import ThreadWatch
-from emu.vma import WatchedBackend
+from emu.vma import KERNEL_SIDE, Vma, WatchedBackend
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine
 
-ADDRESS_SPACE_END = (1 << 64) - 1
 _QWORD = struct.Struct("<Q")
 
 
@@ -72,9 +72,13 @@ class TransactionTracker:
         self._site_hooks: list[HookHandle] = []
         self.threads = ThreadWatch(self)
         self.log = WriteLog()
-        self._native_log = self.log.add_hook(self.cpu, 0, ADDRESS_SPACE_END, self.raw.mem)[1]
-        # the C site and ret hooks, where the write log is C too; without them, Python hooks do their work
-        self.edges = NativeEdges.create(self.cpu, self.log, self._on_site) if self._native_log else None
+        self.watch = StoreWatch(self.cpu, self.log, self.raw.mem)  # the stores of the code a hit runs
+        self._site_ranges: list[tuple[int, int]] = []
+        for vma in self.mem:
+            self._watch_kernel_code(vma)
+        self.mem.map_observers.append(self._watch_kernel_code)
+        # the C site and ret hooks, where the watch is C too; without them, Python hooks do their work
+        self.edges = NativeEdges.create(self.cpu, self.log, self.watch.address, self._on_site) if self.watch.native else None
         if self.edges is not None:
             self.cpu.hooks.before_syscall.append(self._before_kernel)
             self.cpu.hooks.before_interrupt.append(self._before_kernel)
@@ -99,6 +103,12 @@ class TransactionTracker:
             self._mirrored = [self._on_chain, self._before_step, self._before_kernel, *self.resume.observers]
             machine.uprobes.fast.verifier = self
             hotpath.touch()
+
+    def _watch_kernel_code(self, vma: Vma) -> None:
+        """The kernel's pages for uprobes hold the code a hit runs: the trampoline, the slots, the
+        out-of-line step (whose branches the kernel answers for) and the return trampoline."""
+        if vma.name in KERNEL_SIDE:
+            self.watch.watch(vma.start, vma.end, exits_free=vma.name == XOL_NAME)
 
     @property
     def active(self) -> Transaction | None:
@@ -259,6 +269,13 @@ class TransactionTracker:
                 original = uprobe.insn.raw
                 self._by_site[addr] = ProbeSite(att.resolved.spec.text, uprobe, addr, original,
                                                 uprobe.insn.kind is Kind.NOP, addr + len(original), len(self._by_site))
+        for start, end in self._site_ranges:
+            self.watch.unwatch(start, end)
+        # a patched site may hold more than one instruction (nop10's lea; call): the site hook watches
+        # the first, these the rest
+        self._site_ranges = [(site + 1, site + len(at.original)) for site, at in self._by_site.items()]
+        for start, end in self._site_ranges:
+            self.watch.watch(start, end)
         edges = self.edges
         self._counters = SiteCounters(len(self._by_site), 0 if edges is None else edges.address)
         hotpath.touch()  # the C syscall front's site facts (site_facts) are of the old sites
@@ -284,6 +301,7 @@ class TransactionTracker:
                 return  # detached: the original instruction runs, nothing to verify
             tx = self.active = Transaction(at, self._counters.count_hit(at.index), self.raw.read(), dict(self._exits))
             self.log.start(tx.redzone_base, snapshot_wanted=True)
+            self.watch.instruction(addr, _size)  # the site's own stores (a call's return address)
         except BaseException as exc:
             self.cpu.hooks.raised(exc)
 
@@ -319,8 +337,9 @@ class TransactionTracker:
         self._active = None  # abandon(), inline
         if self._edge_words is not None:
             self._edge_words[STATE] = IDLE
+        self.watch.complete()
         self.log.close()
-        if self.log.count:
+        if self.log.flagged:
             self.keep_log(tx)
         self._count += 1
         if rsp is None:
@@ -329,7 +348,7 @@ class TransactionTracker:
         if redzone is None and before is not None:
             redzone = self.redzone(tx.redzone_base) if tx.redzone_changed else before
         if (tx.nop and resume == tx.at.next and rsp == tx.start_rsp and tx.chain is None and not tx.outside
-                and tx.path is not None
+                and tx.path is not None and not tx.unseen[0] and tx.left is None
                 and raw[RAW_KEPT:] == tx.start_raw[RAW_KEPT:] and (before is None or redzone == before)):
             return  # a NOP site left exactly as it was, resumed right after it: no check can find anything
         if redzone is None:  # nothing wrote into it, or nothing read it yet
@@ -359,6 +378,8 @@ class TransactionTracker:
     def _on_kernel_write(self, addr: int, data: bytes) -> None:
         """The fake kernel is about to write guest memory: keep what the red-zone and memory checks need."""
         edges, words, size = self.edges, self._edge_words, len(data)
+        if self.log.is_open:
+            self.watch.complete()  # the guest's last stores, before the kernel writes over them
         if edges is not None and edges.repeats is not None:
             edges.repeats.disarm()  # it may be rewriting code a verdict held back names
         if words is not None and not words[STATE]:
@@ -397,11 +418,17 @@ class TransactionTracker:
             tx.redzone_changed = True
 
     def keep_log(self, tx: Transaction) -> None:
-        """Move the stores the write log holds into ``tx``."""
-        if self.log.count:
-            tx.outside |= self.log.outside != 0
+        """Move the stores the write log holds, and what the watch could not follow, into ``tx``."""
+        log = self.log
+        if log.flagged:
+            self.watch.complete()
+            tx.outside |= log.outside != 0
+            unseen, first = log.unseen
+            if unseen:
+                tx.unseen = (tx.unseen[0] + unseen, tx.unseen[1] or first)
+            tx.left = tx.left or log.left
             self.fold_log(tx)
-            entries, overflowed = self.log.take()
+            entries, overflowed = log.take()
             tx.logged += (entries,)
             tx.unrecorded |= overflowed
 

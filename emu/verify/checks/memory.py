@@ -67,6 +67,16 @@ def outside_writes(tx: Transaction, mem: Memory, describe: Callable[[int], str])
     return written
 
 
+def check_unseen(tx: Transaction, describe: Callable[[int], str]) -> list[Violation]:
+    """An instruction of the hit whose stores cannot be told from its text (emu/cpu/memops.py): the
+    check cannot say what it wrote, so it says that."""
+    count, pc = tx.unseen
+    if not count:
+        return []
+    return [violation(Check.MEMORY, tx, f"the stores of {count} instruction(s) could not be followed, the first "
+                       f"at {pc:#x}: {describe(pc)}", path=path_name(tx))]
+
+
 def check_memory(tx: Transaction, exp: Expected, read: Reader, mem: Memory,
                  describe: Callable[[int], str]) -> list[Violation]:
     if not tx.outside:

@@ -17,6 +17,17 @@ def check_fired(tx: Transaction) -> list[Violation]:
                        expected="the handler chain", actual=hex(tx.end_addr), exits=tx.exits)]
 
 
+def check_left(tx: Transaction) -> list[Violation]:
+    """Control went from the hit's code (the site, the kernel's pages) to other code before the hit
+    resumed: whatever ran there was not watched (emu/hotpath/store_watch.py). Resuming by a jump is
+    no such case."""
+    if tx.left is None or tx.left[1] == tx.at.next:
+        return []
+    pc, to = tx.left
+    return [violation(Check.RESUME, tx, f"left the hit's code at {pc:#x} for {to:#x} before resuming: what ran "
+                       "there went unwatched", expected=hex(tx.at.next), actual=hex(to), path=path_name(tx))]
+
+
 def check_resume(tx: Transaction, exp: Expected) -> list[Violation]:
     want, got = resume_address(exp), tx.end_addr
     if want == got:
