@@ -67,7 +67,7 @@ def run_count(cpu: Cpu, start: int, end: int, most: int) -> int:
 
 
 class InsnCounter(Protocol):
-    """What the machine uses: the total, the limit (None: none) and a counted Cpu.run."""
+    """What the machine uses: the total, the limit (None: none), a counted Cpu.run and a time slice."""
 
     hit_limit: bool
 
@@ -81,6 +81,8 @@ class InsnCounter(Protocol):
     def limit(self, value: int | None) -> None: ...
 
     def run(self, begin: int, timeout_us: int = 0, count: int = 0) -> StopReason: ...
+
+    def run_slice(self, begin: int, timeout_us: int, quantum: int) -> StopReason: ...
 
 
 class _Counter:
@@ -112,7 +114,7 @@ class _Counter:
         """Cpu.run, counted; a run the limit stops ends exactly at the limit (``hit_limit``)."""
         self.stopped = False  # (a run a hook's exception ended may have left it set)
         reason = self.cpu.run(begin, timeout_us=timeout_us, count=count)
-        if not self.stopped or self._limit is None:
+        if not self.stopped or self._limit is None or self.stop_at != self._limit:
             return reason
         self.stopped = False
         left = self._limit - self.total
@@ -120,6 +122,17 @@ class _Counter:
             reason = self._run_exactly(left, timeout_us)
         self.hit_limit = self.total >= self._limit
         return reason
+
+    def run_slice(self, begin: int, timeout_us: int, quantum: int) -> StopReason:
+        """A time slice: Cpu.run, counted, stopped before the block that would take the total more than
+        ``quantum`` past where it is (or at the limit, exactly, if that comes first)."""
+        end = self.total + quantum
+        if end < self.stop_at:
+            self.stop_at = end
+        try:
+            return self.run(begin, timeout_us)
+        finally:
+            self.stop_at = NO_LIMIT if self._limit is None else self._limit
 
     def _run_exactly(self, n: int, timeout_us: int) -> StopReason:
         """Up to ``n`` instructions of the block the hook did not let run (n is less than its count),

@@ -9,11 +9,12 @@ import errno
 import time
 from typing import TYPE_CHECKING
 
+from emu import hotpath
 from emu.abi import SI_KERNEL, Signal
 from emu.cpu import Access, Cpu, Reg, StopReason
 from emu.disasm import describe_insn
 from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, MemoryFault
-from emu.icount import InsnCounter
+from emu.icount import InsnCounter, make_counter
 from emu.kernel.dispatch import SYSCALL_INSN_LEN, Kernel
 from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, PollOthers, ProcessSuspended, WouldBlock
 from emu.kernel.fork import Family, wait_status
@@ -85,6 +86,7 @@ class RunLoop:
         self._process_slice = False  # the last slice was counted because another process could run
         self._waiting = False  # stopped in a syscall that waits: it restarts when the process runs on
         self.spurious_stops = 0  # emu_start returns with nothing to report (see _spurious_stop)
+        self._slicer: InsnCounter | None = None  # the block counter of process slices (_process_slice_counter)
 
     # ------------------------------------------------------------ entry points
     def run_first(self, entry: int, start: float) -> Outcome:
@@ -190,10 +192,10 @@ class RunLoop:
         """Run the current thread until something other than a deferred kernel action (an XOL step)
         stops the CPU; with several threads, for at most one scheduler slice of instructions.
 
-        Slices are counted exactly (Unicorn's count), not per block as --json is: races are found by
-        preempting a thread inside a probe site (small quanta, tests/test_uprobe_race.py), which
-        block granularity cannot do; and a block hook in every process would cost more than the
-        count where the hooks are Python."""
+        A thread's slices are counted exactly (Unicorn's count), not per block as --json is: races
+        are found by preempting a thread inside a probe site (small quanta, tests/test_uprobe_race.py),
+        which block granularity cannot do. A process's slice, while another process can run, is
+        counted per block where the C extension runs (_process_slice_counter)."""
         process = self.process
         kernel, cpu, counter = process.kernel, process.cpu, process.counter
         sched = kernel.sched
@@ -210,9 +212,13 @@ class RunLoop:
             fast = process.uprobes.fast
             if fast is not None:  # the C hot path takes counting-only hits while nothing watches them
                 fast.sync(kernel.tracer is not None)
+            slicer = self._process_slice_counter() if self._process_slice else None
             run = cpu.run if counter is None else counter.run
             try:
-                reason = run(pc, timeout_us=remaining, count=count)
+                if slicer is not None:
+                    reason = slicer.run_slice(pc, remaining, count)
+                else:
+                    reason = run(pc, timeout_us=remaining, count=count)
             finally:
                 self.fold_fast()
             sched.current.pc = cpu.read(Reg.RIP)
@@ -222,6 +228,22 @@ class RunLoop:
             pc = sched.current.pc = cpu.read(Reg.RIP)
             if sched.switch_requested:
                 return reason
+
+    def _process_slice_counter(self) -> InsnCounter | None:
+        """What counts a process's slice while another process is runnable: with the C extension, a
+        block counter (the process's own for --json or --max-insns, else one made on the first
+        shared slice), which costs a C call a block where Unicorn's exact count costs a hook call an
+        instruction; without it, Unicorn's count (a Python block hook would cost more). Process slices
+        need no exact end: only threads are preempted inside a probe site (emu/race/)."""
+        if hotpath.native is None:
+            return None
+        counter = self.process.counter
+        if counter is None:
+            if self._slicer is None:
+                self._slicer = make_counter(self.process.cpu, None)
+                self.process.cpu.flush_all_code()  # a block translated before has no call to its hook
+            counter = self._slicer
+        return counter
 
     def _at_limit(self) -> bool:
         counter = self.process.counter

@@ -3,6 +3,8 @@ of the probes (the copied text, duplicated return instances, not 6.18's [uprobes
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from conftest import GuestKernel, run_emulated, run_native, sample, symbol_file_offset
 
@@ -197,3 +199,33 @@ def test_probes_by_spec_install_in_an_execd_image_and_its_libraries() -> None:
     assert bytes(machine.io.out) == b"hello, world\nfrom-exec\necho: exited 0\n"
     assert on_exe.summary()["hits"] == 1  # hello's main, in the child dash forked and that exec'd hello
     assert on_lib.summary()["hits"] >= 1  # echo's write, after ld.so mapped libc in the grandchild
+
+
+@pytest.mark.parametrize("python", [False, True])
+def test_process_slices_are_counted_per_block_with_the_c_extension(monkeypatch: pytest.MonkeyPatch,
+                                                                  python: bool) -> None:
+    """While another process can run, a process runs a slice of instructions. With the C extension a
+    block counter ends it (Unicorn's exact count costs a hook call an instruction); without, the count
+    does. Either way the run is deterministic: two runs switch at the same points."""
+    from conftest import python_hot_path_forced
+
+    from emu.cpu import Cpu
+    from emu.runloop import PROCESS_QUANTUM
+
+    counts: list[int] = []
+    real_run = Cpu.run
+
+    def recording(self: Cpu, begin: int, timeout_us: int = 0, count: int = 0) -> object:
+        counts.append(count)
+        return real_run(self, begin, timeout_us=timeout_us, count=count)
+
+    monkeypatch.setattr(Cpu, "run", recording)
+    script = "seq 1 3000 | sort -rn | head -2"
+    with python_hot_path_forced(monkeypatch) if python else contextlib.nullcontext():
+        first = run_emulated(["/bin/sh", "-c", script], ENV)
+        first_counts, counts[:] = list(counts), []
+        second = run_emulated(["/bin/sh", "-c", script], ENV)
+    assert first.out == second.out == b"3000\n2999\n"
+    assert first_counts == counts  # the same slices, in the same order
+    assert any(counts) == python  # Unicorn's count only without the C extension
+    assert not python or PROCESS_QUANTUM in counts  # (this pipeline does run process slices)
