@@ -8,12 +8,15 @@ by signal (returncode -signo) is reported as 128+signo, the way the emulator rep
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -60,6 +63,17 @@ def sample(name: str) -> str:
     path = SAMPLES_DIR / name
     assert path.is_file(), f"missing sample {path}"
     return str(path)
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """benchmarks/NAME.py imported as a module (a script there puts benchmarks/ on sys.path itself)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _resolve_program(argv: Sequence[str], env: Mapping[str, str]) -> str:

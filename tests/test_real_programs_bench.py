@@ -3,18 +3,12 @@ prints natively (a fast wrong answer is refused), and the ratios are the best ti
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_script
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "real_programs.py"
-_spec = importlib.util.spec_from_file_location("real_programs", _PATH)
-assert _spec is not None and _spec.loader is not None
-real_programs = importlib.util.module_from_spec(_spec)
-sys.modules["real_programs"] = real_programs
-_spec.loader.exec_module(real_programs)
+real_programs = benchmark_script("real_programs")
 
 SHORT_LOOP = real_programs.Command("store_loop (no libc)", (real_programs.STORE_LOOP, "200000"))
 

@@ -4,22 +4,17 @@ run's growth over the unprobed one's."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import benchmark_script
 
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "sparse_hits.py"
-_spec = importlib.util.spec_from_file_location("sparse_hits", _PATH)
-assert _spec is not None and _spec.loader is not None
-sparse_hits = importlib.util.module_from_spec(_spec)
-sys.modules["sparse_hits"] = sparse_hits
-_spec.loader.exec_module(sparse_hits)
+sparse_hits = benchmark_script("sparse_hits")
 callgrind = sys.modules["callgrind"]  # sparse_hits put benchmarks/ on sys.path and imported it
 
 ROUNDS = 7
