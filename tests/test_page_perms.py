@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import run_emulated, run_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -142,3 +143,22 @@ def test_a_program_that_never_faults_arms_no_hook() -> None:
     assert m.run().exit_status == 0
     assert m.cpu.pages.arms == 0
     assert m.cpu.pages.fills > 0
+
+
+CTYPES_CALLBACKS = """
+import ctypes
+compare = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
+libc = ctypes.CDLL(None)
+for sign in (1, -1, 1):  # a new libffi closure each round: its trampoline is code made at run time
+    numbers = (ctypes.c_int * 8)(5, 3, 7, 1, 8, 2, 6, 4)
+    libc.qsort(numbers, 8, 4, compare(lambda a, b, s=sign: (a[0] - b[0]) * s))
+    print(list(numbers))
+"""
+
+
+def test_python_s_ctypes_callbacks_run_as_natively() -> None:
+    """libffi's closures: code python3.11 makes at run time, called back from C."""
+    argv = ["/usr/bin/python3.11", "-c", CTYPES_CALLBACKS]
+    emulated = run_emulated(argv, {})
+    assert emulated.observed() == run_native(argv, {}).observed()
+    assert emulated.out.splitlines()[1] == b"[8, 7, 6, 5, 4, 3, 2, 1]"
