@@ -14,7 +14,7 @@ from emu.abi import Prot
 from emu.cpu import Cpu, Reg
 from emu.designs import Design, get_design
 from emu.disasm import describe_insn
-from emu.elf import LoadPlan, load_plan
+from emu.elf import LoadPlan, load_executable
 from emu.guestio import GuestIO
 from emu.icount import InsnCounter, make_counter
 from emu.kernel.dispatch import Kernel
@@ -29,7 +29,7 @@ from emu.loader import LoadedImage
 from emu.loading import ProcessImage, executable, install_stdio, load_process, replace_image, reset_registers
 from emu.memory import Memory
 from emu.runloop import RunLoop
-from emu.runtypes import Ending, Outcome, RunOptions, RunResult
+from emu.runtypes import Budget, Ending, Outcome, RunOptions, RunResult
 from emu.vma import Vma
 
 if TYPE_CHECKING:  # probes, their attachment and threads load on first use: a plain run of a binary needs none
@@ -67,12 +67,11 @@ class Machine:
         self.kernel.tracer = self.options.strace
         self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         envp = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else list(env)
-        self.image: ProcessImage = load_process(self.kernel, self.mem, self.layout, path, load_plan(path), argv, envp,
+        self.image: ProcessImage = load_process(self.kernel, self.mem, self.layout, path, load_executable(path), argv, envp,
                                                 self.options)
         install_stdio(self.kernel, self.io)
-        self.counter: InsnCounter | None = (
-            make_counter(self.cpu, self.options.max_insns) if self.options.count_insns or self.options.max_insns else None
-        )
+        self.counter: InsnCounter | None = self._new_counter()
+        self.budget = Budget(self.options.timeout_s, self.options.max_insns)  # Machine.run starts it anew
         self.design: Design = get_design(self.options.design)
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.family = Family()
@@ -122,6 +121,11 @@ class Machine:
     def entry_sp(self) -> int:
         return self.image.entry_sp
 
+    def _new_counter(self) -> InsnCounter | None:
+        """The process's instruction counter, if the run counts (--json, --max-insns)."""
+        options = self.options
+        return make_counter(self.cpu, options.max_insns) if options.count_insns or options.max_insns else None
+
     # ------------------------------------------------------------- processes
     @classmethod
     def _forked(cls, parent: Machine, pid: int, args: CloneArgs) -> Machine:
@@ -138,7 +142,8 @@ class Machine:
         fork_kernel_state(parent.kernel, self.kernel, args)
         adopt_vdso(self.mem, self.kernel.clock)
         self.image, self.layout, self.execs = parent.image, parent.layout, parent.execs
-        self.counter = None
+        self.counter = self._new_counter()  # the run's --max-insns counts every process's instructions
+        self.budget = parent.budget  # one budget for every process of the run
         self.design = parent.design
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.uprobes.probes = dict(parent.uprobes.probes)  # uprobes live on the inode: the copied text keeps them
@@ -255,9 +260,10 @@ class Machine:
     # --------------------------------------------------------------- running (emu/runloop.py)
     def run(self) -> RunResult:
         start = time.perf_counter()
+        self.budget = Budget(self.options.timeout_s, self.options.max_insns, start)
         reset_registers(self.cpu, self.entry_sp)
         self.family.add(self.kernel.ident.pid, self.kernel.ident.ppid, self, running=True)
-        ending, status, signal, message = self.run_loop.run_first(self.image.entry, start)
+        ending, status, signal, message = self.run_loop.run_first(self.image.entry)
         return RunResult(
             ending=ending,
             exit_status=status,
@@ -276,8 +282,10 @@ class Machine:
     def run_from(self, pc: int, timeout_s: float = 0.0) -> Outcome:
         """Run from ``pc`` with the registers and memory as they are until the guest exits or dies, and
         keep its files open: a caller that resets registers and memory itself can run the same
-        process again (the fuzzer reuses one process for thousands of cases)."""
-        return self.run_loop.run_until_end(pc, int(timeout_s * 1e6), time.perf_counter())
+        process again (the fuzzer reuses one process for thousands of cases). Each call has a budget of
+        its own: ``timeout_s`` and the options' --max-insns."""
+        self.budget = Budget(timeout_s, self.options.max_insns)
+        return self.run_loop.run_until_end(pc)
 
     @property
     def spurious_stops(self) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import enum
 import errno
-import time
 from typing import TYPE_CHECKING
 
 from emu import hotpath
@@ -21,7 +20,7 @@ from emu.kernel.fork import Family, wait_status
 from emu.kernel.signal import deliver, deliver_pending, handles
 from emu.kernel.uprobes.core import Uprobes
 from emu.memory import Memory
-from emu.runtypes import Ending, Outcome, RunOptions
+from emu.runtypes import Budget, Ending, Outcome, RunOptions
 
 PROCESS_QUANTUM = 200_000  # instructions a process runs while another one is runnable
 PROCESS_SLICE_NS = 4_000_000  # virtual time one such slice takes: a tick of CONFIG_HZ=250 (Debian)
@@ -64,6 +63,8 @@ if TYPE_CHECKING:  # for the type checker only: a Protocol class costs start-up 
         def family(self) -> Family: ...
         @property
         def counter(self) -> InsnCounter | None: ...
+        @property
+        def budget(self) -> Budget: ...
 
 
 class _Wait(enum.Enum):
@@ -89,20 +90,25 @@ class RunLoop:
         self._slicer: InsnCounter | None = None  # the block counter of process slices (_process_slice_counter)
 
     # ------------------------------------------------------------ entry points
-    def run_first(self, entry: int, start: float) -> Outcome:
-        """Run the first process from ``entry`` to its end, then its orphans to theirs."""
-        outcome = self.run_until_end(entry, self.process.options.timeout_us, start)
+    def run_first(self, entry: int) -> Outcome:
+        """Run the first process from ``entry`` to its end, then its orphans to theirs. A limit of the
+        run's budget ends every process of it: the first reports it, the others stop where they are."""
+        outcome = self.run_until_end(entry)
+        if outcome[0] in (Ending.TIMEOUT, Ending.INSN_LIMIT):
+            return outcome
         self.end_process(outcome[0], outcome[1], outcome[2])
         self._run_orphans()
         return outcome
 
     def resume(self) -> bool:
-        """Run this (non-first) process until it ends, blocks or is preempted; True if it made progress."""
+        """Run this (non-first) process until it ends, blocks or is preempted; True if it made progress.
+        Once the run's budget is spent it does not run (the first process reports the limit)."""
         kernel, family = self.process.kernel, self.process.family
+        if self.process.budget.spent is not None:
+            return False
         before = sum(kernel.counts.values())
         try:
-            ending, status, signal, _message = self.run_until_end(kernel.task.pc, self.process.options.timeout_us,
-                                                                 time.perf_counter())
+            ending, status, signal, _message = self.run_until_end(kernel.task.pc)
         except ProcessSuspended as suspended:
             wake = self._wake_time(suspended.wait) if suspended.wait is not None else None
             family.set_waiting(kernel.ident.pid, suspended.wait, wake)
@@ -110,6 +116,8 @@ class RunLoop:
                 return True  # preempted: it ran a slice
             family.note_wake(wake)
             return sum(kernel.counts.values()) - before >= 2  # more than the restarted syscall
+        if ending in (Ending.TIMEOUT, Ending.INSN_LIMIT):
+            return False  # the run's budget is spent: every process stops where it is
         self.end_process(ending, status, signal)
         return True
 
@@ -147,11 +155,13 @@ class RunLoop:
             deferred.pop(0)()
 
     # ------------------------------------------------------------ the loop
-    def run_until_end(self, entry: int, timeout_us: int, start: float) -> Outcome:
+    def run_until_end(self, entry: int) -> Outcome:
         sched = self.process.kernel.sched
         sched.current.pc = entry
         yield_first = False
         while True:
+            if self.process.budget.spent is not None:
+                return self._stopped()  # another process of the run spent the budget
             try:
                 if self._signalled or self.process.kernel.timers:
                     self._act_on_signals()
@@ -159,9 +169,9 @@ class RunLoop:
                 if yield_first:
                     yield_first = False
                     self._switch(yielding=True)
-                reason = self._run_slices(sched.current.pc, timeout_us, start)
+                reason = self._run_slices(sched.current.pc)
                 signal = self._fault_signal(reason)
-                if signal is None and self._slice_ended(timeout_us, start):
+                if signal is None and self._slice_ended():
                     self._stalls = 0
                     self._switch()
                     self._share_cpu()
@@ -181,14 +191,14 @@ class RunLoop:
             except GuestBlocked as blocked:
                 return Ending.BLOCKED, 128 + Signal.SIGKILL, None, f"guest blocked forever: {blocked}"
             if signal is None:
-                if self._spurious_stop(timeout_us, start):
+                if self._spurious_stop():
                     continue
-                return self._stopped(timeout_us, start)
+                return self._stopped()
             if not self._to_handler(signal):
                 return self._killed(signal.signal, signal.address, signal.detail)
             sched.current.pc = self.process.cpu.read(Reg.RIP)
 
-    def _run_slices(self, pc: int, timeout_us: int, start: float) -> StopReason:
+    def _run_slices(self, pc: int) -> StopReason:
         """Run the current thread until something other than a deferred kernel action (an XOL step)
         stops the CPU; with several threads, for at most one scheduler slice of instructions.
 
@@ -197,12 +207,10 @@ class RunLoop:
         which block granularity cannot do. A process's slice, while another process can run, is
         counted per block where the C extension runs (_process_slice_counter)."""
         process = self.process
-        kernel, cpu, counter = process.kernel, process.cpu, process.counter
+        kernel, cpu, counter, budget = process.kernel, process.cpu, process.counter, process.budget
         sched = kernel.sched
         while True:
-            remaining = 0
-            if timeout_us:
-                remaining = max(1, timeout_us - int((time.perf_counter() - start) * 1e6))
+            remaining = budget.remaining_us()
             count = sched.slice_length()
             self._process_slice = (not count and len(process.family.procs) > 1  # (the usual case: one process)
                                    and process.family.runnable_others(kernel.ident.pid))
@@ -214,6 +222,7 @@ class RunLoop:
                 fast.sync(kernel.tracer is not None)
             slicer = self._process_slice_counter() if self._process_slice else None
             run = cpu.run if counter is None else counter.run
+            before = self._charge_from(counter)
             try:
                 if slicer is not None:
                     reason = slicer.run_slice(pc, remaining, count)
@@ -221,6 +230,7 @@ class RunLoop:
                     reason = run(pc, timeout_us=remaining, count=count)
             finally:
                 self.fold_fast()
+                self._charge(counter, before)
             sched.current.pc = cpu.read(Reg.RIP)
             if not kernel.deferred or reason is not StopReason.FINISHED or self._at_limit():
                 return reason
@@ -245,14 +255,33 @@ class RunLoop:
             counter = self._slicer
         return counter
 
+    def _charge_from(self, counter: InsnCounter | None) -> int:
+        """Before a slice: the process's counter may take it to the run's instruction budget, no further;
+        the total it starts from."""
+        if counter is None:
+            return 0
+        left = self.process.budget.insns_left
+        counter.limit = None if left is None else counter.total + left
+        return counter.total
+
+    def _charge(self, counter: InsnCounter | None, before: int) -> None:
+        """After a slice: what it ran comes off the run's budget."""
+        budget = self.process.budget
+        if counter is not None and budget.insns_left is not None:
+            budget.insns_left = max(0, budget.insns_left - (counter.total - before))
+            if counter.hit_limit:
+                budget.spent = Ending.INSN_LIMIT
+
     def _at_limit(self) -> bool:
-        counter = self.process.counter
-        return counter is not None and counter.hit_limit
+        return self.process.budget.spent is Ending.INSN_LIMIT
 
-    def _timed_out(self, timeout_us: int, start: float) -> bool:
-        return bool(timeout_us) and time.perf_counter() - start >= timeout_us / 1e6 * 0.99
+    def _timed_out(self) -> bool:
+        budget = self.process.budget
+        if budget.spent is None and budget.timed_out():
+            budget.spent = Ending.TIMEOUT
+        return budget.spent is Ending.TIMEOUT
 
-    def _slice_ended(self, timeout_us: int, start: float) -> bool:
+    def _slice_ended(self) -> bool:
         """Did the CPU stop at a scheduling point: a syscall asked for a switch, or a counted slice ran out?
 
         Unicorn reports a hlt and the end of a counted slice alike (rip after the hlt, or at the next
@@ -262,13 +291,13 @@ class RunLoop:
             return True
         if not self._counted or self._at_limit():
             return False
-        return not self._timed_out(timeout_us, start)
+        return not self._timed_out()
 
-    def _spurious_stop(self, timeout_us: int, start: float) -> bool:
+    def _spurious_stop(self) -> bool:
         """Unicorn can return from emu_start with nothing to report: no limit, no timeout, no hlt just
         run (seen rarely after a stop request raced with the end of an earlier run). The guest then
         simply goes on; only a hlt is the #GP Linux raises (bounded, so a stuck engine still ends)."""
-        if self._at_limit() or self._timed_out(timeout_us, start):
+        if self._at_limit() or self._timed_out():
             return False
         rip = self.process.cpu.read(Reg.RIP)
         try:
@@ -278,13 +307,13 @@ class RunLoop:
         self.spurious_stops += 1
         return not after_hlt and self.spurious_stops <= MAX_SPURIOUS_STOPS
 
-    def _stopped(self, timeout_us: int, start: float) -> Outcome:
-        options, counter = self.process.options, self.process.counter
-        if counter is not None and counter.hit_limit:
+    def _stopped(self) -> Outcome:
+        budget = self.process.budget
+        if self._at_limit():
             return (Ending.INSN_LIMIT, EXIT_INSN_LIMIT, None,
-                    f"stopped after {counter.total} instructions (--max-insns {options.max_insns})")
-        if self._timed_out(timeout_us, start):
-            return Ending.TIMEOUT, EXIT_TIMEOUT, None, f"stopped after {options.timeout_s} s (--timeout)"
+                    f"stopped after {budget.max_insns} instructions (--max-insns {budget.max_insns})")
+        if self._timed_out():
+            return Ending.TIMEOUT, EXIT_TIMEOUT, None, f"stopped after {budget.timeout_s} s (--timeout)"
         # Unicorn stops on hlt; in user mode Linux raises #GP for it.
         return self._killed(Signal.SIGSEGV, self.process.cpu.read(Reg.RIP), "general protection")
 
@@ -366,6 +395,10 @@ class RunLoop:
             progressed = family.run_others(pid)
         finally:
             family.set_waiting(pid, None)
+        if self.process.budget.spent is not None:  # the others ran the run's budget out
+            if not self._first:
+                raise ProcessSuspended("the run's budget is spent")
+            return self._stopped()
         if progressed and not (polling and family.ends == ends):
             return _Wait.RESTART
         if isinstance(wait, PollOthers):  # no process ended: the poll's answer stands

@@ -6,6 +6,7 @@ them without importing the Machine (emu/machine.py re-exports them for every cal
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,29 @@ class Ending(enum.Enum):
 
 # How a process's run ended: the ending, the exit status (128 + signal when killed), the signal, a message.
 Outcome = tuple[Ending, int, Signal | None, str | None]
+
+
+class Budget:
+    """What one run may spend, over every process and thread of it: wall time (--timeout) and
+    instructions (--max-insns). Once either runs out, ``spent`` says which, and every process stops."""
+
+    def __init__(self, timeout_s: float | None, max_insns: int | None, start: float | None = None) -> None:
+        self.timeout_s = timeout_s or None
+        self.deadline = None if self.timeout_s is None else (time.perf_counter() if start is None else start) + self.timeout_s
+        self.max_insns = max_insns
+        self.insns_left = max_insns  # None: no limit
+        self.spent: Ending | None = None
+
+    def remaining_us(self) -> int:
+        """Microseconds left before the deadline (at least 1 while it lies ahead); 0: no deadline."""
+        if self.deadline is None:
+            return 0
+        return max(1, int((self.deadline - time.perf_counter()) * 1e6))
+
+    def timed_out(self) -> bool:
+        """The deadline has come (within 1% of the timeout: Unicorn's own timeout may stop a bit early)."""
+        return self.timeout_s is not None and self.deadline is not None and (
+            time.perf_counter() >= self.deadline - self.timeout_s * 0.01)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ import contextlib
 import pytest
 from conftest import GuestKernel, run_emulated, run_native, sample, symbol_file_offset
 
+from emu import hotpath
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
 from emu.kernel.fork import wait_status
@@ -201,7 +202,8 @@ def test_probes_by_spec_install_in_an_execd_image_and_its_libraries() -> None:
     assert on_lib.summary()["hits"] >= 1  # echo's write, after ld.so mapped libc in the grandchild
 
 
-@pytest.mark.parametrize("python", [False, True])
+@pytest.mark.parametrize("python", [pytest.param(False, marks=pytest.mark.skipif(
+    hotpath.native is None, reason="the C extension is not in use (not built, or forced off)")), True])
 def test_process_slices_are_counted_per_block_with_the_c_extension(monkeypatch: pytest.MonkeyPatch,
                                                                   python: bool) -> None:
     """While another process can run, a process runs a slice of instructions. With the C extension a

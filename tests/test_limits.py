@@ -1,4 +1,5 @@
-"""Run-wide limits: tasks (RLIMIT_NPROC: fork/clone get EAGAIN) and guest memory (mmap/brk/fork get ENOMEM)."""
+"""Run-wide limits: tasks (RLIMIT_NPROC: fork/clone get EAGAIN), guest memory (mmap/brk/fork get ENOMEM),
+and the run's budget of time and instructions over every process and thread (--timeout, --max-insns)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from conftest import GuestKernel, run_emulated
 
 from emu import abi
 from emu.commands.common import size_arg
+from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT
 from emu.kernel import limits, state
 
 RLIMIT_NPROC = 6
@@ -102,3 +104,49 @@ def test_memory_limit_sizes() -> None:
     for bad in ("0", "12X", "", "-1G"):
         with pytest.raises(argparse.ArgumentTypeError):
             size_arg(bad)
+
+
+# ----------------------------------------------- --timeout and --max-insns bound the whole run
+BOMBS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "bombs")
+
+
+def _cli(*argv: str, timeout: float = 60) -> tuple[int, float, dict[str, object]]:
+    """`uprobe-emu run ...` as a user runs it: (exit status, seconds, its --json)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "run.json"
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "emu", "run", "--json", str(report), *argv],
+                              capture_output=True, timeout=timeout)
+        elapsed = time.monotonic() - start
+        return proc.returncode, elapsed, json.loads(report.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fork", "thread"])
+def test_a_bomb_ends_at_the_timeout(mode: str) -> None:
+    """Every process and thread of the run shares the one deadline: a fork bomb is stopped, not each
+    of its processes given a timeout of its own."""
+    status, elapsed, report = _cli("--timeout", "2", BOMBS, mode)
+    assert (status, report["ending"]) == (EXIT_TIMEOUT, "timeout")
+    assert elapsed < 2 + 8  # start-up, and the last slice of the process that saw the deadline
+
+
+def test_a_child_s_instructions_count_against_max_insns() -> None:
+    """The parent waits while its child spins: only the child runs, and the run still stops."""
+    outcome = run_emulated([BOMBS, "spin"], {}, max_insns=2_000_000, timeout_s=60)
+    assert outcome.status == EXIT_INSN_LIMIT
+
+
+def test_a_child_runs_to_the_run_s_deadline_not_its_own() -> None:
+    import time
+
+    start = time.monotonic()
+    outcome = run_emulated([BOMBS, "spin"], {}, timeout_s=1)
+    assert outcome.status == EXIT_TIMEOUT
+    assert time.monotonic() - start < 1 + 8
