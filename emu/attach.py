@@ -15,7 +15,7 @@ from emu.abi import Prot
 from emu.designs import Design
 from emu.disasm import describe_insn
 from emu.elf import load_plan
-from emu.errors import EmuError, UsageError
+from emu.errors import EmuError, ProbeRefused, UsageError
 from emu.kernel.dispatch import Kernel
 from emu.kernel.errno_ import SyscallError, errno_name
 from emu.kernel.fs.namei import lookup
@@ -169,8 +169,9 @@ class ProbeAttacher:
         try:
             uprobe = process.uprobes.attach(address, consumer, resolved.semaphore, self._file_bytes(address, images))
         except SyscallError as err:
-            raise UsageError(f"{parsed.text}: the kernel refuses the instruction at {address:#x}: "
-                             f"{describe_insn(process.mem, address)} (-{errno_name(err.errno)}, {err.errno})") from None
+            raise ProbeRefused(f"{parsed.text}: the kernel refuses the instruction at {address:#x}: "
+                               f"{describe_insn(process.mem, address)} (-{errno_name(err.errno)}, {err.errno})",
+                               err.errno) from None
         attachment = Attachment(resolved, consumer, uprobe, process)
         self.attachments.append(attachment)
         return attachment

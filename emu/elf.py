@@ -233,3 +233,12 @@ def _interp_path(path: str, offset: int, size: int, data: bytes) -> str:
 def load_plan(path: str) -> LoadPlan:
     data, file = read_file(path)
     return plan_from_bytes(data, file)
+
+
+def load_executable(path: str) -> LoadPlan:
+    """load_plan of the program a run starts with, which execve would refuse without an execute bit
+    (EACCES, root included: root may skip the check only where some execute bit is set)."""
+    data, file = read_file(path)
+    if not os.stat(path).st_mode & 0o111:
+        raise LoadError(path, "permission denied: no execute bit (execve would fail with EACCES)")
+    return plan_from_bytes(data, file)

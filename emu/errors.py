@@ -8,10 +8,10 @@ from __future__ import annotations
 
 EXIT_HARNESS_ERROR = 2
 """Bad input or misuse: one line on stderr, no traceback."""
-EXIT_INSN_LIMIT = 124
-"""The guest ran past ``--max-insns``."""
-EXIT_TIMEOUT = 125
-"""The guest ran past ``--timeout``."""
+EXIT_INSN_LIMIT = 101
+"""The run (all its processes) ran past ``--max-insns``. Not 124-127: those are GNU timeout's."""
+EXIT_TIMEOUT = 102
+"""The run ran past ``--timeout``."""
 
 
 def one_line(text: str) -> str:
@@ -41,6 +41,15 @@ class LoadError(EmuError):
 
 class UsageError(EmuError):
     """The caller asked for something that cannot be done (bad option, bad spec)."""
+
+
+class ProbeRefused(UsageError):
+    """The kernel design refuses to probe the instruction a spec resolved to (as Linux's
+    uprobe_register would, with the errno): a verdict on the design, not a mistake in the spec."""
+
+    def __init__(self, message: str, errno: int) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class MemoryFault(EmuError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emu.designs import BRANCH_OPCODE, Detach, Layout, Patch, WriteOrder
-from emu.errors import UsageError
+from emu.errors import ProbeRefused, UsageError
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.sites import crosses_page
 from emu.machine import Attachment, Machine, RunOptions
@@ -163,7 +163,7 @@ def record_patches(binary: str, specs: Sequence[str], design: str, argv: Sequenc
     for spec in specs:
         try:
             att = machine.attach(spec)
-        except UsageError as err:
+        except ProbeRefused as err:  # the design's verdict, shown; a spec that resolves to nothing is an error
             histories.append(SiteHistory(spec, 0, 0, b"", False, refused=str(err)))
             continue
         if not isinstance(att, Attachment):

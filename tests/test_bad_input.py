@@ -32,6 +32,13 @@ PT_NULL, PT_LOAD, PT_INTERP = 0, 1, 3
 
 
 # --------------------------------------------------------------------------- building bad files
+def write_program(path: Path, data: bytes) -> Path:
+    """``data`` as a program file: with its execute bits, so that the run gets past execve's permission check."""
+    path.write_bytes(data)
+    path.chmod(0o755)
+    return path
+
+
 def phdrs(data: bytes | bytearray) -> list[int]:
     """File offsets of the program headers."""
     phoff, = struct.unpack_from("<Q", data, 32)
@@ -111,9 +118,7 @@ def assert_one_error_line(status: int, out: str, err: list[str], *needles: str) 
 
 @pytest.mark.parametrize("name,data,problem", BAD_FILES, ids=[b[0] for b in BAD_FILES])
 def test_bad_file(capfd: pytest.CaptureFixture[str], tmp_path: Path, name: str, data: bytes, problem: str) -> None:
-    path = tmp_path / name
-    path.write_bytes(data)
-    path.chmod(0o755)
+    path = write_program(tmp_path / name, data)
     status, out, err = run_cli(capfd, str(path))
     line = assert_one_error_line(status, out, err, problem)
     assert line.startswith(f"uprobe-emu: {path}: ")
@@ -134,7 +139,7 @@ def _fifo(tmp: Path) -> Path:
 
 
 def _parent_not_a_directory(tmp: Path) -> Path:
-    (tmp / "file").write_bytes(HELLO_ASM)
+    write_program(tmp / "file", HELLO_ASM)
     return tmp / "file" / "hello_asm"
 
 
@@ -165,6 +170,16 @@ def test_unreadable(capfd: pytest.CaptureFixture[str], tmp_path: Path, name: str
     assert line.startswith(f"uprobe-emu: {path}: ")
 
 
+def test_a_program_without_an_execute_bit_is_refused_as_execve_would(capfd: pytest.CaptureFixture[str],
+                                                                    tmp_path: Path) -> None:
+    """Root included: execve needs some execute bit on a regular file (EACCES), and so does the run."""
+    path = tmp_path / "not_executable"
+    path.write_bytes(HELLO_ASM)
+    path.chmod(0o644)
+    status, out, err = run_cli(capfd, str(path))
+    assert_one_error_line(status, out, err, str(path), "permission denied", "EACCES")
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a chmod 000 file anyway (the FIFO and ENOTDIR cases cover it)")
 def test_chmod_000(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "secret"
@@ -184,22 +199,19 @@ def test_interpreter_that_is_not_an_elf(capfd: pytest.CaptureFixture[str], tmp_p
 
 
 def test_interpreter_that_is_a_directory(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = tmp_path / "prog"
-    path.write_bytes(with_interp(b"/tmp"))
+    path = write_program(tmp_path / "prog", with_interp(b"/tmp"))
     status, out, err = run_cli(capfd, str(path))
     assert_one_error_line(status, out, err, "is a directory")
 
 
 def test_interpreter_name_with_a_newline_stays_on_one_line(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = tmp_path / "prog"
-    path.write_bytes(with_interp(b"/no\nsuch/ld.so"))
+    path = write_program(tmp_path / "prog", with_interp(b"/no\nsuch/ld.so"))
     status, out, err = run_cli(capfd, str(path))
     assert_one_error_line(status, out, err, str(path), "interpreter /no\\nsuch/ld.so not found")
 
 
 def test_interpreter_with_an_overlong_component(capfd: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = tmp_path / "prog"
-    path.write_bytes(with_interp(b"/" + b"a" * 300))
+    path = write_program(tmp_path / "prog", with_interp(b"/" + b"a" * 300))
     status, out, err = run_cli(capfd, str(path))
     assert_one_error_line(status, out, err, str(path), "not found")
 
@@ -211,15 +223,13 @@ def _emu(*argv: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_subprocess_not_an_elf(tmp_path: Path) -> None:
-    path = tmp_path / "script"
-    path.write_text("#!/bin/sh\necho hi\n")
+    path = write_program(tmp_path / "script", b"#!/bin/sh\necho hi\n")
     proc = _emu(str(path))
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"uprobe-emu: {path}: not an ELF file\n")
 
 
 def test_subprocess_missing_interpreter_and_unreadable(tmp_path: Path) -> None:
-    prog = tmp_path / "prog"
-    prog.write_bytes(with_interp(b"/nonexistent/ld.so"))
+    prog = write_program(tmp_path / "prog", with_interp(b"/nonexistent/ld.so"))
     proc = _emu(str(prog))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == f"uprobe-emu: {prog}: interpreter /nonexistent/ld.so not found under /\n"
@@ -278,8 +288,7 @@ def mutant_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(data=mutants())
 def test_mutated_hello_asm_fails_cleanly_or_runs(mutant_path: Path, data: bytes) -> None:
-    mutant_path.write_bytes(data)
-    path = str(mutant_path)
+    path = str(write_program(mutant_path, data))
     try:
         machine = Machine(path, [path], {}, RunOptions(max_insns=100_000, timeout_s=2), GuestIO.captured())
         result = machine.run()
@@ -297,8 +306,7 @@ def test_mutated_hello_asm_fails_cleanly_or_runs(mutant_path: Path, data: bytes)
 
 def test_garbage_section_headers_do_not_matter(tmp_path: Path) -> None:
     """Linux ignores section headers when it executes a file; so must the harness."""
-    path = tmp_path / "prog"
-    path.write_bytes(patched(HELLO_ASM, (40, "<Q", 1 << 40)))  # e_shoff far past the end of the file
+    path = write_program(tmp_path / "prog", patched(HELLO_ASM, (40, "<Q", 1 << 40)))  # e_shoff far past the end
     io = GuestIO.captured()
     result = Machine(str(path), [str(path)], {}, RunOptions(max_insns=100_000), io).run()
     assert (result.exit_status, bytes(io.out)) == (0, b"hi\n")

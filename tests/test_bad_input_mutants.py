@@ -105,6 +105,7 @@ def _ends_cleanly(status: int, err: str, guest: bool) -> None:
 def test_the_seed_is_a_working_pie(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "tiny"
     path.write_bytes(SEED)
+    path.chmod(0o755)
     assert _command(capfd, "run", str(path)) == (0, "")
     assert struct.unpack_from("<H", SEED, 16)[0] == 3  # ET_DYN
     path.write_bytes(SEED[:100])  # a negative control: a clearly broken file gives the one-line error
@@ -118,6 +119,7 @@ def test_an_entry_point_that_overflows_when_biased_is_a_modelled_ending(tmp_path
     data = bytearray(SEED)
     struct.pack_into("<Q", data, 24, (1 << 64) - 1)
     path.write_bytes(bytes(data))
+    path.chmod(0o755)
     status, err = _command(capfd, "run", str(path))
     _ends_cleanly(status, err, guest=True)
     assert status == -11  # the sum wraps, as the kernel's does, to an unmapped address: SIGSEGV

@@ -103,3 +103,13 @@ def test_cli_renders_each_step_with_disassembly(tmp_path: Path, capsys: pytest.C
     data = json.loads(out.read_text())
     assert [s["new"] for s in data["sites"][0]["steps"]][-3:] == ["cc", "08", "eb"]
     assert main(["patch", "--kernel", "bogus", "-p", "uprobe:f_nop5", TARGETS]) == 2
+
+
+def test_a_spec_that_resolves_to_nothing_is_an_error_not_a_row(capfd: pytest.CaptureFixture[str]) -> None:
+    """A probe the kernel refuses is a verdict on the design (a row, status 0, as above); a spec naming
+    no symbol is a mistake: one line on stderr, status 2."""
+    assert main(["patch", "--no-run", "-p", "uprobe:nosuchsym", TARGETS]) == 2
+    out, err = capfd.readouterr()
+    assert out == "" and err.count("\n") == 1 and "nosuchsym" in err
+    assert main(["patch", "--no-run", "--kernel", "int3", "-p", "uprobe:t_nop10", TARGETS]) == 0
+    assert "refused" in capfd.readouterr().out
