@@ -234,8 +234,11 @@ def test_the_fuzzer_flags_the_flawed_examples_and_not_the_rewritten_jmp_slots(ex
     assert not any(check_case(c, clean.name).finding for c in cases)
 
 
-def test_a_finding_of_a_user_design_replays_from_its_record_alone(tmp_path: Path) -> None:
+def test_a_finding_of_a_user_design_replays_from_its_record_only_when_trusted(tmp_path: Path) -> None:
+    """The record names the design's file, but that file is Python and a finding may come from anyone:
+    replay runs it only when told to (--trust-design-file), else says how to name it."""
     from emu.designs import forget_user_designs
+    from emu.errors import UsageError
     from emu.fuzz import check_case, generate
     from emu.fuzz.findings import replay, save_finding
 
@@ -246,7 +249,9 @@ def test_a_finding_of_a_user_design_replays_from_its_record_alone(tmp_path: Path
     assert finding.replay_command.startswith(f"uprobe-emu replay --design-file {path} ")
     assert json.loads(Path(finding.json_path).read_text())["design_file"] == path
     forget_user_designs()  # a new process: only the record says where the design lives
-    verdict, used = replay(finding.json_path)
+    with pytest.raises(UsageError, match="--design-file"):
+        replay(finding.json_path)
+    verdict, used = replay(finding.json_path, trust_design_file=True)
     assert used == flawed.name and verdict.finding
 
 

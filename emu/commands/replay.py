@@ -14,6 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel", metavar="D", help="replay under this design instead of the recorded one")
     p.add_argument("--design-file", action="append", default=[], metavar="FILE.py",
                    help="load designs from a Python file (needed to replay a finding of a user design)")
+    p.add_argument("--trust-design-file", action="store_true",
+                   help="run the design file the finding names (it is Python: by default replay runs only the "
+                        "files named with --design-file)")
     p.add_argument("file", metavar="FILE", help="the finding's .json (or its .elf)")
 
 
@@ -24,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
     load_design_files(args.design_file)
     design = get_design(args.kernel).name if args.kernel else None
-    verdict, used = replay(args.file, design)
+    verdict, used = replay(args.file, design, args.trust_design_file)
     if not verdict.finding:
         print(f"{used}: does not reproduce: the probed run matches the unprobed one, no violations")
         return EXIT_GONE

@@ -37,6 +37,12 @@ class ActionKind(enum.Enum):
     MOVE_SP = "move-sp"  # the consumer raises sp (the function restores its own sp on the way out)
 
 
+def _short(value: object, limit: int = 80) -> str:
+    """``value`` for a one-line message: a hostile record's 2**200 or its megabyte string cut short."""
+    text = f"{value:#x}" if isinstance(value, int) else str(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 @dataclass(frozen=True, slots=True)
 class Store:
     offset: int  # the store covers [rsp - offset, rsp - offset + size)
@@ -52,6 +58,8 @@ class Store:
             raise UsageError(f"movaps at rsp-{self.offset} would fault (needs rsp-offset 16-aligned)")
         if self.kind is StoreKind.SETCC and (self.size != 1 or self.cc not in CONDITIONS):
             raise UsageError(f"setcc store needs size 1 and a condition, got {self.size}, {self.cc!r}")
+        if not 0 <= self.value < 1 << (8 * self.size):
+            raise UsageError(f"a {self.size}-byte store cannot hold {self.value:#x}")
 
     def to_json(self) -> dict[str, Any]:
         return {"offset": self.offset, "size": self.size, "kind": self.kind.value, "value": hex(self.value),
@@ -69,6 +77,14 @@ class Action:
     kind: ActionKind
     reg: str = ""  # SET_REG: which register
     value: int = 0  # SET_REG: the value; MOVE_SP: bytes added to sp
+
+    def __post_init__(self) -> None:
+        if self.kind is ActionKind.SET_REG and self.reg not in CASE_REGS:
+            raise UsageError(f"a consumer can set one of {', '.join(CASE_REGS)}, not {_short(self.reg)!r}")
+        if not 0 <= self.value < 1 << 64:
+            raise UsageError(f"the consumer's value must be an unsigned 64-bit value, got {_short(self.value)}")
+        if self.kind is ActionKind.MOVE_SP and not 0 < self.value <= RED_ZONE:
+            raise UsageError(f"a consumer may raise sp by 1 to {RED_ZONE} bytes, not {self.value}")
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "reg": self.reg, "value": hex(self.value)}
@@ -96,6 +112,10 @@ class Case:
     def __post_init__(self) -> None:
         if len(self.regs) != len(CASE_REGS):
             raise UsageError(f"a case needs {len(CASE_REGS)} register values, got {len(self.regs)}")
+        for name, value in (("seed", self.seed), ("index", self.index), ("flags", self.flags),
+                            *zip(CASE_REGS, self.regs, strict=True)):
+            if not 0 <= value < 1 << 64:
+                raise UsageError(f"{name} must be an unsigned 64-bit value, got {_short(value)}")
         if len(self.stores) > MAX_STORES:
             raise UsageError(f"at most {MAX_STORES} stores, got {len(self.stores)}")
         if self.action is not None and self.action.kind is ActionKind.MOVE_SP and site_form(self.site).pushes:
@@ -122,5 +142,5 @@ class Case:
                 action=Action.from_json(d["action"]) if d.get("action") else None,
                 uretprobe=bool(d.get("uretprobe", False)),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise UsageError(f"not a fuzz case record: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise UsageError(f"not a fuzz case record: {_short(exc)}") from None

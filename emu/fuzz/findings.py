@@ -31,7 +31,7 @@ class Finding:
 
     @property
     def replay_command(self) -> str:
-        extra = f"--design-file {shlex.quote(self.design_file)} " if self.design_file else ""
+        extra = f"--design-file {shlex.quote(self.design_file)} " if self.design_file else ""  # replay runs no file unnamed
         return f"uprobe-emu replay {extra}{shlex.quote(self.json_path)}"
 
 
@@ -119,17 +119,32 @@ def load_record(path: str) -> tuple[Case, str, str | None]:
         raise UsageError(f"{path}: not JSON (not UTF-8 text: byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if not isinstance(record, dict) or "case" not in record or "design" not in record:
+    except RecursionError:
+        raise UsageError(f"{path}: not a fuzz finding record (nested too deeply)") from None
+    if not isinstance(record, dict) or not isinstance(record.get("case"), dict) or not isinstance(record.get("design"), str):
         raise UsageError(f"{path}: not a fuzz finding record (no case/design)")
     design_file = record.get("design_file")
-    return Case.from_json(record["case"]), str(record["design"]), str(design_file) if design_file else None
+    if design_file is not None and not isinstance(design_file, str):
+        raise UsageError(f"{path}: not a fuzz finding record (design_file is not a path)")
+    try:
+        case = Case.from_json(record["case"])
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+    return case, record["design"], design_file or None
 
 
-def replay(path: str, design: str | None = None) -> tuple[Verdict, str]:
-    """Re-run a saved finding (under its design, or ``design``): its verdict and the design used."""
+def replay(path: str, design: str | None = None, trust_design_file: bool = False) -> tuple[Verdict, str]:
+    """Re-run a saved finding (under its design, or ``design``): its verdict and the design used.
+
+    A finding of a user's design names the file that defined it; that file is Python, and a finding
+    may come from anyone, so it is run only with ``trust_design_file`` (the caller can instead load it
+    with --design-file, having read it)."""
     case, recorded, design_file = load_record(path)
     used = design or recorded
     if used not in known_designs() and design_file is not None:
+        if not trust_design_file:
+            raise UsageError(f"{path}: its design {used!r} comes from {design_file}, which replay does not run on a "
+                             f"finding's word: name it with --design-file (or pass --trust-design-file)")
         from emu.design_file import load_design_file
 
         load_design_file(design_file)  # the finding's own design, from the file that defined it
