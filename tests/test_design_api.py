@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import ast
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from emu import cli
 from emu.check import CheckRequest, run_check
@@ -25,6 +28,7 @@ from emu.designs import (
     ReturnTrampoline,
     SiteForm,
     Trampoline,
+    forget_user_designs,
     get_design,
     known_designs,
 )
@@ -120,6 +124,15 @@ _TRAMP = "push %rcx; push %r11; push %rax; movq $336,%rax; syscall; pop %rax; po
      "trampoline.code is 52428800 bytes, more than 65536 (it must fit 4096 bytes)"),
     (f"{_PARTS}d = Design(['t'])\n", "design name must be a str, not list"),
     ("import sys\nsys.exit(0)\n", "design.py:2: the design file called sys.exit(0)"),
+    # the file runs in a child process: what it does to that process is reported, not obeyed
+    ("import os\nos._exit(0)\n", "ended the process it ran in (it called os._exit(0))"),
+    ("raise BaseException('boom')\n", "design.py:1: BaseException: boom"),
+    ("raise KeyboardInterrupt\n", "design.py:1: KeyboardInterrupt"),
+    ("hog = bytearray(1 << 40)\n", "design.py:1: MemoryError"),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "killed by SIGKILL"),
+    # only Design and its parts come back from the child: a subclass of the file's own is not one
+    (f"{_PARTS}class Mine(Design):\n    pass\nd = Mine('t', patch=Patch(), trampoline=Trampoline({_TRAMP!r}), "
+     "handler=Handler())\n", "the designs are not plain Design objects"),
 ])
 def test_design_file_errors_are_one_line(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "design.py"
@@ -127,6 +140,15 @@ def test_design_file_errors_are_one_line(tmp_path: Path, text: str, message: str
     with pytest.raises(DesignError) as info:
         load_design_file(str(path))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_design_file_that_never_ends_is_stopped_at_the_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "loop.py"
+    path.write_text("while True:\n    pass\n")
+    start = time.monotonic()
+    with pytest.raises(DesignError, match="ran past 1 s"):
+        load_design_file(str(path), timeout_s=1)
+    assert time.monotonic() - start < 5
 
 
 def test_a_well_typed_design_file_loads(tmp_path: Path) -> None:
@@ -237,7 +259,6 @@ def test_the_fuzzer_flags_the_flawed_examples_and_not_the_rewritten_jmp_slots(ex
 def test_a_finding_of_a_user_design_replays_from_its_record_only_when_trusted(tmp_path: Path) -> None:
     """The record names the design's file, but that file is Python and a finding may come from anyone:
     replay runs it only when told to (--trust-design-file), else says how to name it."""
-    from emu.designs import forget_user_designs
     from emu.errors import UsageError
     from emu.fuzz import check_case, generate
     from emu.fuzz.findings import replay, save_finding
@@ -291,3 +312,46 @@ def test_no_code_past_designs_compares_a_design_choice_with_a_string() -> None:
             found[str(path.relative_to(ROOT))] = lines
     assert found == {}
     assert _string_comparisons_of_choices(ast.parse("handler.exit == 'iret'")) == [1]  # the scan sees one
+
+
+def test_only_design_data_comes_back_from_a_design_file_s_process() -> None:
+    """The negative control of the restricted unpickler: a pickle that would run a command is refused."""
+    import io
+    import os
+    import pickle
+
+    from emu.design_file import _DesignUnpickler
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return os.system, ("true",)
+
+    with pytest.raises(pickle.UnpicklingError, match="not part of a design"):
+        _DesignUnpickler(io.BytesIO(pickle.dumps(([Evil()], None)))).load()
+
+
+HOSTILE_FRAGMENTS = [
+    "raise BaseException('x')", "import os; os._exit(3)", "import sys; sys.exit('no')", "x = 1 / 0",
+    "def f(): return f()\nf()", "from emu.designs import Design\nd = Design('hostile-one')", "raise SystemExit",
+    "import signal, os; os.kill(os.getpid(), signal.SIGTERM)", "import os; os.close(1); os.close(2)",
+    "import sys; sys.stdout = None", "del __builtins__", "global x", "import resource", "\x00", "yield 1",
+    "import gc; gc.disable()", "raise KeyboardInterrupt", "exec('raise MemoryError')",
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(HOSTILE_FRAGMENTS), st.text(max_size=20)), min_size=1, max_size=4))
+def test_hostile_design_files_are_one_line_errors_or_designs(fragments: list[str]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "design.py"
+        path.write_text("\n".join(fragments) + "\n", errors="surrogateescape")
+        try:
+            designs = load_design_file(str(path), timeout_s=5)
+        except DesignError as err:
+            assert str(err) and "\n" not in str(err)
+        else:
+            assert all(isinstance(d, Design) for d in designs)
+        finally:
+            forget_user_designs()

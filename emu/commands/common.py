@@ -152,26 +152,26 @@ def chosen_design(args: argparse.Namespace) -> str:
     """One design: --kernel, else the first design of --design-file, else the default."""
     from emu.designs import DEFAULT_DESIGN, get_design
 
-    loaded = _design_files(args.design_file)
+    loaded = _design_files(args)
     name: str = args.kernel or (loaded[0].name if loaded else DEFAULT_DESIGN)
     return get_design(name).name
 
 
-def _design_files(paths: list[str]) -> list[Design]:
-    """The designs of --design-file (design_file.py, with runpy and traceback, loads only if one is given)."""
-    if not paths:
+def _design_files(args: argparse.Namespace) -> list[Design]:
+    """The designs of --design-file, each file run within the command's --timeout if it has one
+    (design_file.py, with runpy and traceback, loads only if a file is given)."""
+    if not args.design_file:
         return []
     from emu.design_file import load_design_files
 
-    return load_design_files(paths)
+    return load_design_files(args.design_file, getattr(args, "timeout", None))
 
 
 def chosen_designs(args: argparse.Namespace) -> tuple[str, ...]:
     """Several designs: --kernel all|D1,D2 over the built-in designs and those --design-file defines."""
     from emu.check import designs_from
-    from emu.design_file import load_design_files
 
-    load_design_files(args.design_file)
+    _design_files(args)
     return designs_from(args.kernel)
 
 
