@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 from conftest import sample, symtab_address
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from emu.cli import main
 from emu.designs import DESIGNS
@@ -149,6 +151,9 @@ BAD = {
     "bad probe": ('[[run]]\nbinary = "/bin/true"\nprobes = ["kprobe:x"]\n', "bad probe spec"),
     "bad probes": ('[[run]]\nbinary = "/bin/true"\nprobes = "some sites"\n', "probes must be"),
     "stdin twice": ('[[run]]\nbinary = "/bin/true"\nstdin = "a"\nstdin_file = "b"\n', "both given"),
+    "timeout nan": ('[[run]]\nbinary = "/bin/true"\ntimeout = nan\n', "timeout must be"),
+    "timeout inf": ('[[run]]\nbinary = "/bin/true"\ntimeout = inf\n', "timeout must be"),
+    "nested deep": ("x = " + "[" * 5000 + "]" * 5000 + "\n", "not TOML"),
 }
 
 
@@ -223,3 +228,33 @@ def test_the_debian_corpus_file_parses() -> None:
     entries = load_corpus(FIXTURE.replace("survey_corpus.toml", "debian_corpus.toml"))
     assert [Path(e.binary).name for e in entries] == list(names)
     assert all(e.probes is None for e in entries) and entries[8].stdin.startswith(b"all: a b")
+
+
+TOML_VALUES = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70).map(str), st.floats().map(repr),
+    st.sampled_from(["nan", "inf", "-inf", "true", "[]", "{}", '["a", 1]', '"\\u0000"', '"true"', '"/"', '"all sites"',
+                     '["uprobe:main"]', '"../../../../etc/passwd"', "1979-05-27T07:32:00Z", '{ A = 1 }', '{ A = "b" }']),
+    st.text(max_size=20).map(json.dumps),
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.dictionaries(st.sampled_from(["name", "binary", "args", "stdin", "stdin_file", "env", "probes", "timeout",
+                                        "other"]), TOML_VALUES, max_size=5))
+def test_hostile_corpus_entries_are_one_line_errors_or_entries(run: dict[str, str]) -> None:
+    """Every key of a [[run]] table with values of every TOML type: a UsageError of one line, or entries."""
+    import tempfile
+
+    from emu.errors import UsageError
+    from emu.survey.corpus import Entry, load_corpus
+
+    body = "".join(f"{key} = {value}\n" for key, value in run.items())
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "c.toml"
+        corpus.write_text("[[run]]\n" + body, errors="surrogateescape")
+        try:
+            entries = load_corpus(str(corpus))
+        except UsageError as err:
+            assert str(err) and "\n" not in str(err)
+        else:
+            assert all(isinstance(e, Entry) and 0 < e.timeout_s <= 86_400 for e in entries)

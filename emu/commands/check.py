@@ -22,6 +22,7 @@ from emu.violations import ViolationLog
 
 NAME = "check"
 HELP = "run unprobed and under each design with verifiers; print one table"
+DEFAULT_TIMEOUT_S = 300.0  # each run of check (unprobed, then each design) without --timeout: a batch never hangs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.verify is None:
         args.verify = DEFAULT_VERIFIERS
+    if args.timeout is None:
+        args.timeout = DEFAULT_TIMEOUT_S
 
     for path in (args.json, args.html):
         if path:

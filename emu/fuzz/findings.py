@@ -121,8 +121,10 @@ def load_record(path: str) -> tuple[Case, str, str | None]:
         raise UsageError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
     except RecursionError:
         raise UsageError(f"{path}: not a fuzz finding record (nested too deeply)") from None
-    if not isinstance(record, dict) or not isinstance(record.get("case"), dict) or not isinstance(record.get("design"), str):
+    if not isinstance(record, dict) or "case" not in record or not isinstance(record.get("design"), str):
         raise UsageError(f"{path}: not a fuzz finding record (no case/design)")
+    if not isinstance(record["case"], dict):
+        raise UsageError(f"{path}: not a fuzz case record: the case is not an object")
     design_file = record.get("design_file")
     if design_file is not None and not isinstance(design_file, str):
         raise UsageError(f"{path}: not a fuzz finding record (design_file is not a path)")

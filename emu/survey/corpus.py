@@ -27,6 +27,7 @@ from emu.errors import UsageError
 
 ALL_SITES = "all sites"
 DEFAULT_TIMEOUT_S = 120.0
+MAX_TIMEOUT_S = 86_400.0
 _KEYS = {"name", "binary", "args", "stdin", "stdin_file", "env", "probes", "timeout"}
 
 
@@ -55,6 +56,8 @@ def load_corpus(path: str) -> list[Entry]:
         raise UsageError(f"--corpus {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"--corpus {path}: not TOML ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"--corpus {path}: not TOML (nested too deeply)") from None
     extra = set(data) - {"run"}
     if extra:
         raise UsageError(f"--corpus {path}: unknown key {sorted(extra)[0]!r} (want [[run]] tables)")
@@ -76,12 +79,12 @@ def _entry(where: str, run: dict[str, Any], base: str) -> Entry:
         raise UsageError(f"{where}: args and env values must be strings")
     if "stdin" in run and "stdin_file" in run:
         raise UsageError(f"{where}: stdin and stdin_file both given")
-    stdin = _typed(where, run, "stdin", str, "").encode()
+    stdin = _typed(where, run, "stdin", str, "").encode("utf-8", "surrogateescape")
     if "stdin_file" in run:
         stdin = _read(where, os.path.join(base, _typed(where, run, "stdin_file", str, None)))
     timeout = _typed(where, run, "timeout", (int, float), DEFAULT_TIMEOUT_S)
-    if timeout <= 0:
-        raise UsageError(f"{where}: timeout must be > 0")
+    if not 0 < timeout <= MAX_TIMEOUT_S:  # (nan and inf too: TOML has both)
+        raise UsageError(f"{where}: timeout must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds")
     name = _typed(where, run, "name", str, " ".join([os.path.basename(binary), *args]))
     return Entry(name, binary, tuple(args), stdin, tuple(sorted(env.items())), _probes(where, run), float(timeout))
 
@@ -98,6 +101,8 @@ def _typed(where: str, run: dict[str, Any], key: str, kind: type | tuple[type, .
 
 
 def _binary(where: str, text: str, base: str) -> str:
+    if "\0" in text:
+        raise UsageError(f"{where}: binary {text!r}: a path cannot hold a NUL")
     found = shutil.which(text) if "/" not in text else os.path.join(base, text)
     if not found or not os.path.isfile(found):
         raise UsageError(f"{where}: binary {text!r} not found")
@@ -110,6 +115,8 @@ def _read(where: str, path: str) -> bytes:
             return fh.read()
     except OSError as exc:
         raise UsageError(f"{where}: stdin_file {path}: {exc.strerror}") from None
+    except ValueError as exc:  # a NUL in the name
+        raise UsageError(f"{where}: stdin_file {path!r}: {exc}") from None
 
 
 def _probes(where: str, run: dict[str, Any]) -> tuple[str, ...] | None:
