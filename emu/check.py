@@ -15,6 +15,7 @@ from emu.machine import Machine, RunOptions, RunResult
 from emu.probes import ProbeSpec, parse_spec, scan_specs
 from emu.render import table
 from emu.rsb import RsbModel, RsbStats
+from emu.runtypes import LIMITS
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
 from emu.violations import Check, ViolationLog
 
@@ -34,6 +35,12 @@ class DesignReport:
     rsb_reference: RsbStats | None = None  # the unprobed run's
     trace: Any = None  # what CheckRequest.tracer returned for this design's probed machine
     watch: Any = None  # what CheckRequest.watcher returned for it
+    reference: RunResult | None = None  # the unprobed run's result
+
+    @property
+    def limit(self) -> RunResult | None:
+        """The first of the unprobed and the probed run that a limit (--max-insns, --timeout) stopped."""
+        return next((r for r in (self.reference, self.result) if r is not None and r.ending in LIMITS), None)
 
     def count(self, kind: Check) -> int:
         return self.violations.of_kind(kind)
@@ -67,6 +74,8 @@ class DesignReport:
             "divergence": self.divergence,
             "exits": self.exits,
             "refused": self.refused,
+            "ending": self.result.ending.value if self.result else None,
+            "message": self.result.message if self.result else None,
             "details": [v.to_json() for v in self.violations],
         } | ({"details_dropped": self.violations.dropped} if self.violations.dropped else {})
 
@@ -114,7 +123,8 @@ def _fields(options: RunOptions) -> dict[str, Any]:
 
 def _observed(machine: Machine, io: GuestIO, result: RunResult) -> Observed:
     assert machine.kernel.syscall_log is not None
-    return Observed(bytes(io.out), bytes(io.err), result.exit_status, machine.kernel.syscall_log)
+    return Observed(bytes(io.out), bytes(io.err), result.exit_status, machine.kernel.syscall_log,
+                    stopped=result.ending in LIMITS)
 
 
 def _specs(request: CheckRequest, machine: Machine) -> list[ProbeSpec]:
@@ -126,7 +136,7 @@ def _specs(request: CheckRequest, machine: Machine) -> list[ProbeSpec]:
     return found
 
 
-def run_design(request: CheckRequest, design: str, reference: Observed,
+def run_design(request: CheckRequest, design: str, reference: tuple[Observed, RunResult],
                rsb_reference: RsbStats | None = None) -> DesignReport:
     machine, io = _observe(request, design, probes=True)
     refused: list[str] = []
@@ -142,17 +152,18 @@ def run_design(request: CheckRequest, design: str, reference: Observed,
     watch = request.watcher(machine, session) if request.watcher is not None else None
     result = machine.run()
     session.finish(result.message or result.ending.value, killed=result.signal is not None)
-    divergence = first_divergence(reference, _observed(machine, io, result))
+    divergence = first_divergence(reference[0], _observed(machine, io, result))
     hits = sum(int(p["hits"]) for p in result.probes)
     return DesignReport(design, hits, session.violations, divergence is None, divergence, result.exits, refused, result,
                         shstk=session.shadow_stack is not None, rsb=session.rsb.stats if session.rsb else None,
-                        rsb_reference=rsb_reference, trace=trace, watch=watch)
+                        rsb_reference=rsb_reference, trace=trace, watch=watch, reference=reference[1])
 
 
 def run_check(request: CheckRequest) -> list[DesignReport]:
     machine, io = _observe(request, request.designs[0], probes=False)
     model = RsbModel(CallRetTracker(machine), request.rsb) if request.rsb is not None else None
-    reference = _observed(machine, io, machine.run())
+    result = machine.run()
+    reference = _observed(machine, io, result), result
     rsb_reference = model.stats if model else None
     return [run_design(request, design, reference, rsb_reference) for design in request.designs]
 

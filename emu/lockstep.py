@@ -3,6 +3,8 @@ status and the syscall trace (each call's name, result, arguments, and the bytes
 that are addresses are compared as success or failure, and pointers as (mapping, offset): the
 kernel's own pages move later mappings. With threads the trace is compared per thread, without the
 calls whose results are the interleaving itself (futex, sched_yield): a probe moves slice ends.
+A run a limit stopped (--max-insns, --timeout) is compared as far as both runs went: each output
+must be a prefix of the other's, the calls both made must agree, and exit statuses are not compared.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class Observed:
     stderr: bytes
     exit_status: int
     trace: Trace
+    stopped: bool = False  # a limit stopped the run: what it shows is a prefix of the whole
 
 
 Logged = list[tuple[Call, "View | None"]]  # calls with their views (None: not recorded)
@@ -95,18 +98,21 @@ def _logged(trace: Trace) -> Logged:
 
 def first_divergence(reference: Observed, probed: Observed) -> str | None:
     """None if the runs agree; otherwise one line saying where they first differ."""
-    differs = _trace_divergence(reference.trace, probed.trace)
-    return differs if differs is not None else _output_divergence(reference, probed)
+    partial = reference.stopped or probed.stopped
+    differs = _trace_divergence(reference.trace, probed.trace, partial)
+    return differs if differs is not None else _output_divergence(reference, probed, partial)
 
 
-def _trace_divergence(reference: Trace, probed: Trace) -> str | None:
+def _trace_divergence(reference: Trace, probed: Trace, partial: bool) -> str | None:
     ref_threads, probed_threads = _by_thread(reference), _by_thread(probed)
     if ref_threads is None or probed_threads is None or len(ref_threads) == len(probed_threads) == 1:
-        return _calls_divergence(_logged(reference), _logged(probed), "")
-    if sorted(ref_threads) != sorted(probed_threads):
+        return _calls_divergence(_logged(reference), _logged(probed), "", partial)
+    if partial:  # a thread the stopped run never started is not a difference
+        ref_threads = {t: c for t, c in ref_threads.items() if t in probed_threads}
+    elif sorted(ref_threads) != sorted(probed_threads):
         return f"threads: unprobed {sorted(ref_threads)}, probed {sorted(probed_threads)}"
     for tid, calls in ref_threads.items():
-        differs = _calls_divergence(_unscheduled(calls), _unscheduled(probed_threads[tid]), f"thread {tid}: ")
+        differs = _calls_divergence(_unscheduled(calls), _unscheduled(probed_threads[tid]), f"thread {tid}: ", partial)
         if differs is not None:
             return differs
     return None
@@ -126,13 +132,13 @@ def _unscheduled(calls: Iterable[tuple[Call, View | None]]) -> Logged:
     return [(c, v) for c, v in calls if c[0] not in INTERLEAVING_RESULTS]
 
 
-def _calls_divergence(reference: Logged, probed: Logged, who: str) -> str | None:
+def _calls_divergence(reference: Logged, probed: Logged, who: str, partial: bool) -> str | None:
     for i, ((a, want), (b, got)) in enumerate(zip(reference, probed, strict=False)):
         if _norm(a) != _norm(b):
             return f"{who}syscall #{i + 1}: unprobed {a[0]} = {a[2]}, probed {b[0]} = {b[2]}"
         if want is not None and got is not None and want != got:
             return _view_divergence(f"{who}syscall #{i + 1} {a[0]}", want, got)
-    if len(reference) != len(probed):
+    if len(reference) != len(probed) and not partial:
         return f"{who}syscall count: unprobed {len(reference)}, probed {len(probed)}"
     return None
 
@@ -142,11 +148,11 @@ def _bytes_divergence(want: bytes, got: bytes, at_word: str) -> str:
     return f"{at_word} {at}: unprobed {want[at:at + 24]!r}, probed {got[at:at + 24]!r}"
 
 
-def _output_divergence(reference: Observed, probed: Observed) -> str | None:
+def _output_divergence(reference: Observed, probed: Observed, partial: bool) -> str | None:
     for name, want, got in (("stdout", reference.stdout, probed.stdout), ("stderr", reference.stderr, probed.stderr)):
-        if want != got:
+        if (want[:len(got)] != got[:len(want)]) if partial else want != got:
             return f"{name} differs {_bytes_divergence(want, got, 'at byte')}"
-    if reference.exit_status != probed.exit_status:
+    if reference.exit_status != probed.exit_status and not partial:
         return f"exit status: unprobed {reference.exit_status}, probed {probed.exit_status}"
     return None
 

@@ -20,7 +20,7 @@ from emu.kernel.fork import Family, wait_status
 from emu.kernel.signal import deliver, deliver_pending, handles
 from emu.kernel.uprobes.core import Uprobes
 from emu.memory import Memory
-from emu.runtypes import Budget, Ending, Outcome, RunOptions
+from emu.runtypes import LIMITS, Budget, Ending, Outcome, RunOptions
 
 PROCESS_QUANTUM = 200_000  # instructions a process runs while another one is runnable
 PROCESS_SLICE_NS = 4_000_000  # virtual time one such slice takes: a tick of CONFIG_HZ=250 (Debian)
@@ -94,7 +94,7 @@ class RunLoop:
         """Run the first process from ``entry`` to its end, then its orphans to theirs. A limit of the
         run's budget ends every process of it: the first reports it, the others stop where they are."""
         outcome = self.run_until_end(entry)
-        if outcome[0] in (Ending.TIMEOUT, Ending.INSN_LIMIT):
+        if outcome[0] in LIMITS:
             return outcome
         self.end_process(outcome[0], outcome[1], outcome[2])
         self._run_orphans()
@@ -116,7 +116,7 @@ class RunLoop:
                 return True  # preempted: it ran a slice
             family.note_wake(wake)
             return sum(kernel.counts.values()) - before >= 2  # more than the restarted syscall
-        if ending in (Ending.TIMEOUT, Ending.INSN_LIMIT):
+        if ending in LIMITS:
             return False  # the run's budget is spent: every process stops where it is
         self.end_process(ending, status, signal)
         return True

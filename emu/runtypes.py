@@ -25,6 +25,8 @@ class Ending(enum.Enum):
     BLOCKED = "blocked"
 
 
+LIMITS = (Ending.INSN_LIMIT, Ending.TIMEOUT)  # the endings of a run --max-insns or --timeout stopped
+
 # How a process's run ended: the ending, the exit status (128 + signal when killed), the signal, a message.
 Outcome = tuple[Ending, int, Signal | None, str | None]
 

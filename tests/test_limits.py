@@ -150,3 +150,42 @@ def test_a_child_runs_to_the_run_s_deadline_not_its_own() -> None:
     outcome = run_emulated([BOMBS, "spin"], {}, timeout_s=1)
     assert outcome.status == EXIT_TIMEOUT
     assert time.monotonic() - start < 1 + 8
+
+
+# ----------------------------------------------- check says which limit stopped which of its runs
+CPU_BOUND = str(Path(__file__).resolve().parent.parent / "elf_samples" / "cpu_bound")
+
+
+def test_check_stopped_by_a_limit_says_so_and_exits_with_its_status(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from emu.cli import main
+
+    report = tmp_path / "check.json"
+    status = main(["check", "--kernel", "int3,linux-6.18", "--max-insns", "20000", "--json", str(report),
+                   "-p", "uprobe:main", CPU_BOUND])
+    out = capsys.readouterr().out
+    assert status == EXIT_INSN_LIMIT
+    assert "unprobed run: stopped after 20000 instructions (--max-insns 20000)" in out
+    data = json.loads(report.read_text())
+    assert data["limit"] == "insn-limit" and data["reference"]["ending"] == "insn-limit"
+    assert {d["ending"] for d in data["designs"].values()} == {"insn-limit"}
+    assert main(["check", "--kernel", "int3", "--json", str(report), "-p", "uprobe:main", CPU_BOUND]) == 0
+    data = json.loads(report.read_text())
+    assert (data["limit"], data["reference"]["ending"], data["designs"]["int3"]["ending"]) == (None, "exited", "exited")
+
+
+def test_a_corpus_run_its_timeout_stopped_is_not_a_verdict(tmp_path: Path) -> None:
+    import hashlib
+
+    from emu.designs import DESIGNS
+    from emu.survey.corpus import load_corpus
+    from emu.survey.dynamic import run_entry
+
+    corpus = tmp_path / "c.toml"
+    corpus.write_text(f'[[run]]\nbinary = "{BOMBS}"\nargs = ["spin"]\nprobes = ["uprobe:main"]\ntimeout = 0.5\n')
+    (entry,) = load_corpus(str(corpus))
+    sha = hashlib.sha256(Path(BOMBS).read_bytes()).hexdigest()
+    run = run_entry(entry, sha, DESIGNS["int3"], None)
+    assert (run.status, run.error) == ("timeout", "stopped after 0.5 s (--timeout)")

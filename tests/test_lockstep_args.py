@@ -66,3 +66,27 @@ def test_writev_bytes_are_gathered_from_the_iovec() -> None:
     assert cast(SyscallLog, one.trace).views[0][1] == b"abcde"
     found = first_divergence(one, _run(0x10000, other_data, [("writev", (3, 0x10000, 2), 5)]))
     assert found is not None and "bytes written differ at 4" in found
+
+
+def _stopped(run: Observed, stdout: bytes, status: int, stopped: bool) -> Observed:
+    return Observed(stdout, b"", status, run.trace, stopped=stopped)
+
+
+def test_a_run_a_limit_stopped_is_compared_as_far_as_it_went() -> None:
+    whole = _run(0x10000, b"hello", [("write", (1, 0x10000, 5), 5), ("write", (1, 0x10000, 5), 5),
+                                    ("exit_group", (0,), 0)])
+    cut = _run(0x10000, b"hello", [("write", (1, 0x10000, 5), 5)])
+    full, part = _stopped(whole, b"hellohello", 0, False), _stopped(cut, b"hello", 101, True)
+    assert first_divergence(full, part) is None and first_divergence(part, full) is None
+    unstopped = _stopped(cut, b"hello", 101, False)  # the same cut, not known to be one: it differs
+    assert first_divergence(full, unstopped) == "syscall count: unprobed 3, probed 1"
+
+
+def test_a_stopped_run_still_differs_where_it_ran() -> None:
+    whole = _run(0x10000, b"hello", [("write", (1, 0x10000, 5), 5), ("exit_group", (0,), 0)])
+    cut = _run(0x10000, b"hellO", [("write", (1, 0x10000, 5), 5)])
+    found = first_divergence(_stopped(whole, b"hello", 0, False), _stopped(cut, b"hellO", 101, True))
+    assert found is not None and "bytes written differ at 4" in found
+    same_calls = _run(0x10000, b"hello", [("write", (1, 0x10000, 5), 5)])
+    found = first_divergence(_stopped(same_calls, b"hello!", 0, True), _stopped(same_calls, b"help", 101, True))
+    assert found is not None and found.startswith("stdout differs at byte 3")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from emu.commands.common import (
     add_binary,
@@ -19,6 +21,10 @@ from emu.commands.common import (
     write_json,
 )
 from emu.violations import ViolationLog
+
+if TYPE_CHECKING:
+    from emu.check import DesignReport
+    from emu.machine import RunResult
 
 NAME = "check"
 HELP = "run unprobed and under each design with verifiers; print one table"
@@ -75,14 +81,35 @@ def run(args: argparse.Namespace) -> int:
             print(f"{report.design}: " + (violation.details_text() if args.details else violation.line()))
         if report.violations.total > len(shown):
             print(f"{report.design}: ... {report.violations.total - len(shown)} more ({more_help(report.violations)})")
+    stopped = stopped_runs(reports)
+    for who, result in stopped:
+        print(f"{who}: {result.message}; its output is compared only as far as it ran")
     if args.json:
-        write_json(args.json, {"designs": {r.design: r.to_json() for r in reports}})
+        write_json(args.json, {"designs": {r.design: r.to_json() for r in reports},
+                               "reference": reference_json(reports[0].reference),
+                               "limit": stopped[0][1].ending.value if stopped else None})
     if args.html:
         from emu.report.check_page import page
 
         page(reports, command_line(args)).write(args.html)
     bad = any(r.violations or not r.same_output for r in reports)
-    return 1 if args.strict and bad else 0
+    if args.strict and bad:
+        return 1
+    return stopped[0][1].exit_status if stopped else 0
+
+
+def stopped_runs(reports: Sequence[DesignReport]) -> list[tuple[str, RunResult]]:
+    """(who, result) of each run a limit stopped, the unprobed one first."""
+    from emu.runtypes import LIMITS
+
+    runs = [("unprobed run", reports[0].reference)] + [(r.design, r.result) for r in reports]
+    return [(who, r) for who, r in runs if r is not None and r.ending in LIMITS]
+
+
+def reference_json(result: RunResult | None) -> dict[str, Any] | None:
+    if result is None:
+        return None
+    return {"ending": result.ending.value, "exit_status": result.exit_status, "message": result.message}
 
 
 def more_help(log: ViolationLog) -> str:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from emu.verify.session import VerifySession
     from emu.violations import Violation
 
-DYNAMIC_VERSION = 1  # bump when a dynamic verdict could change: stored runs of older versions are redone
+DYNAMIC_VERSION = 2  # bump when a dynamic verdict could change: stored runs of older versions are redone
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class DesignRun:
     entry: str  # the entry's content key
     sha256: str  # of the binary
     design: str
-    status: str  # ok | error | changed
+    status: str  # ok | error | changed | timeout (the entry's timeout stopped a run: not a verdict)
     error: str | None = None
     same_output: bool = True
     divergence: str | None = None
@@ -187,7 +187,9 @@ def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, 
     attached = {r.spec for r in runs}
     runs += [SiteRun(int(target, 16) - bias, s, 0, 0, 0, refused=True) for s in specs
              if s not in attached and (target := s.rpartition(":")[2]).startswith("0x")]
-    return DesignRun(entry.content_key(), sha256, design, "ok", None, report.same_output, report.divergence,
+    stopped = report.limit
+    status, error = ("ok", None) if stopped is None else (stopped.ending.value, stopped.message)
+    return DesignRun(entry.content_key(), sha256, design, status, error, report.same_output, report.divergence,
                      tuple(runs), time.perf_counter() - start)
 
 
