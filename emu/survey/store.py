@@ -9,6 +9,11 @@
 
 Each file's rows are committed together as its result arrives: Ctrl-C or a killed survey keeps
 every file already done, and the next run starts from there.
+
+A database is read back only after it proves to be one of ours: every table with the columns of
+SCHEMA, every value of the column's type (NULL only where the column allows it), every ``live`` a
+list of register pairs. Anything else, or an SQLite error later on (a damaged page), is a one-line
+error naming the file.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import wraps
+from typing import ParamSpec, TypeVar
 
 from emu.designs import Design
 from emu.errors import EmuError
@@ -71,26 +78,82 @@ class Stored:
     sites: tuple[SiteSurvey, ...]
 
 
+# SQLite's type of each declared type: what ``typeof()`` may say of a value in such a column.
+_STORED_AS = {"TEXT": ("text",), "INTEGER": ("integer",), "REAL": ("real", "integer")}
+
+
+Column = tuple[str, str, int, int]  # name, declared type, NOT NULL, position in the primary key (0: none)
+
+
+def _table_info(db: sqlite3.Connection, table: str) -> list[Column]:
+    return [(r[1], r[2], r[3], r[5]) for r in db.execute(f"PRAGMA table_info({table})")]
+
+
+def _columns() -> dict[str, list[Column]]:
+    """table -> the columns SCHEMA gives it."""
+    db = sqlite3.connect(":memory:")
+    db.executescript(SCHEMA)
+    tables = [t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    out = {t: _table_info(db, t) for t in tables}
+    db.close()
+    return out
+
+
+COLUMNS = _columns()
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _sqlite_errors(method: Callable[P, R]) -> Callable[P, R]:
+    """``method`` with an SQLite error (a damaged page, a locked file) turned into a one-line EmuError."""
+    @wraps(method)
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except sqlite3.Error as exc:
+            store = args[0]
+            assert isinstance(store, Store)
+            raise EmuError(f"the survey database {store.path}: {exc}") from None
+    return guarded
+
+
 class Store:
     def __init__(self, path: str, key: str) -> None:
-        self.key = key
+        self.path, self.key = path, key
         try:
             self.db = sqlite3.connect(path)
             self.db.executescript(SCHEMA)
+            self._validate()
         except sqlite3.Error as exc:
             raise EmuError(f"cannot open the survey database {path}: {exc}") from None
+
+    def _validate(self) -> None:
+        for table, columns in COLUMNS.items():
+            if _table_info(self.db, table) != columns:
+                raise EmuError(f"{self.path}: not a uprobe-emu survey database (table {table} has other columns)")
+            for name, kind, not_null, _ in columns:
+                allowed = _STORED_AS[kind] + (() if not_null else ("null",))
+                marks = ", ".join("?" * len(allowed))
+                bad = self.db.execute(f"SELECT rowid FROM {table} WHERE typeof({name}) NOT IN ({marks}) LIMIT 1",
+                                      allowed).fetchone()
+                if bad is not None:
+                    raise EmuError(f"{self.path}: a damaged survey database (table {table}, row {bad[0]}: "
+                                   f"{name} is not {kind.lower()})")
 
     def close(self) -> None:
         self.db.close()
 
+    @_sqlite_errors
     def done(self, sha256: str) -> bool:
         row = self.db.execute("SELECT 1 FROM files WHERE sha256 = ? AND key = ?", (sha256, self.key)).fetchone()
         return row is not None
 
+    @_sqlite_errors
     def saw(self, path: str, sha256: str) -> None:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO paths VALUES (?, ?)", (path, sha256))
 
+    @_sqlite_errors
     def put(self, result: FileSurvey) -> None:
         """One file's rows, in one transaction (a repeat analysis replaces them and counts itself)."""
         key, sha = self.key, result.sha256
@@ -107,6 +170,7 @@ class Store:
                 (sha, key, s.address, s.kind, d, s.verdicts[d], None if h is None else int(h))
                 for s in result.sites for d, h in s.hazard.items()])
 
+    @_sqlite_errors
     def get(self, sha256: str) -> Stored | None:
         row = self.db.execute("SELECT status, error, size FROM files WHERE sha256 = ? AND key = ?",
                               (sha256, self.key)).fetchone()
@@ -125,15 +189,28 @@ class Store:
                 "WHERE sha256 = ? AND key = ? ORDER BY rowid", (sha256, self.key)):
             rows = verdicts.get((address, kind), [])
             yield SiteSurvey(address, kind, symbol, name, insn, red_zone, reason,
-                             tuple(tuple(x) for x in json.loads(live)),
+                             self._live(live, sha256, address),
                              {d: v for d, v, _ in rows}, {d: None if h is None else bool(h) for d, _, h in rows},
                              context)
 
+    def _live(self, text: str, sha256: str, address: int) -> tuple[tuple[int, int], ...]:
+        try:
+            pairs = json.loads(text)
+        except (ValueError, RecursionError):
+            pairs = None
+        if not isinstance(pairs, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(type(x) is int for x in p) for p in pairs):
+            raise EmuError(f"{self.path}: a damaged survey database (site {address:#x} of {sha256[:16]}: "
+                           "live is not a list of register pairs)")
+        return tuple((a, b) for a, b in pairs)
+
+    @_sqlite_errors
     def run_done(self, key: RunKey) -> bool:
         row = self.db.execute("SELECT 1 FROM runs WHERE entry = ? AND sha256 = ? AND design = ? AND dkey = ?",
                               key).fetchone()
         return row is not None
 
+    @_sqlite_errors
     def put_run(self, run: DesignRun, dkey: str, name: str) -> None:
         """One corpus run's rows, in one transaction."""
         key = (run.entry, run.sha256, run.design, dkey)
@@ -145,6 +222,7 @@ class Store:
             self.db.executemany("INSERT OR REPLACE INTO run_sites VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [
                 (*key, s.address, s.spec, s.hits, s.flagged, s.read_back, int(s.refused)) for s in run.sites])
 
+    @_sqlite_errors
     def get_run(self, key: RunKey) -> tuple[str, DesignRun] | None:
         """(entry name, run) of ``key``."""
         where = "WHERE entry = ? AND sha256 = ? AND design = ? AND dkey = ?"
@@ -156,10 +234,12 @@ class Store:
             f"SELECT address, spec, hits, flagged, read_back, refused FROM run_sites {where} ORDER BY rowid", key))
         return row[0], DesignRun(key[0], key[1], key[2], row[1], row[2], bool(row[3]), row[4], sites, row[5])
 
+    @_sqlite_errors
     def analyses(self) -> dict[str, int]:
         """sha256 -> times analysed (under this key)."""
         return dict(self.db.execute("SELECT sha256, analyses FROM files WHERE key = ?", (self.key,)).fetchall())
 
+    @_sqlite_errors
     def dump(self) -> list[tuple[object, ...]]:
         """Every stored result row (files without the analysis count, sites, verdicts, corpus runs
         without their wall time), sorted: equal surveys give equal dumps, whoever ran them."""
