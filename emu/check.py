@@ -8,7 +8,7 @@ from typing import Any
 
 from emu.callret import CallRetTracker
 from emu.designs import DESIGNS, known_designs
-from emu.errors import UsageError
+from emu.errors import EmuError, ProbeRefused, UsageError
 from emu.guestio import GuestIO
 from emu.lockstep import Observed, SyscallLog, first_divergence
 from emu.machine import Machine, RunOptions, RunResult
@@ -36,6 +36,7 @@ class DesignReport:
     trace: Any = None  # what CheckRequest.tracer returned for this design's probed machine
     watch: Any = None  # what CheckRequest.watcher returned for it
     reference: RunResult | None = None  # the unprobed run's result
+    error: str | None = None  # the design's run could not be made (the other designs still are)
 
     @property
     def limit(self) -> RunResult | None:
@@ -44,6 +45,10 @@ class DesignReport:
 
     def count(self, kind: Check) -> int:
         return self.violations.of_kind(kind)
+
+    @property
+    def same_output_cell(self) -> str:
+        return "failed" if self.error is not None else "yes" if self.same_output else "no"
 
     @property
     def rsb_extra(self) -> int | None:
@@ -74,6 +79,7 @@ class DesignReport:
             "divergence": self.divergence,
             "exits": self.exits,
             "refused": self.refused,
+            "error": self.error,
             "ending": self.result.ending.value if self.result else None,
             "message": self.result.message if self.result else None,
             "details": [v.to_json() for v in self.violations],
@@ -95,6 +101,7 @@ class CheckRequest:
     tracer: Callable[[Machine], Any] | None = None  # called on each probed machine before its run (e.g. --html)
     watcher: Callable[[Machine, VerifySession], Any] | None = None  # as tracer, with the verifiers' session
     lenient: bool = False  # a given spec the design refuses is recorded in ``refused``, not an error
+    raise_errors: bool = False  # a refused spec or a failed run raises, not a row (one design asked for: the plugin)
 
 
 def designs_from(text: str) -> tuple[str, ...]:
@@ -138,13 +145,34 @@ def _specs(request: CheckRequest, machine: Machine) -> list[ProbeSpec]:
 
 def run_design(request: CheckRequest, design: str, reference: tuple[Observed, RunResult],
                rsb_reference: RsbStats | None = None) -> DesignReport:
+    """``design``'s probed run against the reference. A probe the design refuses, or a run the harness
+    cannot make under it, is this design's row, not the end of the check; a probe no design can
+    attach (a spec naming nothing) is the user's error."""
+    if request.raise_errors:
+        return _run_design(request, design, reference, rsb_reference)
+    try:
+        return _run_design(request, design, reference, rsb_reference)
+    except UsageError as err:
+        if not isinstance(err, ProbeRefused):
+            raise
+        return _failed(design, str(err), reference[1])
+    except EmuError as err:
+        return _failed(design, str(err), reference[1])
+
+
+def _failed(design: str, error: str, reference: RunResult) -> DesignReport:
+    return DesignReport(design, 0, ViolationLog(), False, None, {}, reference=reference, error=error)
+
+
+def _run_design(request: CheckRequest, design: str, reference: tuple[Observed, RunResult],
+                rsb_reference: RsbStats | None) -> DesignReport:
     machine, io = _observe(request, design, probes=True)
     refused: list[str] = []
     for spec in _specs(request, machine):
         try:
             machine.attach(spec)
         except UsageError as err:
-            if request.specs and not request.lenient:
+            if request.specs and not request.lenient and (request.raise_errors or not isinstance(err, ProbeRefused)):
                 raise
             refused.append(str(err))  # e.g. a nop10 the design's kernel refuses (-ENOTSUPP)
     session = VerifySession(machine, request.verifiers, shstk=request.shstk, rsb=request.rsb)
@@ -173,17 +201,20 @@ def check_table(reports: Sequence[DesignReport]) -> str:
     added over the unprobed run, per hit) columns appear when those models were on."""
     shstk = any(r.shstk for r in reports)
     rsb = any(r.rsb is not None for r in reports)
+    refused = any(r.refused for r in reports)
     header = ("design", "hits", "redzone", "regs", "resume", "memory") + (("shstk",) if shstk else ()) + (
-        "same output", "sysret", "iret") + (("rsb miss/hit",) if rsb else ())
+        "same output", "sysret", "iret") + (("rsb miss/hit",) if rsb else ()) + (("refused",) if refused else ())
     rows: list[tuple[str, ...]] = [header]
     for r in reports:
         row: tuple[str, ...] = (r.design, str(r.hits), str(r.count(Check.REDZONE)), str(r.count(Check.REGS)),
                                 str(r.count(Check.RESUME)), str(r.count(Check.MEMORY)))
         if shstk:
             row += (str(r.count(Check.SHSTK)) if r.shstk else "-",)
-        row += ("yes" if r.same_output else "no", str(r.exits.get("sysret", 0)), str(r.exits.get("iret", 0)))
+        row += (r.same_output_cell, str(r.exits.get("sysret", 0)), str(r.exits.get("iret", 0)))
         if rsb:
             per_hit = r.rsb_per_hit
             row += (f"{per_hit:.2f}" if per_hit is not None else "-",)
+        if refused:
+            row += (str(len(r.refused)),)
         rows.append(row)
     return table(rows)

@@ -211,7 +211,8 @@ def uprobe_check(request: pytest.FixtureRequest) -> Callable[..., DesignReport]:
         path = os.fspath(binary)
         options.setdefault("timeout_s", DEFAULT_TIMEOUT_S)
         req = CheckRequest(binary=path, argv=[path, *args], env=dict(DEFAULT_ENV if env is None else env),
-                           specs=tuple(probes), designs=(chosen,), options=RunOptions(**options), stdin=stdin)
+                           specs=tuple(probes), designs=(chosen,), options=RunOptions(**options), stdin=stdin,
+                           raise_errors=True)
         return run_check(req)[0]
 
     return check

@@ -98,6 +98,20 @@ def test_check(uprobe_check, kernel_design):
     result.stdout.fnmatch_lines(["*test_check[[]int3[]] PASSED*", "*under linux-6.18*", "*output differs*"])
 
 
+def test_uprobe_check_raises_when_the_design_refuses_the_probe_asked_for(
+        pytester: pytest.Pytester, pytestconfig: pytest.Config) -> None:
+    """check's table keeps a refused probe as a row; a test that asked for it must not pass on 0 hits."""
+    pytester.makepyfile(test_refused=f'''
+import pytest
+from emu.errors import ProbeRefused
+
+def test_refused(uprobe_check):
+    with pytest.raises(ProbeRefused, match="ENOTSUPP"):
+        uprobe_check({str(REPO / "elf_samples" / "probe_targets")!r}, design="int3", probes=["uprobe:t_nop10"])
+''')
+    pytester.runpytest(*_plugin_args(pytestconfig)).assert_outcomes(passed=1)
+
+
 def test_entry_point_is_declared() -> None:
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["pytest11"] == {"uprobe_emu": "emu.pytest_plugin"}

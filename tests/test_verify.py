@@ -132,7 +132,7 @@ def test_check_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert status == 0
     table = capsys.readouterr().out
     assert table.splitlines()[0].split() == ["design", "hits", "redzone", "regs", "resume", "memory", "same",
-                                             "output", "sysret", "iret"]
+                                             "output", "sysret", "iret", "refused"]
     data = json.loads(out.read_text())["designs"]
     assert set(data) == {"int3", "uretprobe-rfc", "linux-6.18", "jmp-slots", "nop10"}
     assert data["linux-6.18"]["violations"]["redzone"] > 0 and data["linux-6.18"]["same_output"] is False

@@ -74,6 +74,13 @@ def run(args: argparse.Namespace) -> int:
     warn_ifunc_probes(args)
     print(check_table(reports))
     for report in reports:
+        if report.error is not None:
+            print(f"{report.design}: failed: {report.error}")
+        refused = report.refused if args.details else report.refused[:3] if args.probe else []  # scanned: counted
+        for why in refused:
+            print(f"{report.design}: refused {why}")
+        if args.probe and len(report.refused) > len(refused):
+            print(f"{report.design}: ... {len(report.refused) - len(refused)} more refused (--details shows all)")
         if report.divergence:
             print(f"{report.design}: output differs from the unprobed run: {report.divergence}")
         shown = report.violations if args.details else report.violations[:3]
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         from emu.report.check_page import page
 
         page(reports, command_line(args)).write(args.html)
-    bad = any(r.violations or not r.same_output for r in reports)
+    bad = any(r.violations or not r.same_output or r.error for r in reports)
     if args.strict and bad:
         return 1
     return stopped[0][1].exit_status if stopped else 0

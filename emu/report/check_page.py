@@ -229,7 +229,7 @@ def page(reports: Sequence[DesignReport], command: str) -> Page:
     p = Page("uprobe-emu check", command)
     p.table(("design", "hits", "redzone", "regs", "resume", "same output", "sysret", "iret"),
             [(r.design, r.hits, r.count(Check.REDZONE), r.count(Check.REGS), r.count(Check.RESUME),
-              "yes" if r.same_output else "no", r.exits.get("sysret", 0), r.exits.get("iret", 0)) for r in reports],
+              r.same_output_cell, r.exits.get("sysret", 0), r.exits.get("iret", 0)) for r in reports],
             numeric=(1, 2, 3, 4, 6, 7))
     for r in reports:
         _design_section(p, r)
@@ -239,7 +239,9 @@ def page(reports: Sequence[DesignReport], command: str) -> Page:
 def _design_section(p: Page, r: DesignReport) -> None:
     tracer: Tracer | None = r.trace
     clean = not r.violations and r.same_output
-    p.heading(f"{r.design}: {'clean' if clean else 'broken'}", anchor=f"design-{r.design}")
+    p.heading(f"{r.design}: {'failed' if r.error else 'clean' if clean else 'broken'}", anchor=f"design-{r.design}")
+    if r.error is not None:
+        p.para(f"failed: {r.error}", "meta")
     for why in r.refused:
         p.para(f"refused: {why}", "meta")
     patterns = redzone_patterns(r.violations, tracer)
