@@ -12,7 +12,6 @@ from typing import NamedTuple
 from emu import abi, layout
 from emu.abi import AuxType, Prot
 from emu.cpu import Cpu, Reg
-from emu.cpumodel import MIN_SIGSTKSZ
 from emu.elf import FileId, LoadPlan, load_plan, plan_from_bytes
 from emu.errors import EmuError, LoadError
 from emu.guestio import GuestIO
@@ -22,6 +21,7 @@ from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import exec_kernel_state
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.fs.layer import MAY_EXEC, permitted
+from emu.kernel.hostframe import host_frame
 from emu.kernel.overlay import Inode
 from emu.kernel.vdso import map_vdso
 from emu.layout import Layout
@@ -157,7 +157,7 @@ def build_initial_stack(kernel: Kernel, mem: Memory, lay: Layout, path: str, exe
     # create_elf_tables' order (notes/linux-6.18-observed.md section 9): ARCH_DLINFO first
     aux = [
         (AuxType.AT_SYSINFO_EHDR, vdso),
-        (AuxType.AT_MINSIGSTKSZ, MIN_SIGSTKSZ),
+        (AuxType.AT_MINSIGSTKSZ, host_frame().minsigstksz),  # grows with the frame's XSAVE area
         (AuxType.AT_HWCAP, kernel.cpu_model.hwcap),
         (AuxType.AT_PAGESZ, abi.PAGE_SIZE),
         (AuxType.AT_CLKTCK, CLOCK_TICKS),

@@ -101,12 +101,22 @@ def run_emulated(argv: Sequence[str], env: Mapping[str, str] | None = None, *,
     return Outcome(bytes(io.out), bytes(io.err), result.exit_status, kernel.pid, result)
 
 
+def _no_aslr() -> None:
+    import ctypes
+
+    from emu.native import ADDR_NO_RANDOMIZE
+
+    ctypes.CDLL(None).personality(ADDR_NO_RANDOMIZE)
+
+
 def run_native(argv: Sequence[str], env: Mapping[str, str] | None = None, *,
-               cwd: str | os.PathLike[str] | None = None, stdin: bytes = b"") -> Outcome:
-    """Run ``argv`` on the host with exactly ``env``; a death by signal N becomes status 128+N."""
+               cwd: str | os.PathLike[str] | None = None, stdin: bytes = b"", no_aslr: bool = False) -> Outcome:
+    """Run ``argv`` on the host with exactly ``env``; a death by signal N becomes status 128+N.
+    ``no_aslr``: personality(ADDR_NO_RANDOMIZE) as `setarch -R`, the layout an emulated run has."""
     env = dict(DEFAULT_ENV if env is None else env)
     proc = subprocess.Popen(list(argv), executable=_resolve_program(argv, env), env=env, cwd=cwd,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_no_aslr if no_aslr else None)
     out, err = proc.communicate(stdin, timeout=NATIVE_TIMEOUT_S)
     status = proc.returncode
     return Outcome(out, err, 128 - status if status < 0 else status, proc.pid)

@@ -14,6 +14,7 @@ from conftest import run_emulated, run_native, sample
 
 from emu.cpu import EXEC_FCW, EXEC_MXCSR, Cpu, Reg
 from emu.kernel import fpu
+from emu.kernel.hostframe import MODEL, SW_BYTES_OFFSET
 
 CPU_STATE = sample("cpu_state")
 
@@ -79,26 +80,26 @@ def test_unmasked_sse_divide_by_zero_is_the_documented_difference() -> None:
 
 
 def _block(**changes: int) -> bytearray:
-    block = bytearray(fpu.save(Cpu()))
+    block = bytearray(fpu.save(Cpu(), MODEL))
     for offset, value in changes.items():
         struct.pack_into("<I", block, int(offset[1:]), value)
     return block
 
 
 def test_sigreturn_refuses_reserved_mxcsr_bits() -> None:
-    assert fpu.parse(bytes(_block())) is not None
-    assert fpu.parse(bytes(_block(o24=0x10000 | EXEC_MXCSR))) is None
+    assert fpu.parse(bytes(_block()), MODEL) is not None
+    assert fpu.parse(bytes(_block(o24=0x10000 | EXEC_MXCSR)), MODEL) is None
 
 
 def test_sigreturn_without_xsave_magic_loads_the_legacy_area_only() -> None:
     cpu = Cpu()
     cpu.write_xmm(2, 0x55)
-    block = bytearray(fpu.save(cpu))
+    block = bytearray(fpu.save(cpu, MODEL))
     struct.pack_into("<Q", block, fpu.HEADER_OFFSET, 0)  # xstate_bv: x87 and SSE in their init state
-    cleared = fpu.parse(bytes(block))
+    cleared = fpu.parse(bytes(block), MODEL)
     assert cleared is not None and cleared[160 + 32 : 160 + 48] == bytes(16)
-    struct.pack_into("<I", block, fpu.SW_BYTES_OFFSET, 0)  # no magic1: FXRSTOR of the 512 bytes, header ignored
-    legacy = fpu.parse(bytes(block))
+    struct.pack_into("<I", block, SW_BYTES_OFFSET, 0)  # no magic1: FXRSTOR of the 512 bytes, header ignored
+    legacy = fpu.parse(bytes(block), MODEL)
     assert legacy is not None and legacy[160 + 32] == 0x55
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from emu.abi import Signal
 from emu.designs import Design
+from emu.kernel.altstack import DISABLED
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import PollOthers, WouldBlock
 from emu.kernel.family import CLD_EXITED, CLD_KILLED, FamilyOf, ProcessEntry
@@ -104,8 +105,6 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
 def exec_kernel_state(k: Kernel) -> None:
     """What execve resets (fs/exec.c): close-on-exec fds, handled signals back to SIG_DFL (ignored
     ones stay ignored), the alternate stack, POSIX timers, rseq, robust list, clear_child_tid, other threads."""
-    from emu.kernel.threads import SS_DISABLE_ALTSTACK  # threads.py loads with an execve, not with a plain run
-
     if isinstance(k.files, SharedFdTable):
         k.files.close_on_exec()
     task = k.task
@@ -115,7 +114,7 @@ def exec_kernel_state(k: Kernel) -> None:
     actions = task.signals.actions
     for signo in [s for s in actions if k.signals.handler(s) != SIG_IGN]:
         del actions[signo]
-    task.signals.altstack = SS_DISABLE_ALTSTACK
+    task.signals.altstack = DISABLED
     for ident in [i for i in k.timers if i >= 0]:
         del k.timers[ident]  # POSIX timers go; the alarm stays (execve(2))
     task.rseq = None

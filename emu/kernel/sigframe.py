@@ -2,14 +2,18 @@
 
 Frame (arch/x86/include/asm/sigframe.h, rt_sigframe for 64-bit): the return address (the
 action's restorer), struct ucontext (flags, link, the alternate stack, struct sigcontext,
-the blocked mask), struct siginfo. It goes below the red zone, or on the alternate stack
-for SA_ONSTACK; rsp is 8 mod 16 at the handler, as after a call. The FPU state goes between the
-frame and the red zone, 64-byte aligned (fpu__alloc_mathframe; layout in fpu.py), and the handler
-starts with the FPU's init state; rt_sigreturn loads what the fpstate pointer then points at.
+the blocked mask), struct siginfo. It goes below the red zone, or at the top of the alternate stack
+for SA_ONSTACK when not already on it; rsp is 8 mod 16 at the handler, as after a call. The FPU
+state goes between the frame and the red zone, 64-byte aligned and as large as the host kernel makes
+it (fpu__alloc_mathframe; hostframe.py, fpu.py), and the handler starts with the FPU's init state.
+A frame that would leave the alternate stack it is on is not written (get_sigframe): SIGSEGV.
+rt_sigreturn loads what the fpstate pointer then points at, and sets the alternate stack from the
+frame's uc_stack (restore_altstack, altstack.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import struct
 from dataclasses import dataclass
@@ -17,7 +21,9 @@ from typing import TYPE_CHECKING
 
 from emu.abi import RED_ZONE, SI_KERNEL
 from emu.kernel import fpu
+from emu.kernel.altstack import DISABLED, SS_AUTODISARM, STACK_T, changed
 from emu.kernel.errno_ import SyscallError
+from emu.kernel.hostframe import host_frame
 from emu.memory import UserFault
 
 if TYPE_CHECKING:
@@ -25,8 +31,7 @@ if TYPE_CHECKING:
 
 SA_SIGINFO, SA_ONSTACK, SA_RESTORER = 0x4, 0x08000000, 0x04000000
 SA_NODEFER, SA_RESETHAND = 0x40000000, 0x80000000
-SS_ONSTACK, SS_DISABLE = 1, 2
-UC_OFFSET, MCONTEXT_OFFSET, SIGMASK_OFFSET, SIGINFO_OFFSET = 8, 48, 304, 312
+UC_OFFSET, UC_STACK_OFFSET, MCONTEXT_OFFSET, SIGMASK_OFFSET, SIGINFO_OFFSET = 8, 24, 48, 304, 312
 FRAME_SIZE = SIGINFO_OFFSET + 128
 TF, DF, RF = 1 << 8, 1 << 10, 1 << 16
 FPSTATE_OFFSET = MCONTEXT_OFFSET + 184  # sigcontext: 18 words, 4 selectors, err, trapno, oldmask, cr2, fpstate
@@ -73,19 +78,23 @@ def _sigcontext(state: list[int], signo: int, addr: int, fpstate: int) -> bytes:
 def setup_frame(k: Kernel, signo: int, info: SigInfo, state: list[int], action: Action) -> list[int]:
     """Write the frame; return the user state the handler starts with. A frame that cannot be written
     is SIGSEGV, as in the kernel (raised as UserFault for the caller)."""
+    layout, alt = host_frame(), k.signals.altstack
     sp = state[7] - RED_ZONE
-    ss_sp, ss_flags, _pad, ss_size = struct.unpack("<QiiQ", k.signals.altstack)
-    on_alt = ss_sp <= state[7] < ss_sp + ss_size
-    if action.flags & SA_ONSTACK and not ss_flags & SS_DISABLE and not on_alt:
-        sp = ss_sp + ss_size
-    fpstate = (sp - fpu.FPSTATE_SIZE) & ~(fpu.FPSTATE_ALIGN - 1)
+    nested = alt.on(state[7])
+    entering = bool(action.flags & SA_ONSTACK) and alt.mode(sp) == 0
+    if entering:
+        sp = alt.sp + alt.size
+    fpstate = (sp - layout.extended_size) & ~(fpu.FPSTATE_ALIGN - 1)
     frame = ((fpstate - FRAME_SIZE) & ~0xF) - 8
-    uc_stack = struct.pack("<QiiQ", ss_sp, SS_ONSTACK if on_alt else ss_flags, 0, ss_size)
-    blob = (struct.pack("<QQQ", action.restorer, UC_FLAGS, 0) + uc_stack
+    if (nested or entering) and not alt.contains(frame):
+        raise UserFault(frame)  # the frame would overflow the alternate stack
+    blob = (struct.pack("<QQQ", action.restorer, UC_FLAGS, 0) + alt.saved()
             + _sigcontext(state, signo, info.addr, fpstate) + struct.pack("<Q", k.signals.mask) + info.pack())
-    k.mem.write_user(fpstate, fpu.save(k.cpu))
+    k.mem.write_user(fpstate, fpu.save(k.cpu, layout))
     k.mem.write_user(frame, blob)
     k.cpu.load_fxsave_image(fpu.init_image())  # the handler starts with the init FPU state
+    if alt.flags & SS_AUTODISARM:
+        k.signals.altstack = DISABLED  # sas_ss_reset, for as long as the handler runs
     k.signals.mask |= action.mask | (0 if action.flags & SA_NODEFER else 1 << (signo - 1))
     if action.flags & SA_RESETHAND:
         k.signals.actions.pop(signo, None)
@@ -97,11 +106,14 @@ def setup_frame(k: Kernel, signo: int, info: SigInfo, state: list[int], action: 
 
 
 def restore_frame(k: Kernel, sp: int) -> list[int]:
-    """rt_sigreturn: the user state saved in the frame whose ucontext is at ``sp``; the mask comes back too."""
+    """rt_sigreturn: the user state saved in the frame whose ucontext is at ``sp``; the mask and the
+    alternate stack come back too. The real kernel decides whether the handler is still on the
+    alternate stack (EPERM, ignored) from the rsp it returns with: measured, elf_samples/sigframes."""
     try:
         raw = k.mem.read_user(sp, FRAME_SIZE - UC_OFFSET)
     except UserFault:
         raise SyscallError(errno.EFAULT) from None
+    stack_t = raw[UC_STACK_OFFSET - UC_OFFSET: UC_STACK_OFFSET - UC_OFFSET + STACK_T.size]
     words = struct.unpack_from("<18Q", raw, MCONTEXT_OFFSET - UC_OFFSET)
     state = [0] * 18
     for value, index in zip(words, SIGCONTEXT_ORDER, strict=True):
@@ -110,6 +122,8 @@ def restore_frame(k: Kernel, sp: int) -> list[int]:
     image = _saved_fpu(k, fpstate)
     (k.signals.mask,) = struct.unpack_from("<Q", raw, SIGMASK_OFFSET - UC_OFFSET)
     k.cpu.load_fxsave_image(image)
+    with contextlib.suppress(SyscallError):  # restore_altstack squashes every error of do_sigaltstack
+        k.signals.altstack = changed(k.signals.altstack, stack_t, sp)
     return state
 
 
@@ -120,8 +134,9 @@ def _saved_fpu(k: Kernel, fpstate: int) -> bytes:
         return fpu.init_image()
     if fpstate % fpu.FPSTATE_ALIGN:
         raise SyscallError(errno.EFAULT)
+    layout = host_frame()
     try:
-        image = fpu.parse(k.mem.read_user(fpstate, fpu.FPSTATE_SIZE))
+        image = fpu.parse(k.mem.read_user(fpstate, layout.extended_size), layout)
     except UserFault:
         raise SyscallError(errno.EFAULT) from None
     if image is None:

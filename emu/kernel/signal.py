@@ -13,6 +13,8 @@ import struct
 from typing import TYPE_CHECKING
 
 from emu.abi import DEFAULT_IGNORED, SI_TKILL, SI_USER, Signal
+from emu.cpu import Reg
+from emu.kernel.altstack import STACK_T, changed
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
 from emu.kernel.state import SIG_DFL, SIG_IGN
@@ -69,10 +71,12 @@ def sys_rt_sigprocmask(k: Kernel, how: int, new: int, old: int, sigsetsize: int,
 
 
 def sys_sigaltstack(k: Kernel, new: int, old: int, *_: int) -> int:
-    if old:
-        k.mem.write_user(old, k.signals.altstack)
+    """do_sigaltstack (altstack.py): the old stack is reported as it was, once the new one is accepted."""
+    rsp, current = k.cpu.read(Reg.RSP), k.signals.altstack
     if new:
-        k.signals.altstack = k.mem.read_user(new, 24)
+        k.signals.altstack = changed(current, k.mem.read_user(new, STACK_T.size), rsp)
+    if old:
+        k.mem.write_user(old, current.reported(rsp))
     return 0
 
 

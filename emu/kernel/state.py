@@ -10,6 +10,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from emu.kernel.altstack import DISABLED, AltStack
 from emu.kernel.uprobes.consumers import Consumer
 
 SIG_DFL, SIG_IGN = 0, 1
@@ -66,7 +67,7 @@ class SignalState:
     actions: dict[int, bytes] = field(default_factory=dict)  # signo -> struct kernel_sigaction (32 bytes)
     mask: int = 0
     pending: int = 0
-    altstack: bytes = struct.pack("<QiiQ", 0, 2, 0, 0)  # ss_sp, ss_flags=SS_DISABLE, size
+    altstack: AltStack = DISABLED  # per thread (altstack.py)
     pending_code: dict[int, int] = field(default_factory=dict)  # signo -> si_code of the pending instance
 
     def handler(self, signo: int) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from emu.cpu import Reg
 from emu.kernel import limits
+from emu.kernel.altstack import DISABLED
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestExit
 from emu.kernel.futex import FUTEX_BITSET_MATCH_ANY, futex_wake
@@ -34,7 +35,6 @@ THREAD_OPTIONAL = (CLONE_FS | CLONE_FILES | CLONE_SYSVSEM | CLONE_SETTLS | CLONE
                    | CLONE_CHILD_CLEARTID | CLONE_DETACHED | CLONE_UNTRACED | CLONE_CHILD_SETTID)
 CLONE_ARGS_SIZE_VER0 = 64
 CLONE_ARGS_FORMAT = "<11Q"  # flags pidfd child_tid parent_tid exit_signal stack stack_size tls set_tid set_tid_size cgroup
-SS_DISABLE_ALTSTACK = struct.pack("<QiiQ", 0, 2, 0, 0)
 
 
 def sys_clone(k: Kernel, flags: int, newsp: int, parent_tid: int, child_tid: int, tls: int, *_: int) -> int:
@@ -76,7 +76,7 @@ def _new_thread(k: Kernel, args: CloneArgs) -> int:
     tid = k.sched.new_tid()
     rip = k.cpu.read(Reg.RIP)  # at the syscall instruction
     signals = SignalState(actions=parent.signals.actions, mask=parent.signals.mask,
-                          altstack=SS_DISABLE_ALTSTACK)  # CLONE_VM without CLONE_VFORK: no alternate stack
+                          altstack=DISABLED)  # CLONE_VM without CLONE_VFORK: no alternate stack
     child = Task(tid, signals, pc=rip + 2, context=k.cpu.save_context())
     child.resume_regs = {Reg.RAX: 0, Reg.RCX: rip + 2, Reg.R11: k.cpu.read(Reg.RFLAGS)}
     if args.stack:
