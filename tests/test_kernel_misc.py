@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl as host_fcntl
 import os
+import resource
 import struct
 import termios
 
@@ -188,11 +189,11 @@ def test_clock_is_virtual_and_monotonic() -> None:
 def test_prlimit_get_and_lower(guest: GuestKernel) -> None:
     old = guest.alloc(16)
     assert guest("prlimit64", 0, 7, 0, old) == 0  # RLIMIT_NOFILE
-    assert struct.unpack("<QQ", guest.read(old, 16)) == (1024, 1048576)
+    assert struct.unpack("<QQ", guest.read(old, 16)) == resource.getrlimit(resource.RLIMIT_NOFILE)  # the host's
     new = guest.alloc(16, struct.pack("<QQ", 256, 512))
     assert guest("prlimit64", 0, 7, new, 0) == 0
     assert guest("prlimit64", 0, 7, 0, old) == 0 and struct.unpack("<QQ", guest.read(old, 16)) == (256, 512)
-    raise_hard = guest.alloc(16, struct.pack("<QQ", 256, 4096))
+    raise_hard = guest.alloc(16, struct.pack("<QQ", 256, 513))
     assert guest("prlimit64", 0, 7, raise_hard, 0) == -errno.EPERM
 
 
@@ -338,3 +339,19 @@ def test_a_real_tty_is_never_changed_and_its_pgrp_is_the_guests() -> None:
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_ulimit_prints_what_it_prints_natively() -> None:
+    """Every limit but the stack's (which the layout is computed from) is the host's, as a child inherits it."""
+    from conftest import run_emulated, run_native
+
+    native = run_native(["/bin/bash", "-c", "ulimit -a"], env={})
+    emulated = run_emulated(["/bin/bash", "-c", "ulimit -a"], env={})
+    assert native.status == emulated.status == 0
+    assert b"max user processes" in native.out
+
+    def lines(out: bytes) -> list[bytes]:
+        same_stack = resource.getrlimit(resource.RLIMIT_STACK)[0] == 8 << 20
+        return [line for line in out.splitlines() if same_stack or b"stack size" not in line]
+
+    assert lines(emulated.out) == lines(native.out)

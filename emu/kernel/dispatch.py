@@ -25,7 +25,7 @@ from emu.kernel.fs.fdtable import SharedFdTable
 from emu.kernel.overlay import Overlay
 from emu.kernel.rows import Row
 from emu.kernel.sched import Scheduler
-from emu.kernel.state import DEFAULT_RLIMITS, Brk, CloneArgs, PerfAttach, SignalState, Timer, default_memory_limit
+from emu.kernel.state import Brk, CloneArgs, PerfAttach, SignalState, Timer, default_memory_limit, host_rlimits
 from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
 from emu.memory import Memory, UserFault
@@ -90,7 +90,7 @@ class Kernel:
             self.vfs.overlay = Overlay(self.vfs.host_path, self.clock.wall_ns)
         self.random = random.Random(config.seed)
         self.sched = Scheduler(Task(config.pid, SignalState()), self.clock, cpu.stop)
-        self.rlimits = dict(DEFAULT_RLIMITS)
+        self.rlimits = host_rlimits()
         self.brk = Brk(0, 0)
         self.shared_readonly: list[tuple[int, int, int]] = []  # MAP_SHARED of read-only fds: (start, end, inode)
         self.ident = Identity(config.pid, config.ppid, config.uid, config.gid, "", (), (), ())

@@ -13,6 +13,7 @@ from emu.cpu import Reg
 from emu.cpumodel import MAX_CPUS
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestExit, WouldBlock
+from emu.kernel.state import RLIMIT_STACK
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -21,7 +22,6 @@ ARCH_SET_GS, ARCH_SET_FS, ARCH_GET_FS, ARCH_GET_GS = 0x1001, 0x1002, 0x1003, 0x1
 CLOCK_IDS = range(0, 12)
 RSEQ_SIG_MIN_LEN = 32
 CPUMASK_SIZE = MAX_CPUS // 8  # bytes of a cpumask with NR_CPUS bits (Linux 6.18 here answers 32)
-RLIMIT_STACK_RESOURCE = 3
 SYSINFO_FORMAT = "<q3Q6QHH4xQQI"  # uptime loads[3] totalram..freeswap procs pad (pad) totalhigh freehigh mem_unit
 SYSINFO_SIZE = 112
 SYSINFO_TOTALRAM = 4 << 30
@@ -123,7 +123,7 @@ def sys_prlimit64(k: Kernel, pid: int, resource: int, new: int, old: int, *_: in
         if soft > hard or hard > k.rlimits[resource][1]:
             raise SyscallError(errno.EINVAL if soft > hard else errno.EPERM)
         k.rlimits[resource] = (soft, hard)
-        if resource == RLIMIT_STACK_RESOURCE:
+        if resource == RLIMIT_STACK:
             k.mem.stack_limit = soft  # how far [stack] may grow from now on
     return 0
 

@@ -32,7 +32,7 @@ def default_memory_limit(meminfo: str = "/proc/meminfo") -> int:
     return FALLBACK_LIMIT
 
 
-DEFAULT_RLIMITS = {
+FALLBACK_RLIMITS = {  # where the host cannot say (no resource module)
     0: (RLIM_INFINITY, RLIM_INFINITY),  # CPU
     1: (RLIM_INFINITY, RLIM_INFINITY),  # FSIZE
     2: (RLIM_INFINITY, RLIM_INFINITY),  # DATA
@@ -50,6 +50,27 @@ DEFAULT_RLIMITS = {
     14: (0, 0),  # RTPRIO
     15: (RLIM_INFINITY, RLIM_INFINITY),  # RTTIME
 }
+RLIMIT_STACK = 3
+
+
+def host_rlimits() -> dict[int, tuple[int, int]]:
+    """The limits a native child of the harness would inherit, so `ulimit -a` prints the same:
+    getrlimit of this process for each resource, but RLIMIT_STACK, which stays the table's 8 MiB:
+    the layout (mmap base, stack growth) is computed from it."""
+    try:
+        import resource
+    except ImportError:
+        return dict(FALLBACK_RLIMITS)
+
+    def unbounded(value: int) -> int:
+        return RLIM_INFINITY if value == resource.RLIM_INFINITY else value
+
+    limits = dict(FALLBACK_RLIMITS)
+    for which in limits:
+        if which != RLIMIT_STACK:
+            soft, hard = resource.getrlimit(which)
+            limits[which] = (unbounded(soft), unbounded(hard))
+    return limits
 
 
 # ---------------------------------------------------------------------------- memory (mm.py)
