@@ -133,7 +133,7 @@ def test_replay_says_whether_a_finding_still_reproduces(tmp_path: Path, capsys: 
     assert "reproduces" in capsys.readouterr().out
     assert main(["replay", "--kernel", "jmp-slots", str(record)]) == 0
     assert main(["replay", str(record.with_suffix(".elf"))]) == 1
-    case, _design, _file = load_record(str(record))
+    case = load_record(str(record)).case
     native = subprocess.run([str(record.with_suffix(".elf"))], capture_output=True, timeout=10)
     assert native.returncode == 0
     assert native.stdout == reference_outcome(case, "int3").results  # the saved ELF, run for real

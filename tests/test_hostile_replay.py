@@ -65,7 +65,7 @@ FIELDS = [("case", "seed"), ("case", "index"), ("case", "site"), ("case", "entry
           ("case", "regs", 0), ("case", "regs"), ("case", "stores"), ("case", "stores", 0, "value"),
           ("case", "stores", 0, "offset"), ("case", "stores", 0, "kind"), ("case", "action"),
           ("case", "action", "reg"), ("case", "action", "value"), ("case", "action", "kind"), ("design",),
-          ("design_file",), ("case", "uretprobe")]
+          ("design_file",), ("case", "uretprobe"), ("aslr",)]
 
 
 def _set(record: dict[str, Any], where: tuple[Any, ...], value: object) -> dict[str, Any]:

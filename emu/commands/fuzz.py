@@ -34,6 +34,18 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def aslr_arg(text: str) -> int:
+    """The ``--aslr SEED`` argument: the seeds a finding's record can hold (0 to 2**64-1)."""
+    from emu.fuzz.case import aslr_seed
+
+    value = int_arg(text)
+    try:
+        aslr_seed(value)
+    except UsageError:
+        raise argparse.ArgumentTypeError(f"must be 0 to 2**64-1, got {text!r}") from None
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_design_options(p, "linux-6.18", "design(s) to fuzz: a name, D1,D2 or all (default linux-6.18)")
     limit = p.add_mutually_exclusive_group()
@@ -41,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     limit.add_argument("--time", type=positive_float, metavar="S", help="run for S seconds instead")
     p.add_argument("--seed", type=non_negative_int, default=0, help="campaign seed (default 0): same seed, same cases")
     p.add_argument("--start", type=non_negative_int, default=0, metavar="INDEX", help="first case index (to resume)")
+    p.add_argument("--aslr", type=aslr_arg, metavar="SEED",
+                   help="run every case in a process laid out as Linux does with ASLR on (randomize_va_space=2), "
+                        "from SEED: the stack, mmap area and vDSO move; the fuzz program stays at its fixed "
+                        "non-PIE addresses (default: ASLR off)")
     p.add_argument("--jobs", type=positive_int, default=1, metavar="J",
                    help="worker processes, or with --scheduler the tasks the campaign is split into (default 1)")
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
@@ -55,6 +71,8 @@ def resume_command(args: argparse.Namespace, index: int) -> str:
     import shlex
 
     parts = ["uprobe-emu", "fuzz", "--kernel", args.kernel, "--seed", str(args.seed), "--start", str(index)]
+    if args.aslr is not None:
+        parts += ["--aslr", str(args.aslr)]
     for path in args.design_file:
         parts += ["--design-file", path]
     if args.time:
@@ -84,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     cases = None if args.time else (args.cases or DEFAULT_CASES)
     config = CampaignConfig(designs=chosen_designs(args), seed=args.seed, start=args.start, cases=cases,
                             time_s=args.time, jobs=args.jobs, shard=parse_shard(args.shard), out=args.out,
-                            scheduler=args.scheduler)
+                            scheduler=args.scheduler, aslr=args.aslr)
     progress = progress_for(sys.stderr, cases)
     try:
         stats = run_campaign(config, progress)
@@ -96,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from emu.report.fuzz_page import page
 
-        page(stats, f"uprobe-emu fuzz --kernel {args.kernel} --seed {args.seed}").write(args.html)
+        layout = "" if args.aslr is None else f" --aslr {args.aslr}"
+        page(stats, f"uprobe-emu fuzz --kernel {args.kernel} --seed {args.seed}{layout}").write(args.html)
     if stats.interrupted:
         resume = stats.resume_index()
         stderr_line(f"uprobe-emu: interrupted after {stats.cases} cases; findings so far are in {args.out}")

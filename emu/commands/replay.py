@@ -1,4 +1,5 @@
-"""`uprobe-emu replay FILE`: re-run a saved fuzz finding and say whether it still reproduces."""
+"""`uprobe-emu replay FILE`: re-run a saved fuzz finding, in the layout it records (its ASLR seed,
+if any), and say whether it still reproduces."""
 
 from __future__ import annotations
 
@@ -28,10 +29,11 @@ def run(args: argparse.Namespace) -> int:
     load_design_files(args.design_file)
     design = get_design(args.kernel).name if args.kernel else None
     verdict, used = replay(args.file, design, args.trust_design_file)
+    under = used if verdict.aslr is None else f"{used} (--aslr {verdict.aslr})"  # the layout the record names
     if not verdict.finding:
-        print(f"{used}: does not reproduce: the probed run matches the unprobed one, no violations")
+        print(f"{under}: does not reproduce: the probed run matches the unprobed one, no violations")
         return EXIT_GONE
-    print(f"{used}: reproduces")
+    print(f"{under}: reproduces")
     for line in verdict.differences + verdict.violations:
         print(f"  {line}")
     return EXIT_REPRODUCES

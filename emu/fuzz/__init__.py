@@ -1,8 +1,9 @@
 """The red-zone fuzzer: generated leaf functions around probe sites, an oracle, a shrinker.
 
-Library use: ``check_case(case, design) -> Verdict`` is the oracle; ``generate(seed, index)``
-the campaign's generator; ``emu.fuzz.strategy.fuzz_cases()`` the same cases as a hypothesis
-strategy (imported on demand: hypothesis is a test dependency).
+Library use: ``check_case(case, design, aslr=None) -> Verdict`` is the oracle (``aslr``: lay the
+process out from that ASLR seed); ``generate(seed, index)`` the campaign's generator;
+``emu.fuzz.strategy.fuzz_cases()`` the same cases as a hypothesis strategy (imported on demand:
+hypothesis is a test dependency).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """A fuzz campaign: cases by index, each under every chosen design, findings shrunk and saved;
 one process, J worker processes (each with its own reusable runners), or J tasks on a Dask
-scheduler's workers (emu/dist.py), stoppable with Ctrl-C.
+scheduler's workers (emu/dist.py), stoppable with Ctrl-C. Every case of a campaign runs in one
+layout, ASLR off or randomized from ``aslr``, in every process and task alike.
 
 On a scheduler each task runs one worker's share and returns its cases with the findings shrunk
 but not written (the workers may be other machines); this process writes them, one per signature
@@ -37,6 +38,7 @@ class CampaignConfig:
     shard: tuple[int, int] = (0, 1)
     out: str = "fuzz-findings"
     scheduler: str | None = None  # tcp://HOST:PORT: the J shares run as tasks on its workers
+    aslr: int | None = None  # every case's process laid out from this ASLR seed (emu/fuzz/runner.py); None: off
 
     def partition(self, worker: int) -> Partition:
         return Partition(self.start, self.cases, self.shard[0], self.shard[1], worker, self.jobs)
@@ -118,7 +120,7 @@ class Stats:
     def to_json(self) -> dict[str, Any]:
         return {
             "cases": self.cases, "findings": self.findings, "cases_per_s": round(self.rate, 1),
-            "first_finding_case": self.first_finding_case, "seed": self.config.seed,
+            "first_finding_case": self.first_finding_case, "seed": self.config.seed, "aslr": self.config.aslr,
             "interrupted": self.interrupted, "resume_index": self.resume_index() if self.interrupted else None,
             "designs": {d: {"findings": s.findings, "first_finding_case": s.first_case,
                             "saved": [r["json"] for r in s.saved]} for d, s in self.designs.items()},
@@ -138,10 +140,10 @@ class CaseWork:
         from emu.fuzz.findings import save_finding, shrink_finding, signature  # the shrinker only when needed
 
         case = generate(self.config.seed, index)
-        reference = reference_outcome(case, self.config.designs[0])
+        reference = reference_outcome(case, self.config.designs[0], self.config.aslr)
         found, saved, shrunk = [], [], []
         for design in self.config.designs:
-            verdict = check_case(case, design, reference)
+            verdict = check_case(case, design, reference, self.config.aslr)
             if not verdict.finding:
                 continue
             found.append(design)

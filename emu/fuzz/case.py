@@ -43,6 +43,18 @@ def _short(value: object, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def aslr_seed(value: object) -> int | None:
+    """``value`` as the ASLR seed of fuzz runs (``--aslr``, a finding's ``aslr``): None for ASLR off,
+    else an integer 0 <= n < 2**64 (a UsageError otherwise: a finding's record may come from anyone)."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64:
+        return value
+    plain = isinstance(value, (int, float, str)) and not isinstance(value, bool)
+    shown = _short(value) if plain else f"a {type(value).__name__}"
+    raise UsageError(f"aslr must be an integer from 0 to 2**64-1 (null: ASLR off), not {shown}")
+
+
 @dataclass(frozen=True, slots=True)
 class Store:
     offset: int  # the store covers [rsp - offset, rsp - offset + size)

@@ -14,13 +14,14 @@ from emu.fuzz.case import CASE_REGS, Case
 from emu.fuzz.codegen import program
 from emu.fuzz.runner import CaseRunner, Outcome
 
-_RUNNERS: dict[str, CaseRunner] = {}
+_RUNNERS: dict[tuple[str, int | None], CaseRunner] = {}
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """One case under one design. ``expected``/``actual`` (the decoded outputs of the unprobed and
-    probed runs) are filled only for findings: decoding costs more than a clean case."""
+    """One case under one design and layout (``aslr``: the ASLR seed, None for off).
+    ``expected``/``actual`` (the decoded outputs of the unprobed and probed runs) are filled only
+    for findings: decoding costs more than a clean case."""
 
     design: str
     finding: bool
@@ -29,6 +30,7 @@ class Verdict:
     actual: dict[str, Any]
     differences: tuple[str, ...] = ()
     violations: tuple[str, ...] = field(default=())
+    aslr: int | None = None
 
     def summary(self) -> str:
         parts = list(self.differences[:3]) + list(self.violations[:3])
@@ -37,14 +39,14 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         return {"design": self.design, "finding": self.finding, "differs": self.differs,
                 "expected": self.expected, "actual": self.actual, "differences": list(self.differences),
-                "violations": list(self.violations)}
+                "violations": list(self.violations), "aslr": self.aslr}
 
 
-def runner_for(design: str) -> CaseRunner:
-    """This process's reusable runner for ``design`` (built on first use)."""
-    runner = _RUNNERS.get(design)
+def runner_for(design: str, aslr: int | None = None) -> CaseRunner:
+    """This process's reusable runner for ``design`` laid out from ``aslr`` (built on first use)."""
+    runner = _RUNNERS.get((design, aslr))
     if runner is None:
-        runner = _RUNNERS[design] = CaseRunner(design)
+        runner = _RUNNERS[design, aslr] = CaseRunner(design, aslr)
     return runner
 
 
@@ -73,23 +75,25 @@ def differences(expected: dict[str, Any], actual: dict[str, Any]) -> tuple[str, 
     return tuple(out)
 
 
-def check_case(case: Case, design: str, reference: Outcome | None = None) -> Verdict:
+def check_case(case: Case, design: str, reference: Outcome | None = None, aslr: int | None = None) -> Verdict:
     """Run ``case`` unprobed and probed under ``design``; a finding if they differ or a verifier objects.
 
-    ``reference``: the unprobed outcome when the caller already has it (it does not depend on the design)."""
-    runner = runner_for(design)
+    ``reference``: the unprobed outcome when the caller already has it (it does not depend on the design,
+    but comes from a process of the same layout). ``aslr``: lay the process out from this ASLR seed."""
+    runner = runner_for(design, aslr)
     prog = program(case)
     ref = reference if reference is not None else runner.reference(case, prog)
     if ref.ending != "exited" or ref.status != 0:
         raise UsageError(f"case {case.seed}:{case.index} fails unprobed: {ref.message or ref.status}")
     got, violations = runner.probed(case, prog)
     if got == ref and not violations:
-        return Verdict(runner.design, False, False, {}, {})  # decoded only when someone will read it
+        return Verdict(runner.design, False, False, {}, {}, aslr=runner.aslr)  # decoded only when someone will read it
     expected, actual = decode(ref, case), decode(got, case)
     diffs = differences(expected, actual)
-    return Verdict(runner.design, bool(diffs or violations), bool(diffs), expected, actual, diffs, tuple(violations))
+    return Verdict(runner.design, bool(diffs or violations), bool(diffs), expected, actual, diffs, tuple(violations),
+                   runner.aslr)
 
 
-def reference_outcome(case: Case, design: str) -> Outcome:
-    runner = runner_for(design)
+def reference_outcome(case: Case, design: str, aslr: int | None = None) -> Outcome:
+    runner = runner_for(design, aslr)
     return runner.reference(case, program(case))

@@ -79,7 +79,8 @@ def summary_table(stats: Stats) -> str:
 def write_summary(stats: Stats, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     out.write(summary_table(stats) + "\n")
-    out.write(f"{stats.cases} cases in {stats.elapsed:.1f} s ({stats.rate:.0f} cases/s), seed {stats.config.seed}\n")
+    layout = "" if stats.config.aslr is None else f", aslr {stats.config.aslr}"
+    out.write(f"{stats.cases} cases in {stats.elapsed:.1f} s ({stats.rate:.0f} cases/s), seed {stats.config.seed}{layout}\n")
     for st in stats.designs.values():
         for record in st.saved:
             out.write(f"{record['design']}: case {record['index']} ({record['stores']} stores after shrinking): "

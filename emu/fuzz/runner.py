@@ -21,7 +21,7 @@ from functools import lru_cache
 from emu.cpu import Reg
 from emu.designs import get_design
 from emu.fuzz import layout as L
-from emu.fuzz.case import Action, ActionKind, Case
+from emu.fuzz.case import Action, ActionKind, Case, aslr_seed
 from emu.fuzz.codegen import Program, driver, driver_end
 from emu.fuzz.elfwriter import write_elf
 from emu.fuzz.sites import site_form
@@ -95,13 +95,21 @@ def consumer_for(action: Action | None, prog: Program) -> Consumer:
 
 
 class CaseRunner:
-    """One reusable process under one design."""
+    """One reusable process under one design, laid out with ASLR off or from the seed ``aslr``.
 
-    def __init__(self, design: str) -> None:
+    The skeleton is a non-PIE ET_EXEC, so ASLR leaves the program where it was linked (as Linux does)
+    and moves the stack (hence the rsp every case runs on: the driver starts from the entry sp) and the
+    mmap area with the vDSO. The kernel's pages do not follow the seed: [uprobes-trampoline] goes to
+    the free page nearest the site (find_nearest_trampoline, spec 3.4), and [uprobes] to its hint, the
+    last page below TASK_SIZE (spec 4.3), which is free whenever ASLR has moved the stack down (with
+    ASLR off the stack holds it, and the page goes top-down in the mmap area)."""
+
+    def __init__(self, design: str, aslr: int | None = None) -> None:
         self.design = get_design(design).name
+        self.aslr = aslr_seed(aslr)
         self.io = GuestIO.captured()
         with skeleton_file() as path:  # the loader copies the segments: the file can go afterwards
-            self.machine = Machine(path, [path], {}, RunOptions(design=self.design), self.io)
+            self.machine = Machine(path, [path], {}, RunOptions(design=self.design, aslr=self.aslr), self.io)
         self.session = VerifySession(self.machine)
         self.sp = self.machine.entry_sp & ~0xF
         self.blocks = 0
