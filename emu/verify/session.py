@@ -16,6 +16,7 @@ from emu.verify.checks.regs import check_consumer_view, check_regs
 from emu.verify.checks.resume import check_fired, check_left, check_resume
 from emu.verify.expected import expected_outcome, matches_exactly, reference_input
 from emu.verify.records import ProbeSite, Transaction, violation
+from emu.verify.returns import ReturnWatch
 from emu.verify.tracker import TransactionTracker
 from emu.violations import Check, Repeats, Violation, ViolationLog
 
@@ -52,6 +53,7 @@ class VerifySession:
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
         self.tracker.prepare = self._prepare
+        self.returns = ReturnWatch(machine, self.tracker.raw, self._report, self._regs, self._resume)
         self._judged: dict[int, list[Violation]] = {}  # slot -> the violations of the hit C compares hits with
         if self.tracker.edges is not None and self.tracker.edges.repeats is not None:
             self.violations.pull_from(self._repeated)
@@ -71,6 +73,7 @@ class VerifySession:
         violation, never "no verdict, so clean"."""
         if Verifier.RESUME not in self.enabled:
             return
+        self.returns.finish(ending)
         opened = self.tracker.opened()
         tx = self.tracker.active if opened is not None else self.tracker.lost if killed else None
         if tx is None:
@@ -108,6 +111,9 @@ class VerifySession:
             else:
                 runs.append((template, [hit]))
         return runs
+
+    def _report(self, found: list[Violation]) -> None:
+        self.violations += found
 
     def _finished(self, tx: Transaction) -> None:
         found = self._judge(tx)

@@ -19,6 +19,7 @@ from emu.kernel.uprobes.consumers import (
     Consumer,
     EntryPath,
     Hit,
+    count_return,
 )
 from emu.kernel.uprobes.insn import Kind, analyze
 from emu.kernel.uprobes.records import (
@@ -57,6 +58,8 @@ class Uprobes:
         self.defer = defer  # run work between two CPU runs (an out-of-line step: x86.start_xol)
         self.chain_observers: list[ChainObserver] = []
         self.step_observers: list[StepObserver] = []  # right before a probed instruction runs (emulated or out of line)
+        # (pt_regs before, after) return handlers that may set registers ran (the Python path only)
+        self.return_observers: list[Callable[[PtRegs, PtRegs], None]] = []
         self.fast: FastHits | None = None  # set with the design's syscall rows (fastpath.py)
 
     # ------------------------------------------------------ the running thread's state
@@ -317,8 +320,12 @@ class Uprobes:
             valid = below is None or self._alive(below, regs, ret=True)
             regs.ip = chain[0].orig_ret
             if valid:
+                before = regs.copy() if self.return_observers and _may_set_registers(chain) else None
                 for ri in chain:
                     self._run_ret_handlers(ri, regs)
+                if before is not None:
+                    for observer in self.return_observers:
+                        observer(before, regs)
                 return
             if not self.return_instances:
                 return
@@ -338,4 +345,6 @@ class Uprobes:
             consumer.ret_handler(Hit(regs, ri.func, EntryPath.RETURN, self.mem, func=ri.func, cookie=cookie))
 
 
-
+def _may_set_registers(chain: list[ReturnInstance]) -> bool:
+    """A return handler of ``chain`` could change a register (a counting one cannot)."""
+    return any(consumer.ret_handler not in (None, count_return) for ri in chain for consumer, _ in ri.entries)
