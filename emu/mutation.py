@@ -126,9 +126,33 @@ def code_of(design: Design) -> str:
     return " | ".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class Code:
+    """The code an operator edits: the trampoline a patched site reaches, or the uretprobe's return
+    trampoline (only one with a syscall and given as text: an INT3 one has nothing to edit)."""
+
+    part: str  # the Design field: "trampoline" or "uretprobe"
+
+    def insns(self, design: Design) -> list[str]:
+        code = getattr(design, self.part).code
+        return instructions(code) or []
+
+    def with_code(self, design: Design, insns: list[str]) -> Design:
+        return replace(design, **{self.part: replace(getattr(design, self.part), code="; ".join(insns))})
+
+    def nr(self, design: Design) -> int | None:
+        return design.handler.nr if self.part == "trampoline" and design.handler else design.uretprobe.nr
+
+    def editable(self, design: Design) -> bool:
+        part = getattr(design, self.part)
+        return part is not None and self.nr(design) is not None and instructions(part.code) is not None
+
+
+ENTRY, RETURN = Code("trampoline"), Code("uretprobe")
+
+
 def _with_code(design: Design, insns: list[str]) -> Design:
-    assert design.trampoline is not None
-    return replace(design, trampoline=replace(design.trampoline, code="; ".join(insns)))
+    return ENTRY.with_code(design, insns)
 
 
 def _with_handler(design: Design, **changes: Any) -> Design:
@@ -148,11 +172,12 @@ def _entry_depth(design: Design) -> int:
     return lea + (8 if design.patch.branch is Branch.CALL else 0)
 
 
-def _before_syscall_setup(insns: list[str]) -> int:
-    """The index of the instruction loading the syscall number (code inserted there runs after
+def _before_syscall_setup(insns: list[str], nr: int | None = 336) -> int:
+    """The index of the instruction loading the syscall number ``nr`` (code inserted there runs after
     every save and before the kernel)."""
     for i, insn in enumerate(insns):
-        if re.match(r"movq?\s+\$(336|0x150),\s*%[re]ax", insn):
+        m = re.match(r"movq?\s+\$(\w+),\s*%[re]ax", insn)
+        if m is not None and nr is not None and int(m.group(1), 0) == nr:
             return i
     return next(i for i, insn in enumerate(insns) if insn == "syscall")
 
@@ -162,19 +187,19 @@ def _is_syscall_or_nr(insn: str) -> bool:
 
 
 # ------------------------------------------------------------------------------ the operators
-def drop_insn(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
-    insns = _insns(design)
+def drop_insn(design: Design, _t: Target, part: Code = ENTRY) -> Iterator[tuple[str, Design]]:
+    insns = part.insns(design)
     for i, insn in enumerate(insns):
         if insn != "int3" and not _is_syscall_or_nr(insn):  # int3 after the ret is never reached
-            yield f"drop #{i} `{insn}`", _with_code(design, insns[:i] + insns[i + 1 :])
+            yield f"drop #{i} `{insn}`", part.with_code(design, insns[:i] + insns[i + 1 :])
 
 
-def swap_insns(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
-    insns = _insns(design)
+def swap_insns(design: Design, _t: Target, part: Code = ENTRY) -> Iterator[tuple[str, Design]]:
+    insns = part.insns(design)
     for i in range(len(insns) - 1):
         a, b = insns[i], insns[i + 1]
         if a != b and "int3" not in (a, b) and not (_is_syscall_or_nr(a) or _is_syscall_or_nr(b)):
-            yield f"swap #{i} `{a}` and #{i + 1} `{b}`", _with_code(design, insns[:i] + [b, a] + insns[i + 2 :])
+            yield f"swap #{i} `{a}` and #{i + 1} `{b}`", part.with_code(design, insns[:i] + [b, a] + insns[i + 2 :])
 
 
 _DISPLACEMENT = re.compile(r"(-?\d+)\(%rsp\)")
@@ -227,45 +252,45 @@ def stray_store(design: Design, target: Target) -> Iterator[tuple[str, Design]]:
         yield "a global (live_global)", _with_code(design, insns[:at] + store + insns[at:])
 
 
-def set_flag(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
-    insns = _insns(design)
-    at = _before_syscall_setup(insns)
+def set_flag(design: Design, _t: Target, part: Code = ENTRY) -> Iterator[tuple[str, Design]]:
+    insns = part.insns(design)
+    at = _before_syscall_setup(insns, part.nr(design))
     for name, code in (("std", ["std"]), ("stc", ["stc"]), ("clc", ["clc"]),
                        ("AC", ["pushf", "xorl $0x40000, (%rsp)", "popf"]),
                        ("ID", ["pushf", "xorl $0x200000, (%rsp)", "popf"])):
-        yield f"{name} before the syscall", _with_code(design, insns[:at] + code + insns[at:])
+        yield f"{name} before the syscall", part.with_code(design, insns[:at] + code + insns[at:])
 
 
-def clobber_gpr(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
-    insns = _insns(design)
-    at = _before_syscall_setup(insns)
+def clobber_gpr(design: Design, _t: Target, part: Code = ENTRY) -> Iterator[tuple[str, Design]]:
+    insns = part.insns(design)
+    at = _before_syscall_setup(insns, part.nr(design))
     for reg in ("rbx", "rdx", "rsi", "r8", "r12", "r15"):
-        yield f"mov $0x5a, %{reg} after the saves", _with_code(design, insns[:at] + [f"mov $0x5a, %{reg}"] + insns[at:])
+        yield f"mov $0x5a, %{reg} after the saves", part.with_code(design, insns[:at] + [f"mov $0x5a, %{reg}"] + insns[at:])
 
 
-def clobber_vector(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
-    insns = _insns(design)
-    at = _before_syscall_setup(insns)
+def clobber_vector(design: Design, _t: Target, part: Code = ENTRY) -> Iterator[tuple[str, Design]]:
+    insns = part.insns(design)
+    at = _before_syscall_setup(insns, part.nr(design))
     for code in ("pxor %xmm0, %xmm0", "xorps %xmm15, %xmm15", "fldz", "fninit"):
-        yield f"`{code}` after the saves", _with_code(design, insns[:at] + [code] + insns[at:])
+        yield f"`{code}` after the saves", part.with_code(design, insns[:at] + [code] + insns[at:])
 
 
-def clobber_control(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+def clobber_control(design: Design, _t: Target, part: Code = ENTRY) -> Iterator[tuple[str, Design]]:
     """The SSE or x87 control word changed after the saves (through a stack word: below the red
     zone where the design already is, in it where it is not)."""
-    insns = _insns(design)
-    at = _before_syscall_setup(insns)
+    insns = part.insns(design)
+    at = _before_syscall_setup(insns, part.nr(design))
     for what, code in (("mxcsr -> 0x1fa0", ["pushq $0x1fa0", "ldmxcsr (%rsp)", "lea 8(%rsp), %rsp"]),
                        ("fcw -> 0x27f", ["pushq $0x27f", "fldcw (%rsp)", "lea 8(%rsp), %rsp"])):
-        yield what, _with_code(design, insns[:at] + code + insns[at:])
+        yield what, part.with_code(design, insns[:at] + code + insns[at:])
 
 
-def unbalanced_stack(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+def unbalanced_stack(design: Design, _t: Target, part: Code = ENTRY) -> Iterator[tuple[str, Design]]:
     """rsp moved after the saves and never moved back."""
-    insns = _insns(design)
-    at = _before_syscall_setup(insns)
+    insns = part.insns(design)
+    at = _before_syscall_setup(insns, part.nr(design))
     for form in ("lea -8(%rsp), %rsp", "lea 8(%rsp), %rsp"):
-        yield f"`{form}` after the saves", _with_code(design, insns[:at] + [form] + insns[at:])
+        yield f"`{form}` after the saves", part.with_code(design, insns[:at] + [form] + insns[at:])
 
 
 def drop_site_prefix(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
@@ -299,12 +324,13 @@ def wrong_exit(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
         yield "exit iret -> sysret", _with_handler(design, exit="sysret")
 
 
-def missing_pop(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+def missing_pop(design: Design, _t: Target, part: Code = ENTRY) -> Iterator[tuple[str, Design]]:
     """A pop of a call trampoline's epilogue skipped with ``lea 8(%rsp),%rsp`` (rsp balanced, the register not restored)."""
-    insns = _insns(design)
+    insns = part.insns(design)
     for i, insn in enumerate(insns):
         if insn.startswith("pop "):
-            yield f"#{i} `{insn}` -> `lea 8(%rsp), %rsp`", _with_code(design, insns[:i] + ["lea 8(%rsp), %rsp"] + insns[i + 1 :])
+            yield f"#{i} `{insn}` -> `lea 8(%rsp), %rsp`", part.with_code(design, [*insns[:i], "lea 8(%rsp), %rsp",
+                                                                                     *insns[i + 1 :]])
 
 
 # Equivalent mutants: each must come out clean.
@@ -319,8 +345,8 @@ def deeper_lea(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
                    _with_handler(_with_code(design, insns[:i] + [form] + insns[i + 1 :]), sp_skip=design.handler.sp_skip + 64))
 
 
-def leading_nop(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
-    yield "nop first", _with_code(design, ["nop", *_insns(design)])
+def leading_nop(design: Design, _t: Target, part: Code = ENTRY) -> Iterator[tuple[str, Design]]:
+    yield "nop first", part.with_code(design, ["nop", *part.insns(design)])
 
 
 def one_more_saved(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
@@ -335,6 +361,36 @@ def one_more_saved(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
         return  # its pushes land in the red zone: one more is one more clobbered word, not an equivalent
     yield "push %rdx, saved + ('dx',)", _with_handler(
         _with_code(design, insns[:first_push] + ["push %rdx"] + insns[first_push:]), saved=(*design.handler.saved, "dx"))
+
+
+def ret_saved_order(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """The return trampoline's saved words named in another order (sys_uretprobe restores them so)."""
+    saved = design.uretprobe.saved
+    for i in range(len(saved) - 1):
+        order = saved[:i] + (saved[i + 1], saved[i]) + saved[i + 2 :]
+        yield f"uretprobe saved {saved} -> {order}", replace(design, uretprobe=replace(design.uretprobe, saved=order))
+
+
+def ret_exit_trampoline(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """An IRET return's trampoline left to finish the return itself (SYSRET into code that has none)."""
+    if Exit(design.uretprobe.exit) is Exit.IRET:
+        yield "uretprobe exit iret -> trampoline", replace(design, uretprobe=replace(design.uretprobe, exit=Exit.TRAMPOLINE))
+
+
+def ret_exit_iret(design: Design, _t: Target) -> Iterator[tuple[str, Design]]:
+    """Equivalent: IRET straight to the caller from the saved registers, where the trampoline would
+    have popped them and returned (the same state, another path)."""
+    if Exit(design.uretprobe.exit) is Exit.TRAMPOLINE:
+        yield "uretprobe exit trampoline -> iret", replace(design, uretprobe=replace(design.uretprobe, exit=Exit.IRET))
+
+
+def _on_return(edit: Callable[..., Iterator[tuple[str, Design]]], edits_code: bool = True) -> Edit:
+    """``edit`` applied to the uretprobe's return trampoline (nothing for one without a syscall);
+    ``edits_code``: it takes the code to edit (else it changes ReturnTrampoline's other fields)."""
+    def on_return(design: Design, target: Target) -> Iterator[tuple[str, Design]]:
+        if RETURN.editable(design):
+            yield from (edit(design, target, part=RETURN) if edits_code else edit(design, target))
+    return on_return
 
 
 OPERATORS: dict[str, tuple[Edit, bool]] = {  # name -> (the edit, equivalent)
@@ -353,9 +409,21 @@ OPERATORS: dict[str, tuple[Edit, bool]] = {  # name -> (the edit, equivalent)
     "off-by-eight": (off_by_eight, False),
     "sysret-for-iret": (wrong_exit, False),
     "missing-pop": (missing_pop, False),
+    "ret-drop-insn": (_on_return(drop_insn), False),
+    "ret-swap-insns": (_on_return(swap_insns), False),
+    "ret-set-flag": (_on_return(set_flag), False),
+    "ret-clobber-gpr": (_on_return(clobber_gpr), False),
+    "ret-clobber-vector": (_on_return(clobber_vector), False),
+    "ret-clobber-control": (_on_return(clobber_control), False),
+    "ret-unbalanced-stack": (_on_return(unbalanced_stack), False),
+    "ret-missing-pop": (_on_return(missing_pop), False),
+    "ret-saved-order": (_on_return(ret_saved_order, edits_code=False), False),
+    "ret-exit-trampoline": (_on_return(ret_exit_trampoline, edits_code=False), False),
     "deeper-lea": (deeper_lea, True),
     "leading-nop": (leading_nop, True),
     "one-more-saved": (one_more_saved, True),
+    "ret-leading-nop": (_on_return(leading_nop), True),
+    "ret-exit-iret": (_on_return(ret_exit_iret, edits_code=False), True),
 }
 
 
@@ -401,7 +469,8 @@ def _signature(v: Violation) -> tuple[Any, ...]:
 
 
 def sites_of(design: Design) -> tuple[str, ...]:
-    return ("uprobe:nop10_site",) if design.site_length == 10 else ("uprobe:nop5_site",)
+    """The entry site the design optimizes, and the return of ret_fn (its return trampoline's path)."""
+    return ("uprobe:nop10_site" if design.site_length == 10 else "uprobe:nop5_site", "uretprobe:ret_fn")
 
 
 def _looks(_hit: Hit) -> None:
@@ -414,7 +483,7 @@ def run_once(design: Design, target: Target, verifiers: tuple[Verifier, ...] = D
     a handler, else a counting one: the kernel's fast path)."""
     m = Machine(target.path, [target.path, *target.args], {}, RunOptions(design=design), io := GuestIO.captured())
     for spec in sites_of(design):
-        m.attach(spec, Consumer(handler=_looks) if handler else None)
+        m.attach(spec, Consumer(handler=_looks, ret_handler=_looks) if handler else None)
     session = VerifySession(m, verifiers)
     result = m.run()
     session.finish(result.message or result.ending.value, killed=result.signal is not None)

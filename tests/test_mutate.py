@@ -27,15 +27,37 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "designs" / "jmp
 TARGET = Target(global_address=global_address(LIVE_STATE))
 
 
-def test_there_are_fifteen_operators_and_three_kinds_of_equivalent_mutant() -> None:
-    assert len(OPERATORS) >= 15
+def test_the_operators_and_the_kinds_of_equivalent_mutant() -> None:
+    assert len(OPERATORS) >= 25
     assert {name for name, (_edit, equivalent) in OPERATORS.items() if equivalent} == {
-        "deeper-lea", "leading-nop", "one-more-saved"}
+        "deeper-lea", "leading-nop", "one-more-saved", "ret-leading-nop", "ret-exit-iret"}
+    assert {name for name in OPERATORS if name.startswith("ret-")} >= {
+        "ret-drop-insn", "ret-clobber-gpr", "ret-clobber-vector", "ret-set-flag", "ret-saved-order", "ret-exit-trampoline"}
 
 
-def test_every_operator_makes_a_viable_mutant_of_some_built_in_design() -> None:
-    made = {m.operator for d in DESIGNS.values() if d.optimizes for m in mutants(d, TARGET)}
+def test_every_operator_makes_a_viable_mutant_of_some_design() -> None:
+    """Of a built-in optimizing design, or (the return that IRETs) of jmp-slots with the RFC's uretprobe."""
+    designs = [d for d in DESIGNS.values() if d.optimizes]
+    designs.append(replace(DESIGNS["jmp-slots"], name="jmp-slots-rfc-return", uretprobe=DESIGNS["uretprobe-rfc"].uretprobe))
+    made = {m.operator for d in designs for m in mutants(d, TARGET)}
     assert made == set(OPERATORS)
+
+
+@pytest.mark.parametrize("operator", ["ret-clobber-gpr", "ret-set-flag", "ret-saved-order", "ret-drop-insn"])
+def test_return_trampoline_mutants_are_killed(operator: str) -> None:
+    score = score_design(DESIGNS["linux-6.18"], TARGET, [operator])
+    assert score.results and all(r.outcome is Outcome.KILLED for r in score.results), [
+        (r.mutant.change, r.outcome) for r in score.results]
+
+
+def test_without_the_return_path_checked_return_mutants_survive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negative control: with the return watch blind, a clobbered callee-saved register reaches
+    the program (live_state's errors) and no verifier says so."""
+    from emu.verify.returns import ReturnWatch
+
+    monkeypatch.setattr(ReturnWatch, "_on_map", lambda self, vma: None)
+    score = score_design(DESIGNS["linux-6.18"], TARGET, ["ret-clobber-gpr"])
+    assert score.count(Outcome.SURVIVED) >= 2 and not score.perfect
 
 
 def test_mutants_are_made_through_the_design_api_and_validated() -> None:
