@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from emu.errors import UsageError
 from emu.fuzz import check_case, fuzz_cases, generate
 from emu.fuzz.case import FLAGS_BASE, Case, Store, StoreKind
 from emu.fuzz.findings import shrink_finding
@@ -12,6 +13,7 @@ from emu.fuzz.shrink import shrink
 
 CLEAN_DESIGNS = ("jmp-slots", "nop10", "int3", "uretprobe-rfc")
 ZERO_REGS = (0,) * 15
+TRAP_FLAG = 0x100
 
 
 def first_finding(seed: int, design: str, limit: int) -> tuple[Case, object] | None:
@@ -111,3 +113,14 @@ def test_a_hit_that_never_resumes_is_a_resume_violation_of_the_case(trap: str) -
 
 def test_the_unmutated_slot_resumes_every_hit() -> None:
     assert not any("never resumed" in line for i in range(5) for line in check_case(generate(3, i), "jmp-slots").violations)
+
+
+def test_a_case_that_sets_the_trap_flag_dies_as_on_linux_and_leaves_the_next_case_untouched() -> None:
+    """popfq with TF set traps after the next instruction (SIGTRAP); the reused process then starts the
+    next case from exec's registers, not with TF still set from the last one."""
+    fine = generate(0, 0)
+    before = check_case(fine, "linux-6.18")
+    with pytest.raises(UsageError, match=r"fails unprobed: killed by SIGTRAP at 0x[0-9a-f]+: .*\(debug trap\)"):
+        check_case(fine.with_(flags=fine.flags | TRAP_FLAG), "linux-6.18")
+    after = check_case(fine, "linux-6.18")
+    assert after == before

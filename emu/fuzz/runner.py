@@ -29,6 +29,7 @@ from emu.guestio import GuestIO
 from emu.kernel.exits import GuestExit
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.kernel.uprobes.sites import usdt_combo_site
+from emu.loading import reset_registers
 from emu.machine import Machine, RunOptions
 from emu.probes import ResolvedProbe, parse_spec
 from emu.verify.session import VerifySession
@@ -141,7 +142,9 @@ class CaseRunner:
         self._pristine = None
         m.mem.write(L.DATA_BASE, prog.data[:DATA_USED])
         m.mem.write(self.sp - STACK_WINDOW, bytes(STACK_WINDOW))
-        m.cpu.write(Reg.RSP, self.sp)
+        # Every register as exec leaves it: the last case may have left any flag set (a replayed
+        # finding's popfq can set TF, and the next case would then trap on its first instruction).
+        reset_registers(m.cpu, self.sp)
 
     def _run(self) -> Outcome:
         self.blocks = 0
