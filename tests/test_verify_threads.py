@@ -120,14 +120,19 @@ def test_a_transaction_waits_for_its_thread_and_ignores_the_others() -> None:
     assert tx.redzone_before == b"\x22" + bytes(RED_ZONE - 1)  # the other thread's store is the reference
 
 
-def test_a_signal_handler_first_or_an_exit_ends_a_suspended_transaction_without_verdict() -> None:
+def test_an_exit_ends_a_suspended_transaction_without_verdict_a_pending_signal_does_not() -> None:
+    """A signal pending for the thread switched in runs its handler first: the hit is taken up, and set
+    aside again when the kernel builds the signal's frame over it (emu/verify/signals.py)."""
     tracker, tx = _tracker_with_open_transaction()
     first, second = Task(1, SignalState()), Task(2, SignalState())
     tracker.threads.switch(first, second)
     first.signals.pending = 1 << 9  # SIGUSR1's bit, unblocked: delivered as the thread is switched in
     tracker.threads.switch(second, first)
+    assert tracker.active is tx
+    tracker.signals.frame(0x401000, 0x401234)  # the handler's frame is built: the hit waits for its sigreturn
     assert tracker.active is None
-    tracker.active = tx  # the same hit, now the running (second) thread's, which exits
+    tracker.signals.frame(None, 0x401234)
+    assert tracker.active is tx  # the same hit, now taken to be the running (second) thread's, which exits
     second.state = TaskState.EXITED
     tracker.threads.switch(second, first)
     assert tracker.active is None and tracker.count == 0

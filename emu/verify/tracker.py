@@ -42,6 +42,7 @@ from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.checks.memory import outside_the_hits_share
 from emu.verify.records import Finished, Prepare, ProbeSite, Transaction
 from emu.verify.resume import ResumeWatch
+from emu.verify.signals import SignalWatch
 from emu.verify.threads import ThreadWatch
 from emu.vma import KERNEL_SIDE, Vma, WatchedBackend
 
@@ -71,6 +72,7 @@ class TransactionTracker:
         self._by_site: dict[int, ProbeSite] = {}
         self._site_hooks: list[HookHandle] = []
         self.threads = ThreadWatch(self)
+        self.signals = SignalWatch(self, machine.kernel.sched)
         self.log = WriteLog()
         self.watch = StoreWatch(self.cpu, self.log, self.raw.mem)  # the stores of the code a hit runs
         self._site_ranges: list[tuple[int, int]] = []
@@ -94,6 +96,7 @@ class TransactionTracker:
         self._prepared: Prepared | None = None  # for the site hook's transaction numbered _prepared_seq
         self.bind(attachments)
         machine.kernel.sched.switch_observers.append(self.threads.switch)
+        machine.kernel.signal_frame_observers.append(self.signals.frame)
         machine.uprobes.chain_observers.append(self._on_chain)
         machine.uprobes.step_observers.append(self._before_step)
         self.mem.backend = WatchedBackend(self.mem.backend, self._on_kernel_write)
@@ -263,6 +266,7 @@ class TransactionTracker:
             self.cpu.hooks.remove(hook)
         self._by_site, self._site_hooks, self.active = {}, [], None
         self.threads.clear()
+        self.signals.clear()
         for att in attachments:
             uprobe, addr = att.uprobe, att.address
             if addr not in self._by_site:
