@@ -17,6 +17,13 @@ table is a dict and the hooks are Python (emu/hotpath/__init__.py chooses). Both
 
 Where a block does not run to its end (a fault in the middle, a thread's counted slice ending in it),
 it still counts whole, as with any block counter; single-threaded runs without faults count exactly.
+
+The counter is also the process's share of the virtual clock (emu/kernel/clock.py, emu/timekeeping.py):
+``kernel`` adds what its kernel entries cost (``charge_entries``), and ``set_alarm`` makes it stop exactly
+where a timer expires, as it stops at ``--max-insns``. Stopping inside a block needs no flush of the
+translation cache: a code hook on the first instruction not to run stops the CPU there, and only the
+block holding it is translated again (Unicorn's exact count, which a thread's slices use anyway, does it
+when the CPU already counts).
 """
 
 from __future__ import annotations
@@ -49,25 +56,37 @@ def decode_count(cpu: Cpu, address: int, size: int) -> int:
     return sum(1 for _ in cs64().disasm_lite(code, address)) or 1
 
 
-def run_count(cpu: Cpu, start: int, end: int, most: int) -> int:
-    """How many instructions lie on the straight line from ``start`` to ``end`` (at most ``most``)."""
-    if end == start:
-        return 0
+def _straight_line(cpu: Cpu, start: int, most: int) -> list[tuple[int, int]]:
+    """(address, size) of up to ``most`` instructions one after the other from ``start``."""
     try:
         code = cpu.mem_read(start, min(16 * most, PAGE_SIZE))
     except Exception:  # the next page is not mapped: the instructions end on this one
         try:
             code = cpu.mem_read(start, PAGE_SIZE - start % PAGE_SIZE)
         except Exception:
-            return most
-    for n, (address, size, _m, _o) in enumerate(cs64().disasm_lite(code, start, most), 1):
+            return []
+    return [(address, size) for address, size, _m, _o in cs64().disasm_lite(code, start, most)]
+
+
+def run_count(cpu: Cpu, start: int, end: int, most: int) -> int:
+    """How many instructions lie on the straight line from ``start`` to ``end`` (at most ``most``)."""
+    if end == start:
+        return 0
+    for n, (address, size) in enumerate(_straight_line(cpu, start, most), 1):
         if address + size == end:
             return n
-    return most  # not a straight line (a hook moved rip): Unicorn's count ran out
+    return most  # not a straight line (a hook moved rip): the run went as far as it was let
+
+
+def nth_address(cpu: Cpu, start: int, n: int) -> int | None:
+    """Where the instruction after the first ``n`` from ``start`` begins (None: the bytes end first)."""
+    line = _straight_line(cpu, start, n + 1)
+    return line[n][0] if len(line) > n else None
 
 
 class InsnCounter(Protocol):
-    """What the machine uses: the total, the limit (None: none), a counted Cpu.run and a time slice."""
+    """What the machine uses: the total, the limit (None: none), a counted Cpu.run and a time slice; the
+    kernel entries' cost and the stop at a timer's expiry (the virtual clock's)."""
 
     hit_limit: bool
 
@@ -75,31 +94,56 @@ class InsnCounter(Protocol):
     def total(self) -> int: ...
 
     @property
+    def kernel(self) -> int: ...
+
+    @property
+    def work(self) -> int: ...
+
+    @property
     def limit(self) -> int | None: ...
 
     @limit.setter
     def limit(self, value: int | None) -> None: ...
 
+    @property
+    def alarmed(self) -> bool: ...
+
     def run(self, begin: int, timeout_us: int = 0, count: int = 0) -> StopReason: ...
 
     def run_slice(self, begin: int, timeout_us: int, quantum: int) -> StopReason: ...
 
+    def charge_entries(self, cost: int) -> None: ...
+
+    def set_alarm(self, user_at: int | None, work_at: int | None) -> None: ...
+
+    def hold_stops(self) -> Callable[[], None]: ...
+
 
 class _Counter:
-    """What both implementations share: the limit, and the exact end of a run the limit stops.
+    """What both implementations share: the limit and the timer's stop point, the exact end of a run
+    either stops, and the kernel entries' charge.
 
-    An implementation keeps ``total``, ``stop_at`` (its hook stops the CPU before a block that
-    would take the total past it) and ``stopped`` (its hook did so) where its hooks reach them."""
+    An implementation keeps ``total``, ``stop_at`` (its hook stops the CPU before a block that would
+    take the total past it), ``stopped`` (its hook did so), ``kernel``, ``entry_cost``, ``alarm_at`` and
+    ``alarmed`` (a kernel entry reached ``alarm_at``) where its hooks reach them."""
 
     total: int
     stop_at: int
     stopped: bool
+    kernel: int
+    entry_cost: int
+    alarm_at: int
+    alarmed: bool
 
     def __init__(self, cpu: Cpu, limit: int | None) -> None:
         self.cpu = cpu
         self.hit_limit = False
         self._limit = limit
-        self.stop_at = NO_LIMIT if limit is None else limit
+        self._user_alarm = NO_LIMIT  # total at which a timer of user CPU time expires
+        self._slice_end = NO_LIMIT
+        self._held = False  # hold_stops: a kernel action runs instructions the hook must let through
+        self.alarm_at = NO_LIMIT
+        self.stop_at = self._bound()
 
     @property
     def limit(self) -> int | None:
@@ -108,44 +152,125 @@ class _Counter:
     @limit.setter
     def limit(self, value: int | None) -> None:
         self._limit = value
-        self.stop_at = NO_LIMIT if value is None else value
+        self.stop_at = self._bound()
+
+    @property
+    def work(self) -> int:
+        """Instructions run and the kernel entries' cost: the process's CPU time, in instructions."""
+        return self.total + self.kernel
+
+    def _target(self) -> int:
+        """The total the CPU must stop at exactly: the limit, or where a timer expires (a timer of
+        ``total + kernel`` as a total, with the kernel's charges so far taken off)."""
+        work = NO_LIMIT if self.alarm_at == NO_LIMIT else max(0, self.alarm_at - self.kernel)
+        return min(NO_LIMIT if self._limit is None else self._limit, self._user_alarm, work)
+
+    def _bound(self) -> int:
+        return NO_LIMIT if self._held else min(self._target(), self._slice_end)
+
+    def set_alarm(self, user_at: int | None, work_at: int | None) -> None:
+        """Stop where a timer expires: when ``total`` reaches ``user_at`` (a timer of user CPU time) or
+        ``total + kernel`` reaches ``work_at`` (None: no such timer). Also from a hook, as the run goes."""
+        self._user_alarm = NO_LIMIT if user_at is None else user_at
+        self.alarm_at = NO_LIMIT if work_at is None else work_at
+        self.stop_at = self._bound()
+
+    def due(self) -> bool:
+        """A timer's stop point is reached."""
+        return self.total >= self._user_alarm or self.alarm_at != NO_LIMIT and self.work >= self.alarm_at
+
+    def hold_stops(self) -> Callable[[], None]:
+        """Let every block run (a kernel action steps the guest: an out-of-line step, Linux holds signals
+        back meanwhile too); the function returned lets the stops act again."""
+        self._held = True
+        self.stop_at = NO_LIMIT
+
+        def release() -> None:
+            self._held = False
+            self.stop_at = self._bound()
+
+        return release
+
+    def charge_entries(self, cost: int) -> None:
+        """From now on each kernel entry (syscall, interrupt) costs ``cost`` instruction-equivalents,
+        charged before the kernel handles it: by the C front when there is one, else by observers."""
+        self.entry_cost = cost
+        front = self.cpu.hooks.fast_front
+        if front is not None and self._charge_in_front(front):
+            return
+        self.cpu.hooks.before_syscall.append(self.charge_entry)
+        self.cpu.hooks.before_interrupt.append(lambda _intno: self.charge_entry())
+
+    def _charge_in_front(self, front: object) -> bool:
+        return False
+
+    def charge_entry(self) -> None:
+        """One kernel entry: its cost, and a stop once it returns if a timer expires while the kernel runs
+        it (icount_charge in emu/hotpath_src/icount.c does the same in C)."""
+        self.kernel += self.entry_cost
+        if self.alarm_at == NO_LIMIT:
+            return
+        if self.work >= self.alarm_at:
+            self.alarmed = True
+            self.cpu.stop()
+        else:
+            self.stop_at = min(self.stop_at, self.alarm_at - self.kernel)
 
     def run(self, begin: int, timeout_us: int = 0, count: int = 0) -> StopReason:
-        """Cpu.run, counted; a run the limit stops ends exactly at the limit (``hit_limit``)."""
+        """Cpu.run, counted; a run the limit or a timer stops ends exactly there (``hit_limit``, ``alarmed``)."""
         self.stopped = False  # (a run a hook's exception ended may have left it set)
+        self.alarmed = False
+        self.stop_at = self._bound()
         reason = self.cpu.run(begin, timeout_us=timeout_us, count=count)
-        if not self.stopped or self._limit is None or self.stop_at != self._limit:
+        if not self.stopped:
             return reason
         self.stopped = False
-        left = self._limit - self.total
-        if left > 0:
-            reason = self._run_exactly(left, timeout_us)
-        self.hit_limit = self.total >= self._limit
+        target = self._target()
+        if target > self._slice_end:
+            return reason  # the slice's end: it needs no exact end
+        if target > self.total:
+            reason = self._run_exactly(target - self.total, timeout_us, counted=count > 0)
+        self.hit_limit = self._limit is not None and self.total >= self._limit
+        self.alarmed = self.due()
         return reason
 
     def run_slice(self, begin: int, timeout_us: int, quantum: int) -> StopReason:
         """A time slice: Cpu.run, counted, stopped before the block that would take the total more than
-        ``quantum`` past where it is (or at the limit, exactly, if that comes first)."""
-        end = self.total + quantum
-        if end < self.stop_at:
-            self.stop_at = end
+        ``quantum`` past where it is (or at the limit or a timer, exactly, if one comes first)."""
+        self._slice_end = self.total + quantum
         try:
             return self.run(begin, timeout_us)
         finally:
-            self.stop_at = NO_LIMIT if self._limit is None else self._limit
+            self._slice_end = NO_LIMIT
+            self.stop_at = self._bound()
 
-    def _run_exactly(self, n: int, timeout_us: int) -> StopReason:
-        """Up to ``n`` instructions of the block the hook did not let run (n is less than its count),
-        under Unicorn's exact count; the hooks count nothing meanwhile."""
+    def _run_exactly(self, n: int, timeout_us: int, counted: bool) -> StopReason:
+        """The first ``n`` instructions of the block the hook did not let run (n is less than its count);
+        the hook counts the block whole meanwhile, and the total is set after from where the CPU is."""
         start, total = self.cpu.read(Reg.RIP), self.total
         self.stop_at = NO_LIMIT
         try:
-            reason = self.cpu.run(start, timeout_us=timeout_us, count=n)
+            # a thread's slice: the CPU already counts, Unicorn's count costs no flush
+            reason = self.cpu.run(start, timeout_us=timeout_us, count=n) if counted else self._run_to(start, n, timeout_us)
         finally:
-            self.stop_at = NO_LIMIT if self._limit is None else self._limit
+            self.stop_at = self._bound()
         # straight-line code: a fault on the way leaves rip at the instruction that did not complete
         self.total = total + run_count(self.cpu, start, self.cpu.read(Reg.RIP), n)
         return reason
+
+    def _run_to(self, start: int, n: int, timeout_us: int) -> StopReason:
+        """Run from ``start`` and stop before its ``n + 1``-th instruction, with a code hook there: only
+        the block holding it is translated again (with the hook, and after without)."""
+        stop = nth_address(self.cpu, start, n)
+        if stop is None:  # the bytes cannot be read: Unicorn's count (it flushes the cache)
+            return self.cpu.run(start, timeout_us=timeout_us, count=n)
+        hook = self.cpu.hooks.add_code(lambda _address, _size: self.cpu.stop(), stop, stop)
+        self.cpu.flush_code(stop, stop + 1)
+        try:
+            return self.cpu.run(start, timeout_us=timeout_us)
+        finally:
+            self.cpu.hooks.remove(hook)
+            self.cpu.flush_code(stop, stop + 1)
 
 
 class _State(ctypes.Structure):
@@ -163,6 +288,11 @@ class _State(ctypes.Structure):
         ("last_pc", ctypes.c_uint64),
         ("last_size", ctypes.c_uint32),
         ("last_icount", ctypes.c_uint32),
+        ("kernel", ctypes.c_uint64),
+        ("entry_cost", ctypes.c_uint64),
+        ("alarm_at", ctypes.c_uint64),
+        ("alarmed", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
     ]
 
 
@@ -216,6 +346,43 @@ class NativeCounter(_Counter):
         self._state.stopped = int(value)
 
     @property
+    def kernel(self) -> int:
+        return int(self._state.kernel)
+
+    @kernel.setter
+    def kernel(self, value: int) -> None:
+        self._state.kernel = value
+
+    @property
+    def entry_cost(self) -> int:
+        return int(self._state.entry_cost)
+
+    @entry_cost.setter
+    def entry_cost(self, value: int) -> None:
+        self._state.entry_cost = value
+
+    @property
+    def alarm_at(self) -> int:
+        return int(self._state.alarm_at)
+
+    @alarm_at.setter
+    def alarm_at(self, value: int) -> None:
+        self._state.alarm_at = value
+
+    @property
+    def alarmed(self) -> bool:
+        return bool(self._state.alarmed)
+
+    @alarmed.setter
+    def alarmed(self, value: bool) -> None:
+        self._state.alarmed = int(value)
+
+    def _charge_in_front(self, front: object) -> bool:
+        """The C syscall and interrupt front charges this counter's state itself (icount_charge)."""
+        front.set_clock(ctypes.addressof(self._state))  # type: ignore[attr-defined]
+        return True
+
+    @property
     def decoded(self) -> int:
         """Blocks counted from their bytes (translated before the counter was installed, or pushed out)."""
         return int(self._state.decoded)
@@ -227,6 +394,8 @@ class PythonCounter(_Counter):
     def __init__(self, cpu: Cpu, limit: int | None, track_translations: bool = True) -> None:
         self.total = 0
         self.stopped = False
+        self.kernel = self.entry_cost = 0
+        self.alarmed = False
         self.decoded = 0
         self._counts: dict[tuple[int, int], int] = {}
         super().__init__(cpu, limit)

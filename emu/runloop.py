@@ -8,19 +8,18 @@ import enum
 import errno
 from typing import TYPE_CHECKING
 
-from emu import hotpath
 from emu.abi import SI_KERNEL, Signal
-from emu.cpu import Access, Cpu, Reg, StopReason
+from emu.cpu import Access, Reg, StopReason
 from emu.disasm import describe_insn
 from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, MemoryFault
-from emu.icount import InsnCounter, make_counter
-from emu.kernel.dispatch import SYSCALL_INSN_LEN, Kernel
+from emu.icount import InsnCounter
+from emu.kernel.dispatch import SYSCALL_INSN_LEN
 from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, PollOthers, ProcessSuspended, WouldBlock
 from emu.kernel.fork import Family, wait_status
 from emu.kernel.signal import deliver, deliver_pending, handles
 from emu.kernel.uprobes.core import Uprobes
-from emu.memory import Memory
 from emu.runtypes import LIMITS, Budget, Ending, Outcome, RunOptions
+from emu.timekeeping import TimeKeeper
 
 PROCESS_QUANTUM = 200_000  # instructions a process runs while another one is runnable
 PROCESS_SLICE_NS = 4_000_000  # virtual time one such slice takes: a tick of CONFIG_HZ=250 (Debian)
@@ -45,24 +44,18 @@ EXCEPTION_SIGNALS = {
 if TYPE_CHECKING:  # for the type checker only: a Protocol class costs start-up time, and a run needs none
     from typing import Protocol
 
-    class RunHost(Protocol):
+    from emu.timekeeping import ClockedProcess
+
+    class RunHost(ClockedProcess, Protocol):
         """The process a RunLoop runs (emu/machine.py's Machine); read at each use, since an execve
-        replaces its uprobes."""
+        replaces its uprobes. ClockedProcess has its cpu, mem, kernel, counter and vdso."""
 
         @property
         def options(self) -> RunOptions: ...
         @property
-        def cpu(self) -> Cpu: ...
-        @property
-        def mem(self) -> Memory: ...
-        @property
-        def kernel(self) -> Kernel: ...
-        @property
         def uprobes(self) -> Uprobes: ...
         @property
         def family(self) -> Family: ...
-        @property
-        def counter(self) -> InsnCounter | None: ...
         @property
         def budget(self) -> Budget: ...
 
@@ -87,7 +80,7 @@ class RunLoop:
         self._process_slice = False  # the last slice was counted because another process could run
         self._waiting = False  # stopped in a syscall that waits: it restarts when the process runs on
         self.spurious_stops = 0  # emu_start returns with nothing to report (see _spurious_stop)
-        self._slicer: InsnCounter | None = None  # the block counter of process slices (_process_slice_counter)
+        self.time = TimeKeeper(process)  # the process's CPU on the virtual clock: its counter, its timers' stops
 
     # ------------------------------------------------------------ entry points
     def run_first(self, entry: int) -> Outcome:
@@ -126,6 +119,7 @@ class RunLoop:
 
     def end_process(self, ending: Ending, status: int, signal: Signal | None) -> None:
         kernel = self.process.kernel
+        self.time.ended()
         kernel.files.close_all()
         self.process.family.ended(kernel.ident.pid, wait_status(ending is Ending.EXITED, status, signal))
 
@@ -150,9 +144,18 @@ class RunLoop:
             fast.fold(self.process.kernel.counts)
 
     def run_deferred(self) -> None:
+        """The kernel's actions between instructions; no timer stops the CPU while one steps the guest
+        (an out-of-line step: Linux holds signals back until it is done, uprobe_deny_signal)."""
         deferred = self.process.kernel.deferred
-        while deferred:
-            deferred.pop(0)()
+        if not deferred:
+            return
+        release = self.time.hold_stops()
+        try:
+            while deferred:
+                deferred.pop(0)()
+        finally:
+            if release is not None:
+                release()
 
     # ------------------------------------------------------------ the loop
     def run_until_end(self, entry: int) -> Outcome:
@@ -171,6 +174,8 @@ class RunLoop:
                     self._switch(yielding=True)
                 reason = self._run_slices(sched.current.pc)
                 signal = self._fault_signal(reason)
+                if signal is None and self.time.stopped_for_timer():
+                    continue  # a timer expired: its signal comes as the loop goes round (_act_on_signals)
                 if signal is None and self._slice_ended():
                     self._stalls = 0
                     self._switch()
@@ -199,15 +204,16 @@ class RunLoop:
             sched.current.pc = self.process.cpu.read(Reg.RIP)
 
     def _run_slices(self, pc: int) -> StopReason:
-        """Run the current thread until something other than a deferred kernel action (an XOL step)
-        stops the CPU; with several threads, for at most one scheduler slice of instructions.
+        """Run the current thread until something other than a deferred kernel action (an XOL step) or
+        the clock's first count stops the CPU; with several threads, for at most one scheduler slice of
+        instructions; and, with a timer armed, at most until it expires (emu/timekeeping.py).
 
         A thread's slices are counted exactly (Unicorn's count), not per block as --json is: races
         are found by preempting a thread inside a probe site (small quanta, tests/test_uprobe_race.py),
         which block granularity cannot do. A process's slice, while another process can run, is
-        counted per block where the C extension runs (_process_slice_counter)."""
+        counted per block where a block counter exists (TimeKeeper.slice_counter)."""
         process = self.process
-        kernel, cpu, counter, budget = process.kernel, process.cpu, process.counter, process.budget
+        kernel, cpu, budget = process.kernel, process.cpu, process.budget
         sched = kernel.sched
         while True:
             remaining = budget.remaining_us()
@@ -220,7 +226,9 @@ class RunLoop:
             fast = process.uprobes.fast
             if fast is not None:  # the C hot path takes counting-only hits while nothing watches them
                 fast.sync(kernel.tracer is not None)
-            slicer = self._process_slice_counter() if self._process_slice else None
+            self.time.before_run()
+            slicer = self.time.slice_counter() if self._process_slice else None
+            counter = self.time.counter
             run = cpu.run if counter is None else counter.run
             before = self._charge_from(counter)
             try:
@@ -229,31 +237,17 @@ class RunLoop:
                 else:
                     reason = run(pc, timeout_us=remaining, count=count)
             finally:
+                self.time.after_run()
                 self.fold_fast()
                 self._charge(counter, before)
             sched.current.pc = cpu.read(Reg.RIP)
-            if not kernel.deferred or reason is not StopReason.FINISHED or self._at_limit():
+            restart = self.time.started_during_run()  # it stopped for a counter: it runs on with one
+            if not (kernel.deferred or restart) or reason is not StopReason.FINISHED or self._at_limit():
                 return reason
             self.run_deferred()
             pc = sched.current.pc = cpu.read(Reg.RIP)
-            if sched.switch_requested:
+            if sched.switch_requested or self.time.stopped_for_timer():
                 return reason
-
-    def _process_slice_counter(self) -> InsnCounter | None:
-        """What counts a process's slice while another process is runnable: with the C extension, a
-        block counter (the process's own for --json or --max-insns, else one made on the first
-        shared slice), which costs a C call a block where Unicorn's exact count costs a hook call an
-        instruction; without it, Unicorn's count (a Python block hook would cost more). Process slices
-        need no exact end: only threads are preempted inside a probe site (emu/race/)."""
-        if hotpath.native is None:
-            return None
-        counter = self.process.counter
-        if counter is None:
-            if self._slicer is None:
-                self._slicer = make_counter(self.process.cpu, None)
-                self.process.cpu.flush_all_code()  # a block translated before has no call to its hook
-            counter = self._slicer
-        return counter
 
     def _charge_from(self, counter: InsnCounter | None) -> int:
         """Before a slice: the process's counter may take it to the run's instruction budget, no further;

@@ -297,16 +297,6 @@ def test_the_vdso_serves_the_time_without_system_calls() -> None:
     assert "time" not in result.syscalls and "getcpu" not in result.syscalls
 
 
-def test_vdso_and_kernel_share_one_clock(guest: GuestKernel) -> None:
-    """A vDSO reading moves time on as a syscall reading does: the kernel folds it in."""
-    clock = guest.kernel.clock
-    before = clock.now(realtime=False)
-    page = clock.pages[0]
-    page.store(24, 5)  # five vDSO readings since
-    assert clock.now(realtime=False) == before + 6 * 1000
-    assert page.load(24) == 0 and page.load(16) == clock.elapsed
-
-
 def test_the_stack_grows_down_to_the_rlimit_emulated() -> None:
     out, status = emulated("stack")
     lines = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
@@ -457,18 +447,6 @@ def test_the_optimized_path_needs_32_bytes_below_rsp_emulated() -> None:
 @needs_native
 def test_stack_edge_natively_and_emulated() -> None:
     assert native("edge") == emulated("edge")
-
-
-def test_an_exec_replaces_the_clock_page_instead_of_adding_one(guest: GuestKernel) -> None:
-    from emu.kernel.vdso import map_vdso
-
-    clock = guest.kernel.clock
-    guest.mem.unmap_all()
-    map_vdso(guest.mem, clock)  # the new image's vDSO, at the same place with ASLR off
-    assert len(clock.pages) == 1
-    before = clock.now(realtime=False)
-    clock.pages[0].store(24, 1)
-    assert clock.now(realtime=False) == before + 2 * 1000  # one vDSO reading folded in once, not twice
 
 
 def test_a_forked_child_never_reads_an_earlier_time() -> None:

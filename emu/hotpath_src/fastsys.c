@@ -25,6 +25,9 @@
  *   INT3). A hit that does not settle goes to Python's after-syscall or after-interrupt observers,
  *   which judge it as if Python had handled it.
  *
+ * - Every kernel entry, handled here or in Python, is first charged to the process's instruction counter
+ *   when Python has given it one (set_clock: the virtual clock counts the kernel's time, icount.c).
+ *
  * The tables (probe addresses, each consumer's counters, trampoline pages, slots) are Python's to
  * keep: any change anywhere bumps one generation number, and a FastSys whose tables are of an older
  * generation hands every hit to Python until Python has rebuilt them.
@@ -81,6 +84,7 @@ typedef struct {
     hook_syscall_fn python_after_syscall; /* only Python's after-observers, for a hit that did not settle */
     hook_intr_fn python_after_interrupt;
     struct edges *verifier; /* the verifiers' control block (NULL: none watches) */
+    struct icount_state *clock; /* charged for each kernel entry (NULL: the clock does not count) */
     int open;               /* nothing in Python needs to see a hit */
     uint64_t generation;    /* of the tables below */
     int ids[REG_IDS];
@@ -339,6 +343,8 @@ static int usable(const FastSys *f)
 static void on_syscall(uc_engine *uc, void *user_data)
 {
     FastSys *f = user_data;
+    if (f->clock != NULL)
+        icount_charge(f->clock, uc);
     if (usable(f) && (f->handler_nr >= 0 || f->ret_nr >= 0)) {
         uint64_t v[4];
         int ids[4] = {f->ids[REG_AX], f->ids[REG_IP], f->ids[REG_FLAGS], f->ids[REG_SP]};
@@ -355,6 +361,8 @@ static void on_syscall(uc_engine *uc, void *user_data)
 static void on_interrupt(uc_engine *uc, uint32_t intno, void *user_data)
 {
     FastSys *f = user_data;
+    if (f->clock != NULL)
+        icount_charge(f->clock, uc);
     if (intno == 3 && usable(f)) {
         uint64_t rip;
         f->reg_read(uc, f->ids[REG_IP], &rip);
@@ -577,6 +585,16 @@ static PyObject *fastsys_set_tables(FastSys *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* set_clock(address): the instruction counter's state (emu/icount.py) each kernel entry is charged to; 0: none */
+static PyObject *fastsys_set_clock(FastSys *self, PyObject *address)
+{
+    void *state = address_of(address);
+    if (state == NULL && PyErr_Occurred())
+        return NULL;
+    self->clock = state;
+    Py_RETURN_NONE;
+}
+
 /* set_uretprobe(nr, saved register ids, syscall_return): the design's ReturnTrampoline (nr < 0: none) */
 static PyObject *fastsys_set_uretprobe(FastSys *self, PyObject *args)
 {
@@ -684,6 +702,8 @@ static PyMethodDef fastsys_methods[] = {
     {"set_handler", (PyCFunction)fastsys_set_handler, METH_VARARGS,
      "set_handler(nr, by_slot, exit, path, saved ids, saved_offset, sp_skip, branch_end, patch length, "
      "syscall_return): the design's sys_uprobe"},
+    {"set_clock", (PyCFunction)fastsys_set_clock, METH_O,
+     "set_clock(state): the instruction counter each kernel entry is charged to (emu/icount.py; 0: none)"},
     {"set_tables", (PyCFunction)fastsys_set_tables, METH_VARARGS,
      "set_tables(probes, trampoline pages, slots): the counting-only probes, current from now on"},
     {"set_uretprobe", (PyCFunction)fastsys_set_uretprobe, METH_VARARGS,

@@ -36,6 +36,10 @@ int hotpath_add_writelog(PyObject *module); /* writelog.c */
 int hotpath_add_edges(PyObject *module);    /* edges.c */
 int hotpath_add_tlbfill(PyObject *module);  /* tlbfill.c */
 
+/* The instruction counter (icount.c), which the syscall and interrupt front charges for each kernel entry. */
+struct icount_state;
+void icount_charge(struct icount_state *state, uc_engine *uc);
+
 /* Helper for the parts: add a C function's address to the module as an int constant. */
 static inline int hotpath_add_address(PyObject *module, const char *name, void *function)
 {

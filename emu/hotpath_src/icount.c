@@ -10,6 +10,12 @@
  * a newer translation of the same key, which lands in the same bucket, so a stale count cannot
  * survive a retranslation; a key pushed out of its bucket, or translated before the hooks were
  * added, is counted by the Python callback `decode` and put back.
+ *
+ * The counter is also the process's clock (emu/kernel/clock.py): `kernel` holds what its kernel entries
+ * cost, in instruction-equivalents, charged by icount_charge from the syscall and interrupt front
+ * (fastsys.c) once Python has set entry_cost. A timer's expiry is a point of `total + kernel` (alarm_at):
+ * a kernel entry that reaches it stops the CPU after the entry (the signal comes on that return to user
+ * mode); Python keeps stop_at at or below alarm_at - kernel, so the block hook stops user code before it.
  */
 #include "hotpath.h"
 
@@ -39,7 +45,14 @@ struct icount_state {
     uc_emu_stop_fn emu_stop;
     icount_decode_fn decode;
     struct icount_entry last; /* the block counted last (a loop's next block is most often itself) */
+    uint64_t kernel;      /* instruction-equivalents the kernel entries cost (icount_charge) */
+    uint64_t entry_cost;  /* charged per kernel entry (0: entries are not charged) */
+    uint64_t alarm_at;    /* total + kernel at which a timer expires (ICOUNT_NO_LIMIT: none armed) */
+    uint32_t alarmed;     /* a kernel entry reached alarm_at: the CPU stops once it returns */
+    uint32_t reserved;
 };
+
+#define ICOUNT_NO_LIMIT UINT64_MAX
 
 static struct icount_entry *icount_bucket(const struct icount_state *state, uint64_t pc, uint32_t size)
 {
@@ -105,6 +118,22 @@ static void icount_block(uc_engine *uc, uint64_t address, uint32_t size, void *u
         return;
     }
     icount_block_slow(uc, address, size, state);
+}
+
+/* One kernel entry (a syscall or an interrupt) of the counted process: its cost, and the stop if a timer
+ * expires while the kernel runs it (the CPU stops once the entry has returned to user mode). */
+void icount_charge(struct icount_state *state, uc_engine *uc)
+{
+    state->kernel += state->entry_cost;
+    if (state->alarm_at == ICOUNT_NO_LIMIT)
+        return;
+    if (state->total + state->kernel >= state->alarm_at) {
+        state->alarmed = 1;
+        state->emu_stop(uc);
+        return;
+    }
+    if (state->alarm_at - state->kernel < state->stop_at)
+        state->stop_at = state->alarm_at - state->kernel; /* user code now reaches the expiry sooner */
 }
 
 int hotpath_add_icount(PyObject *module)

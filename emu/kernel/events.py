@@ -3,7 +3,8 @@
 epoll is level-triggered over poll.poll_mask of each registered file; EPOLLET is reported as
 level-triggered (a program that reads until EAGAIN, as edge-triggered ones must, sees the same
 events), EPOLLONESHOT disables the registration after one report. Timers run on the virtual
-clock: a wait for one makes time jump to its expiry when nothing else can run.
+clock, which the instructions run move on too: a busy process finds its timer expired when it next reads
+or polls it, and a wait for one makes time jump to its expiry when nothing else can run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import HostFile, MemFile, OpenFile, StatInfo, SyntheticDir, synthetic_stat
 from emu.kernel.fs.fdtable import FdEntry
 from emu.kernel.poll import finish, poll_mask, read_timeout
-from emu.kernel.signal import UNBLOCKABLE
+from emu.kernel.signal import SI_TIMER, UNBLOCKABLE, timer_signal_taken
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
@@ -311,6 +312,8 @@ def sys_timerfd_settime(k: Kernel, fd: int, flags: int, new: int, old: int, *_: 
     if old:
         k.mem.write_user(old, _current(timer))
     timer.ticks, timer.interval = 0, interval
+    if value:
+        k.clock.observe()  # it expires by the clock: from here on the instructions run count
     if value == 0:
         timer.expiry = None
     elif flags & TFD_TIMER_ABSTIME:
@@ -361,6 +364,8 @@ class SignalFd(OpenFile):
             signo = (ready & -ready).bit_length()
             state.pending &= ~(1 << (signo - 1))
             code = state.pending_code.pop(signo, 0)
+            if code == SI_TIMER:
+                timer_signal_taken(k, signo)
             out += struct.pack("<IiiII", signo, 0, code, k.ident.pid, k.ident.uid).ljust(SIGNALFD_SIGINFO_SIZE, b"\0")
         if not out:
             wait(k, entry, f"read of {self.guest_path}", (k,))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from emu.abi import Prot
 from emu.cpu import Reg
 from emu.cpumodel import MAX_CPUS
+from emu.kernel.cputime import cpu_clock_kind, cpu_ns
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestExit, WouldBlock
 from emu.kernel.state import RLIMIT_STACK
@@ -142,15 +143,20 @@ def sys_getrandom(k: Kernel, buf: int, count: int, flags: int, *_: int) -> int:
 
 
 def sys_clock_gettime(k: Kernel, clock: int, ts: int, *_: int) -> int:
-    if clock not in CLOCK_IDS:
+    """The virtual clock, or the process's CPU time for a CPU clock (cputime.py)."""
+    kind = cpu_clock_kind(k, clock)
+    if kind is not None:
+        ns = cpu_ns(k, kind)
+    elif clock in CLOCK_IDS:
+        ns = k.clock.now(realtime=clock in (0, 5, 8, 11))
+    else:
         raise SyscallError(errno.EINVAL)
-    ns = k.clock.now(realtime=clock in (0, 5, 8, 11))
     k.mem.write_user(ts, struct.pack("<qq", ns // 10**9, ns % 10**9))
     return 0
 
 
 def sys_clock_getres(k: Kernel, clock: int, ts: int, *_: int) -> int:
-    if clock not in CLOCK_IDS:
+    if cpu_clock_kind(k, clock) is None and clock not in CLOCK_IDS:
         raise SyscallError(errno.EINVAL)
     if ts:
         k.mem.write_user(ts, struct.pack("<qq", 0, 1))

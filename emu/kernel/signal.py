@@ -25,6 +25,8 @@ if TYPE_CHECKING:  # sigframe.py loads when a signal is first delivered (most ru
     from emu.kernel.sigframe import SigInfo
 
 SIG_BLOCK, SIG_UNBLOCK, SIG_SETMASK = 0, 1, 2
+SI_TIMER = -2  # the si_code of a timer's signal (procsig.py)
+DELAYTIMER_MAX = 0x7FFFFFFF  # timer_getoverrun saturates here (timer_overrun_to_int)
 SIGSET_SIZE = 8
 UNBLOCKABLE = (1 << (Signal.SIGKILL - 1)) | (1 << (Signal.SIGSTOP - 1))
 NSIG = 64
@@ -90,6 +92,14 @@ def send_to_self(k: Kernel, signo: int, code: int = SI_USER) -> None:
     deliver_pending(k)
 
 
+def timer_signal_taken(k: Kernel, signo: int) -> None:
+    """The timers' signal ``signo`` is taken (delivered, or read from a signalfd or a wait): the expiries
+    it stood for are the overruns timer_getoverrun reports from now on (posixtimer_deliver_signal)."""
+    for timer in k.timers.values():
+        if timer.signo == signo:
+            timer.overrun, timer.overrun_pending = min(timer.overrun_pending, DELAYTIMER_MAX), 0
+
+
 def deliver_pending(k: Kernel) -> None:
     state = k.signals
     ready = state.pending & ~state.mask
@@ -107,7 +117,10 @@ def deliver_pending(k: Kernel) -> None:
             raise GuestKilled(sig, None, "sent by the process itself")
         from emu.kernel.sigframe import SigInfo  # sigframe.py loads with the first signal delivered
 
-        info = SigInfo(signo, state.pending_code.pop(signo, SI_USER), pid=k.ident.pid, uid=k.ident.uid)
+        code = state.pending_code.pop(signo, SI_USER)
+        if code == SI_TIMER:
+            timer_signal_taken(k, signo)
+        info = SigInfo(signo, code, pid=k.ident.pid, uid=k.ident.uid)
         k.defer(functools.partial(deliver, k, signo, info))  # once the current syscall has returned
         return  # the rest wait: the handler's mask decides, and sigreturn delivers them
 
@@ -126,12 +139,12 @@ def deliver(k: Kernel, signo: int, info: SigInfo, resume_ip: int | None = None) 
     if resume_ip is not None:
         state[16] = resume_ip
     action = Action.parse(k.signals.actions[signo])
+    for observer in k.signal_frame_observers:  # before the frame's stores: they are the kernel's, not a hit's
+        observer(action.restorer, state[16])
     try:
         new = setup_frame(k, signo, info, state, action)
     except UserFault:
         raise GuestKilled(Signal.SIGSEGV, state[16], f"cannot write the frame for signal {signo}") from None
-    for observer in k.signal_frame_observers:
-        observer(action.restorer, state[16])
     k.cpu.write_user_state(new, write_rip=True)
 
 

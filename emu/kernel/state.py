@@ -101,8 +101,10 @@ class Timer:
     signo: int
     expiry: int | None = None  # virtual ns (clock.elapsed); None: disarmed
     interval: int = 0
-    overrun: int = 0
+    overrun: int = 0  # expiries the signal delivered last stood for (timer_getoverrun)
     realtime: bool = False  # CLOCK_REALTIME: TIMER_ABSTIME values are wall-clock times
+    kind: int = 0  # what it counts (cputime.py): WALL, the virtual clock; USER_CPU or ALL_CPU, the process's CPU time
+    overrun_pending: int = 0  # expiries since its signal was sent, not yet delivered
 
 
 # ---------------------------------------------------------------------------- threads (threads.py, futex.py)
