@@ -181,3 +181,17 @@ def test_check_command_on_the_threads_sample(capsys: pytest.CaptureFixture[str])
     assert set(rows) == {"int3", "jmp-slots"}
     assert all(row[1] == str(2 * 3 * 60) and row[2:7] == ["0"] * 5 and row[7] == "yes"
                for row in rows.values())
+
+
+def test_a_frame_built_at_the_site_itself_drops_the_hit_that_has_not_begun() -> None:
+    """The CPU stopped at the site after its hook opened the hit but before the probed instruction ran (a
+    timer's exact stop): the handler returns to the site, where the hit starts afresh. Set aside instead
+    (the negative control, a frame at any other address), the old hit would come back at sigreturn."""
+    tracker, tx = _tracker_with_open_transaction()
+    tracker.signals.frame(0x401000, tx.site)
+    tracker.signals.frame(None, 0x401234)
+    assert tracker.active is None
+    tracker.active = tx
+    tracker.signals.frame(0x401000, tx.site + 5)
+    tracker.signals.frame(None, 0x401234)
+    assert tracker.active is tx

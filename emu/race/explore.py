@@ -11,25 +11,28 @@ reference (outcome.py) and summed up per design (report.py).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from emu.designs import Design, get_design
 from emu.errors import UsageError
-from emu.machine import RunOptions
+from emu.machine import Machine, RunOptions
 from emu.race.outcome import classify
 from emu.race.report import Interleaving, RaceReport
 from emu.race.scenario import Event, Scenario, build, parse_event
 from emu.race.thread import ThreadRunner
 
+R = TypeVar("R")
+
 
 class Describer:
     """Addresses as people read them: ``t_nop5+5``, ``[uprobes-trampoline]+0x10``, else hex."""
 
-    def __init__(self, scenario: Scenario) -> None:
-        self.mem = scenario.machine.mem
-        bias = scenario.machine.exe.bias
+    def __init__(self, machine: Machine) -> None:
+        self.mem = machine.mem
+        bias = machine.exe.bias
         found = sorted((value + bias, size, name) for name, (value, size) in
-                       scenario.machine.resolver.symbols.items() if value)
+                       machine.resolver.symbols.items() if value)
         self.starts = [start for start, _, _ in found]
         self.symbols = found
 
@@ -62,22 +65,30 @@ def explore_designs(binary: str, specs: Sequence[str], designs: Sequence[str | D
     """``explore`` under each design. A design whose kernel refuses the probe gets a report saying so;
     if every design refuses, that is the caller's error."""
     chosen = parse_event(event) if isinstance(event, str) else event
-    reports: list[RaceReport] = []
+    return each_design(designs, lambda d: explore(binary, specs, d, chosen, argv, options, env),
+                       lambda name, why: RaceReport(name, chosen.value, tuple(specs), (), refused=why))
+
+
+def each_design(designs: Sequence[str | Design], explore_one: Callable[[str | Design], R],
+                refused: Callable[[str, str], R]) -> list[R]:
+    """``explore_one`` of each design; one that raises UsageError (its kernel refuses the probe) gets
+    ``refused(name, why)`` instead, unless every design does: then that is the caller's error."""
+    reports: list[R] = []
     errors: list[UsageError] = []
     for design in designs:
         name = get_design(design).name
         try:
-            reports.append(explore(binary, specs, design, chosen, argv, options, env))
+            reports.append(explore_one(design))
         except UsageError as err:
             errors.append(err)
-            reports.append(RaceReport(name, chosen.value, tuple(specs), (), refused=str(err)))
+            reports.append(refused(name, str(err)))
     if errors and len(errors) == len(reports):
         raise errors[0]
     return reports
 
 
 def _enumerate(scenario: Scenario) -> RaceReport:
-    describe = Describer(scenario)
+    describe = Describer(scenario.machine)
     total = len(scenario.writes)
     report = RaceReport(scenario.design.name, scenario.event.value,
                         tuple(f"{s.spec} at {s.vaddr:#x}" for s in scenario.sites), scenario.writes)

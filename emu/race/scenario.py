@@ -135,7 +135,7 @@ def build(binary: str, argv: list[str], specs: tuple[str, ...], design: Design, 
     books = (first, *later)
     for probe in {id(p): p for b in books for p in b.probes.values()}.values():
         probe.optimize_failed = True  # the patching thread owns the optimization; thread 1 only takes traps
-    sites = tuple(_site(design, spec, a.uprobe) for spec, a in zip(specs, machine.attachments, strict=True))
+    sites = tuple(site_of(design, spec, a.uprobe) for spec, a in zip(specs, machine.attachments, strict=True))
     return Scenario(machine, design, event, sites, entry, tuple(writes), books)
 
 
@@ -172,7 +172,8 @@ def _attach(machine: Machine, spec: str) -> Attachment:
     return attachment
 
 
-def _site(design: Design, spec: str, probe: Uprobe) -> Site:
+def site_of(design: Design, spec: str, probe: Uprobe) -> Site:
+    """The bytes a hit of ``probe`` starts in: its instruction, or the design's patched site if it optimizes."""
     length = max(probe.insn.length, design.site_length if probe.can_optimize else 0)
     return Site(spec, probe.vaddr, length, probe.insn.raw[:length])
 

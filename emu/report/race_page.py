@@ -4,6 +4,7 @@ boundary where it is stopped) coloured by outcome, and the example interleaving 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 import drawsvg as dw
@@ -18,11 +19,23 @@ OUTCOME_COLOURS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#1f77
 CELL, LABEL_W, TOP = 14, 170, 40
 
 
-def colours(report: RaceReport) -> dict[str, str]:
+def colours(outcomes: Counter[str]) -> dict[str, str]:
     """Clean is green; the others take the palette in order of frequency (the same on every page)."""
-    others = [key for key, _ in report.outcomes.most_common() if key != CLEAN]
+    others = [key for key, _ in outcomes.most_common() if key != CLEAN]
     out = {key: OUTCOME_COLOURS[i % len(OUTCOME_COLOURS)] for i, key in enumerate(others)}
     return {CLEAN: CLEAN_COLOUR, **out}
+
+
+def outcome_legend(d: dw.Drawing, y: float, colour: dict[str, str], outcomes: Counter[str]) -> None:
+    """Two columns of outcome colours with their counts, from ``y`` down."""
+    for i, (key, c) in enumerate(colour.items()):
+        x, line = 10 + (i % 2) * 360, y + (i // 2) * 16
+        d.append(svg.cell(x, line - 9, 10, 10, c, key))
+        d.append(svg.label(x + 14, line, f"{key} ({outcomes[key]})", 10))
+
+
+def legend_height(colour: dict[str, str]) -> int:
+    return (len(colour) + 1) // 2 * 16
 
 
 def _row(iv: Interleaving) -> tuple[int, int]:
@@ -42,10 +55,9 @@ def grid(report: RaceReport) -> dw.Drawing:
     total = len(report.writes)
     rows = sorted({_row(iv) for iv, _ in report.cells})
     columns = max((iv.insns or 0 for iv, _ in report.cells), default=0) + 1
-    colour = colours(report)
+    colour = colours(report.outcomes)
     width = LABEL_W + columns * CELL + 20
-    legend_rows = (len(colour) + 1) // 2
-    d = svg.drawing(max(width, 520), TOP + len(rows) * CELL + 20 + legend_rows * 16)
+    d = svg.drawing(max(width, 520), TOP + len(rows) * CELL + 20 + legend_height(colour))
     d.append(svg.label(LABEL_W, 14, "thread 1 stopped after k instructions (0: not stopped)", 10, fill=svg.MUTED))
     for k in range(columns):
         if k % 5 == 0 or k == columns - 1:
@@ -61,11 +73,7 @@ def grid(report: RaceReport) -> dw.Drawing:
         d.append(svg.cell(LABEL_W + k * CELL, TOP + r * CELL, CELL - 1, CELL - 1, colour[key],
                           f"{iv.text(total)}: {key}" + (" (the example)" if example else ""),
                           data_outcome=key, data_insns=k, data_row=r, **outline))
-    y = TOP + len(rows) * CELL + 22
-    for i, (key, c) in enumerate(colour.items()):
-        x, line = 10 + (i % 2) * 360, y + (i // 2) * 16
-        d.append(svg.cell(x, line - 9, 10, 10, c, key))
-        d.append(svg.label(x + 14, line, f"{key} ({report.outcomes[key]})", 10))
+    outcome_legend(d, TOP + len(rows) * CELL + 22, colour, report.outcomes)
     return d
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from emu import hotpath
 from emu.abi import RED_ZONE, U64
 from emu.cpu.state import RAW_RIP, RAW_RSP
-from emu.disasm import STRAIGHT_LINE_SCAN, straight_line_end
+from emu.disasm import STRAIGHT_LINE_SCAN, cs64, straight_line_end
 from emu.kernel.uprobes.regs import ExitPath
 from emu.vma import KERNEL_SIDE
 
@@ -123,6 +123,9 @@ class ResumeWatch:
             return None
         raw, redzone = self.tracker.read_end(tx)
         addr = (_QWORD.unpack_from(raw, RAW_RIP)[0] + rip_advance) & U64
+        if self._site_step(tx, addr):  # an rt_sigreturn back between a nop10 site's lea and call: the hit goes on
+            self._watch_blocks()
+            return None
         if self._guest_side(tx, addr):
             self.tracker.finish(tx, addr, raw, redzone=redzone)
             return None
@@ -134,6 +137,16 @@ class ResumeWatch:
     def _guest_side(self, tx: Transaction, addr: int) -> bool:
         """Not in the kernel's pages (right after ``tx``'s probed instruction, the common case, is not)."""
         return addr == tx.at.next or (vma := self.mem.find(addr)) is None or vma.name not in KERNEL_SIDE
+
+    def _site_step(self, tx: Transaction, addr: int) -> bool:
+        """``addr``, strictly inside ``tx``'s site, starts one of the patched site's own instructions (the
+        call after a nop10 site's lea, where a signal handler returns to): the hit goes on there. Any
+        other address inside the site is a resume inside the probed instruction."""
+        size = len(tx.at.original)
+        if not tx.site < addr < tx.site + size:
+            return False
+        patched = self.mem.read(tx.site, size)
+        return any(at == addr for at, _size, _m, _o in cs64().disasm_lite(patched, tx.site))
 
     # ------------------------------------------------------ straight-line trampoline code
     def _follow(self, addr: int) -> bool:
@@ -200,6 +213,8 @@ class ResumeWatch:
     def _on_block(self, addr: int, _size: int) -> None:
         tx = self.tracker.active
         if tx is None or addr == tx.site and tx.chain is None or self.up.stepping:
+            return
+        if self._site_step(tx, addr):
             return
         if self._guest_side(tx, addr):
             self.tracker.finish(tx, addr, self.tracker.raw.read())

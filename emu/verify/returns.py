@@ -63,6 +63,7 @@ class ReturnWatch:
         self._regs, self._resume = regs, resume
         self._sched, self._up = machine.kernel.sched, machine.uprobes
         self._open: dict[int, list[OpenReturn]] = {}  # tid -> its returns under way, innermost last
+        self._held: dict[int, list[list[OpenReturn]]] = {}  # tid -> its returns set aside per signal frame on it
         self._hooked: set[int] = set()  # return addresses with a hook
         self._trampolines: set[int] = set()
         self._names: dict[int, str] = {}  # probed function -> how its returns are named
@@ -72,6 +73,7 @@ class ReturnWatch:
             self._on_map(vma)
         machine.mem.map_observers.append(self._on_map)
         machine.uprobes.return_observers.append(self._on_handlers)
+        machine.kernel.signal_frame_observers.append(self._on_signal_frame)
 
     def finish(self, ending: str) -> None:
         """The run is over: a return still open never reached its caller."""
@@ -79,6 +81,7 @@ class ReturnWatch:
             for opened in returns:
                 self._never_resumed(opened, f"the run ended first ({ending})")
         self._open.clear()
+        self._held.clear()
 
     # ------------------------------------------------------------------ hooks
     def _on_map(self, vma: Vma) -> None:
@@ -132,6 +135,17 @@ class ReturnWatch:
         if after.ip != before.ip:
             opened.target = after.ip
             self._hook(after.ip)
+
+    def _on_signal_frame(self, restorer: int | None, _ip: int) -> None:
+        """Kernel observer: a handler's frame is built (the thread's open returns wait for its
+        rt_sigreturn) or returned from (they go on). A frame never returned from (a siglongjmp out of the
+        handler) takes them away without a verdict, as signals.py does for entry hits."""
+        tid = self._sched.current.tid
+        held = self._held.setdefault(tid, [])
+        if restorer is not None:
+            held.append(self._open.pop(tid, []))
+        elif held:
+            self._open[tid] = held.pop() + self._open.get(tid, [])
 
     def _on_return_address(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
         try:

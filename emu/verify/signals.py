@@ -25,10 +25,21 @@ class SignalWatch:
     def clear(self) -> None:
         self._frames.clear()
 
-    def frame(self, restorer: int | None, _ip: int) -> None:
-        """Kernel observer: a frame is built (``restorer`` given) or returned from (None)."""
+    def frame(self, restorer: int | None, ip: int) -> None:
+        """Kernel observer: a frame is built (``restorer`` given) over the state at ``ip``, or returned
+        from (None)."""
         frames = self._frames.setdefault(self._sched.current.tid, [])
         if restorer is not None:
-            frames.append(set_aside(self._tracker))
+            frames.append(self._hold(ip))
         elif frames and (held := frames.pop()) is not None:
             take_up(self._tracker, held)
+
+    def _hold(self, ip: int) -> Held | None:
+        """The open hit set aside; none if it has not begun: the CPU stopped at the site before the
+        probed instruction ran (a timer's stop, a signal injected there), and the hit starts afresh
+        when the handler returns there."""
+        tx = self._tracker.active
+        if tx is not None and ip == tx.site:
+            self._tracker.abandon()
+            return None
+        return set_aside(self._tracker)
