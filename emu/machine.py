@@ -75,6 +75,7 @@ class Machine:
         self.design: Design = get_design(self.options.design)
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.family = Family()
+        self.fork_observers: list[Callable[[Machine], None]] = []  # each child forked, once built (and its own)
         self._wire(first=True)
 
     def _wire(self, first: bool) -> None:
@@ -155,6 +156,9 @@ class Machine:
         if self.kernel.task.uprobe.return_instances and parent.uprobes.xol is not None:
             self.uprobes.get_xol_area()  # dup_xol_work: the returns go through [uprobes] slot 0
         self._copy_registers(parent, args)
+        self.fork_observers = parent.fork_observers
+        for observer in self.fork_observers:
+            observer(self)
         return self
 
     def _copy_registers(self, parent: Machine, args: CloneArgs) -> None:

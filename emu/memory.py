@@ -48,6 +48,7 @@ class Memory:
         self._vmas: list[Vma] = []
         self.patch_observers: list[Callable[[int, bytes, bytes], None]] = []  # (addr, old, new) after each patch
         self.map_observers: list[Callable[[Vma], None]] = []  # each new mapping, after map()
+        self.user_read_observers: list[Callable[[int, int], None]] = []  # (addr, size) the kernel copies from user
         self._starts: list[int] = []
         self.stack_limit = STACK_LIMIT  # RLIMIT_STACK: how far [stack] may grow down from its top
         self._stack_pieces = 0  # backend regions the stack grew by since it was last one region
@@ -353,6 +354,8 @@ class Memory:
         if size == 0:
             return b""
         self.check_user(addr, size, Prot.READ)
+        for observer in self.user_read_observers:
+            observer(addr, size)
         return self.backend.mem_read(addr, size)
 
     def write_user(self, addr: int, data: bytes) -> None:
@@ -376,6 +379,8 @@ class Memory:
                 raise UserFault(addr)
             chunk = self.backend.mem_read(addr, min(vma.end - addr, 256, limit - len(out)))
             nul = chunk.find(0)
+            for observer in self.user_read_observers:
+                observer(addr, len(chunk) if nul < 0 else nul + 1)
             if nul >= 0:
                 return bytes(out + chunk[:nul])
             out += chunk

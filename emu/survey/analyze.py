@@ -19,7 +19,7 @@ from emu.survey.bounds import UnwindBounds
 from emu.survey.redzone import LIVE, Function, RedZone, analyse, unknown
 from emu.survey.writes import red_zone_writes
 
-ANALYSIS_VERSION = 2  # bump when a verdict could change: stored results of older versions are redone
+ANALYSIS_VERSION = 3  # bump when a verdict could change: stored results of older versions are redone
 CONTEXT_INSNS = 6  # instructions shown either side of a hazardous site in the report
 
 

@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from emu.verify.records import Transaction
     from emu.verify.session import VerifySession
     from emu.violations import Violation
+    from emu.vma import Vma
 
-DYNAMIC_VERSION = 2  # bump when a dynamic verdict could change: stored runs of older versions are redone
+DYNAMIC_VERSION = 3  # bump when a dynamic verdict could change: stored runs of older versions are redone
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,26 +53,25 @@ class DesignRun:
 
 
 class ReadBack:
-    """Watches the red-zone bytes a hit left changed until guest code stores to them (harmless) or
-    reads them (a visible clobber, counted for the site and hit that changed them).
+    """Watches the red-zone bytes a hit left changed until they are stored to (harmless) or read (a
+    visible clobber, counted for the site and hit that changed them): by guest code, by the kernel
+    copying them from user memory for a system call the program made (a write(2) of red-zone bytes),
+    or in a child forked after the hit, whose copy of the address space holds the same bytes.
 
     The hooks span the whole address space and return at once while nothing is watched (Unicorn's
-    public API cannot move a hook's range while the CPU runs). The
-    tracker ends a hit before the trampoline's own ``ret`` runs, so reads by code in the kernel's
-    pages are the design's, not the program's. Only a read below rsp is a use of the red zone: a
+    public API cannot move a hook's range while the CPU runs). The tracker ends a hit before the
+    trampoline's own ``ret`` runs, so reads by code in the kernel's pages, and the system calls that
+    code makes, are the design's, not the program's. Only a read below rsp is a use of the red zone: a
     byte at or above it belongs to a frame allocated since (a call, push or sub covered it), and a
     read there before any store is of a slot never written (strlen's aligned over-read of a local
     buffer), whatever the probe did."""
 
     def __init__(self, machine: Machine, session: VerifySession) -> None:
-        from emu.vma import WatchedBackend
-
-        self.cpu = machine.cpu
-        self.mem = machine.mem
         self.session = session
         self.bias = machine.resolver.image.bias  # runtime address - link-time address of the executable
-        self.marked: dict[int, tuple[int, int]] = {}  # byte address -> (site, hit)
         self.confirmed: set[tuple[int, int]] = set()
+        self._spaces = {machine.kernel.ident.pid: _Space(machine, self.confirmed)}
+        self.marked = self._spaces[machine.kernel.ident.pid].marked  # the hits are the first process's
         self._new: list[Violation] = []  # found since the last finished hit (the log keeps only the first ones)
         session.violations.listeners.append(self._new.append)
         if session.tracker.edges is not None:
@@ -83,9 +83,7 @@ class ReadBack:
             self._mark(tx)
 
         session.tracker.on_finished = finished
-        machine.mem.backend = WatchedBackend(machine.mem.backend, self._on_kernel_write)  # the kernel's stores too
-        self.cpu.hooks.add_raw_mem_read(self._on_read, 1, 0)
-        self.cpu.hooks.add_raw_mem_write(self._on_raw_write, 1, 0)  # raw: no Python frame between
+        machine.fork_observers.append(self._on_fork)
 
     def counts(self) -> Counter[int]:
         """site -> hits whose clobber was read back."""
@@ -102,22 +100,65 @@ class ReadBack:
                 for addr in range(first, first + int(v.detail["size"])):
                     self.marked[addr] = (v.address, v.hit)
 
+    def _on_fork(self, child: Machine) -> None:
+        """A child's memory is a copy of its parent's: the changed bytes are there too, watched apart."""
+        parent = self._spaces.get(child.kernel.ident.ppid)
+        marked = dict(parent.marked) if parent is not None else {}
+        self._spaces[child.kernel.ident.pid] = _Space(child, self.confirmed, marked)
+
+
+class _Space:
+    """One process's address space under the read-back watch: its changed red-zone bytes (address ->
+    the site and hit that changed them) and the hooks that see them read or stored to."""
+
+    def __init__(self, machine: Machine, confirmed: set[tuple[int, int]],
+                 marked: dict[int, tuple[int, int]] | None = None) -> None:
+        from emu.vma import WatchedBackend
+
+        self.cpu, self.mem = machine.cpu, machine.mem
+        self.marked: dict[int, tuple[int, int]] = {} if marked is None else marked
+        self.confirmed = confirmed
+        self._program_syscall = False  # a system call the program made (not the design's trampoline) runs
+        machine.mem.backend = WatchedBackend(machine.mem.backend, self._on_kernel_write)  # the kernel's stores too
+        machine.mem.user_read_observers.append(self._on_kernel_read)
+        machine.mem.map_observers.append(self._on_map)
+        self.cpu.hooks.before_syscall.append(self._on_syscall)
+        self.cpu.hooks.after_syscall.append(self._after_syscall)
+        self.cpu.hooks.add_raw_mem_read(self._on_read, 1, 0)
+        self.cpu.hooks.add_raw_mem_write(self._on_raw_write, 1, 0)  # raw: no Python frame between
+
+    def _read(self, addr: int, size: int) -> None:
+        """Bytes read: the marked ones below rsp are a clobber the program sees; none stays marked."""
+        from emu.cpu import Reg
+
+        owners = [(a, o) for a in range(addr, addr + size) if (o := self.marked.get(a)) is not None]
+        if not owners:
+            return
+        rsp = self.cpu.read(Reg.RSP)
+        for a in range(addr, addr + size):
+            self.marked.pop(a, None)
+        self.confirmed.update(o for a, o in owners if a < rsp)
+
     def _on_read(self, _uc: object, _access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
         if not self.marked:
             return True
         try:
-            owners = [(a, o) for a in range(addr, addr + size) if (o := self.marked.get(a)) is not None]
-            if owners and not self._kernel_side():
-                from emu.cpu import Reg
-
-                rsp = self.cpu.read(Reg.RSP)
-                for a in range(addr, addr + size):
-                    self.marked.pop(a, None)
-                self.confirmed.update(o for a, o in owners if a < rsp)
+            if not self._kernel_side():
+                self._read(addr, size)
         except BaseException as exc:  # a raw hook hands its exception to the run
-
             self.cpu.hooks.raised(exc)
         return True
+
+    def _on_kernel_read(self, addr: int, size: int) -> None:
+        """copy_from_user, for a system call of the program's (rsp: the program's, at the call)."""
+        if self.marked and self._program_syscall:
+            self._read(addr, size)
+
+    def _on_syscall(self) -> None:
+        self._program_syscall = bool(self.marked) and not self._kernel_side()
+
+    def _after_syscall(self) -> None:
+        self._program_syscall = False
 
     def _kernel_side(self) -> bool:
         from emu.cpu import Reg
@@ -128,16 +169,22 @@ class ReadBack:
 
     def _on_raw_write(self, _uc: object, _access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
         if self.marked:
-            self._on_write(addr, size)
+            self._forget(addr, size)
         return True
 
-    def _on_write(self, addr: int, size: int) -> None:
+    def _forget(self, addr: int, size: int) -> None:
         if self.marked:
             for a in range(addr, addr + size):
                 self.marked.pop(a, None)
 
     def _on_kernel_write(self, addr: int, data: bytes) -> None:
-        self._on_write(addr, len(data))
+        self._forget(addr, len(data))
+
+    def _on_map(self, vma: Vma) -> None:
+        """A new mapping (an exec's stack, a mapping over the old one) holds none of the changed bytes."""
+        if self.marked:
+            for a in [a for a in self.marked if vma.start <= a < vma.end]:
+                del self.marked[a]
 
 
 def run_entry(entry: Entry, sha256: str, design: Design, sites: tuple[int, ...] | None) -> DesignRun:

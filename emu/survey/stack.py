@@ -96,6 +96,8 @@ class Insn:
 _PREFIXES = frozenset((0xF0, 0xF2, 0xF3, 0x2E, 0x36, 0x3E, 0x26, 0x64, 0x65, 0x66, 0x67))
 _STRING_OPCODES = frozenset((0x6C, 0x6D, 0x6E, 0x6F, 0xA4, 0xA5, 0xA6, 0xA7, 0xAA, 0xAB, 0xAC, 0xAD, 0xAE, 0xAF))
 # Instructions that write a register their operand text does not name (or use rsp implicitly).
+SYSCALL_ARGS = ("rdi", "rsi", "rdx", "r10", "r8", "r9")
+KERNEL_READ_SPAN = 128  # bytes a system call is taken to read from a stack address it is given
 _IMPLICIT = frozenset(("push", "pushfq", "pop", "popfq", "call", "ret", "retf", "leave", "enter", "mul", "div",
                        "idiv", "imul", "cqo", "cdq", "cwd", "cdqe", "cwde", "cbw", "cpuid", "rdtsc", "rdtscp",
                        "syscall", "xgetbv", "rdpkru", "cmpxchg", "cmpxchg8b", "cmpxchg16b", "xlatb", "lahf",
@@ -160,6 +162,8 @@ def effect(insn: Insn, regs: Regs) -> Effect:
     loads: list[Range] = []
     stores: list[Range] = []
     opaque = _memory_operands(insn, operands, regs, loads, stores)
+    if m == "syscall":
+        loads.extend(_handed_to_the_kernel(regs))
     for reg in written:
         out.pop(reg, None)
     rsp = regs.get(RSP)
@@ -170,6 +174,12 @@ def effect(insn: Insn, regs: Regs) -> Effect:
     if RSP in written and RSP not in out and rsp is not None:
         opaque = opaque or f"rsp made unknowable at {insn.address:#x} ({insn.text})"
     return Effect(out, tuple(loads), tuple(stores), opaque=opaque)
+
+
+def _handed_to_the_kernel(regs: Regs) -> list[Range]:
+    """What a system call may read through its arguments: from each stack address among them, a red
+    zone's worth (the length it is given is not tracked; a write(2) of red-zone bytes reads them)."""
+    return [(regs[r], regs[r] + KERNEL_READ_SPAN) for r in SYSCALL_ARGS if r in regs]
 
 
 def _memory_operands(insn: Insn, operands: tuple[Operand, ...], regs: Regs, loads: list[Range],
