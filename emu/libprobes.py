@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from emu.abi import page_down
+from emu.abi import Prot, page_down
 from emu.elf import LoadPlan, load_plan
 from emu.errors import EmuError, UsageError
 from emu.kernel.errno_ import SyscallError
@@ -98,6 +98,9 @@ class LibraryProbes:
             plan = load_plan(host)
         except EmuError as err:
             raise UsageError(f"{spec.text}: {err}") from None
+        if spec.address is not None and not _in_code(plan, spec.address):
+            raise UsageError(f"{spec.text}: {spec.address:#x} is not in the code of {spec.path} "
+                             "(a library's 0xADDR is a link-time address in the file, as scan prints it)")
         probe = LibraryProbe(spec, consumer, plan)
         self._resolve(probe, 0)  # refuse an unknown symbol now, not at the first mmap
         return self._add(probe)
@@ -131,6 +134,8 @@ class LibraryProbes:
             sema = image.vaddr_of_offset(probe.ref_ctr_offset) if probe.ref_ctr_offset else None
             assert vaddr is not None
             return image, ResolvedProbe(probe.spec, vaddr, sema)
+        if probe.spec.address is not None:  # a link-time address in the file: where it is mapped this time
+            return image, ResolvedProbe(probe.spec, probe.spec.address + bias)
         return image, Resolver(image).resolve(dataclasses.replace(probe.spec, path=None))
 
     def _install(self, probe: LibraryProbe, vma: Vma) -> None:
@@ -143,6 +148,10 @@ class LibraryProbes:
         att = self.installer.attach_resolved(resolved, probe.consumer, (image,))
         att.library = True
         probe.installed.append(att)
+
+
+def _in_code(plan: LoadPlan, address: int) -> bool:
+    return any(seg.prot & Prot.EXEC and seg.vaddr <= address < seg.vaddr + seg.filesz for seg in plan.segments)
 
 
 def library_bias(plan: LoadPlan, vma: Vma) -> int | None:

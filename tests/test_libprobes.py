@@ -67,3 +67,32 @@ def test_detached_library_probe_is_not_installed_later() -> None:
     probe.detach()
     m.run()
     assert probe.installed == [] and probe.consumer.hits == 0
+
+
+def _dynsym(path: str, name: str) -> int:
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.sections import SymbolTableSection
+
+    with open(path, "rb") as fh:
+        table = ELFFile(fh).get_section_by_name(".dynsym")
+        assert isinstance(table, SymbolTableSection)
+        return int(table.get_symbol_by_name(name)[0]["st_value"])
+
+
+def test_a_link_time_address_in_a_library_is_where_the_library_is_mapped() -> None:
+    """uprobe:LIB:0xADDR names the address as scan and survey print it; the probe lands on fwrite's first
+    instruction wherever ld.so maps libc (before, the address was taken as absolute: never installed)."""
+    by_name, by_address = machine(), machine()
+    named = by_name[0].attach(f"uprobe:{LIBC}:fwrite")
+    addressed = by_address[0].attach(f"uprobe:{LIBC}:{_dynsym(LIBC, 'fwrite'):#x}")
+    by_name[0].run()
+    by_address[0].run()
+    assert isinstance(named, LibraryProbe) and isinstance(addressed, LibraryProbe)
+    assert [i.address for i in addressed.installed] == [i.address for i in named.installed] != []
+    assert addressed.installed[0].consumer.hits == named.installed[0].consumer.hits == 1
+
+
+def test_a_library_address_outside_its_code_is_refused() -> None:
+    m, _io = machine()
+    with pytest.raises(UsageError, match="not in the code of"):
+        m.attach(f"uprobe:{LIBC}:0x10")
