@@ -92,6 +92,7 @@ class ProbeAttacher:
     def __init__(self, process: ProbeHost) -> None:
         self.process = process
         self.attachments: list[Attachment] = []
+        self.library_observers: list[Callable[[Attachment], None]] = []  # each library probe installed (uprobe_mmap)
         self._libraries: LibraryProbes | None = None  # made by the first library probe (libraries)
         self._resolver: Resolver | None = None  # made on first use (resolver)
 
@@ -159,7 +160,7 @@ class ProbeAttacher:
         return self.attach_resolved(resolved, consumer, (self.process.exe, self.process.interp))
 
     def attach_resolved(self, resolved: ResolvedProbe, consumer: Consumer,
-                        images: tuple[LoadedImage | None, ...]) -> Attachment:
+                        images: tuple[LoadedImage | None, ...], library: bool = False) -> Attachment:
         process = self.process
         parsed = resolved.spec
         address = self._usdt_site(resolved) if resolved.usdt else resolved.address
@@ -173,7 +174,11 @@ class ProbeAttacher:
                                f"{describe_insn(process.mem, address)} (-{errno_name(err.errno)}, {err.errno})",
                                err.errno) from None
         attachment = Attachment(resolved, consumer, uprobe, process)
+        attachment.library = library
         self.attachments.append(attachment)
+        if library:
+            for observer in self.library_observers:
+                observer(attachment)
         return attachment
 
     def perf_attach(self, path: str, offset: int, retprobe: bool, ref_ctr_offset: int,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from emu.abi import Prot, page_down
 from emu.elf import LoadPlan, load_plan
-from emu.errors import EmuError, UsageError
+from emu.errors import EmuError, ProbeRefused, UsageError
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.vfs import Vfs
@@ -43,7 +43,7 @@ class Installer(Protocol):
     @property
     def mappings(self) -> Iterable[Vma]: ...  # the process's VMAs (its Memory)
     def attach_resolved(self, resolved: ResolvedProbe, consumer: Consumer,
-                        images: tuple[LoadedImage | None, ...]) -> Installed: ...
+                        images: tuple[LoadedImage | None, ...], library: bool = False) -> Installed: ...
 
 
 @dataclass(eq=False)
@@ -57,6 +57,7 @@ class LibraryProbe:
     detached: bool = False
     file_offset: int | None = None  # perf_event_open's probe_offset, instead of a symbol
     ref_ctr_offset: int = 0
+    refused: str | None = None  # why a mapping could not take it (uprobe_mmap skips such an instruction)
 
     @property
     def file_id(self) -> tuple[tuple[int, int], int]:
@@ -79,6 +80,7 @@ class LibraryProbe:
             "paths": dict(self.consumer.paths),
             "optimized": bool(first and first["optimized"]),
             "mapped": len(self.installed),
+            **({"refused": self.refused} if self.refused else {}),
         }
 
 
@@ -86,6 +88,7 @@ class LibraryProbes:
     def __init__(self, installer: Installer) -> None:
         self.installer = installer
         self.probes: list[LibraryProbe] = []  # the installer calls on_exec_mmap for each executable mapping
+        self._plans: dict[str, LoadPlan] = {}  # host path -> its load plan (a survey probes hundreds of sites a file)
 
     def add(self, spec: ProbeSpec, consumer: Consumer) -> LibraryProbe:
         assert spec.path is not None
@@ -95,7 +98,7 @@ class LibraryProbes:
         except SyscallError:
             raise UsageError(f"{spec.text}: no library {spec.path} under {vfs.root}") from None
         try:
-            plan = load_plan(host)
+            plan = self._plans.get(host) or self._plans.setdefault(host, load_plan(host))
         except EmuError as err:
             raise UsageError(f"{spec.text}: {err}") from None
         if spec.address is not None and not _in_code(plan, spec.address):
@@ -116,7 +119,10 @@ class LibraryProbes:
     def on_exec_mmap(self, vma: Vma) -> None:
         for probe in self.probes:
             if not probe.detached and (vma.dev, vma.inode) == probe.file_id:
-                self._install(probe, vma)
+                try:
+                    self._install(probe, vma)
+                except ProbeRefused as err:  # uprobe_mmap: the mapping goes on without this probe
+                    probe.refused = str(err)
 
     def add_offset(self, spec: ProbeSpec, plan: LoadPlan, offset: int, ref_ctr_offset: int,
                    consumer: Consumer) -> LibraryProbe:
@@ -145,9 +151,7 @@ class LibraryProbes:
         image, resolved = self._resolve(probe, bias)
         if not vma.start <= resolved.address < vma.end:
             return  # another segment of the same file: wait for the text mapping
-        att = self.installer.attach_resolved(resolved, probe.consumer, (image,))
-        att.library = True
-        probe.installed.append(att)
+        probe.installed.append(self.installer.attach_resolved(resolved, probe.consumer, (image,), library=True))
 
 
 def _in_code(plan: LoadPlan, address: int) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,20 @@ def test_a_library_address_outside_its_code_is_refused() -> None:
     m, _io = machine()
     with pytest.raises(UsageError, match="not in the code of"):
         m.attach(f"uprobe:{LIBC}:0x10")
+
+
+def test_an_instruction_the_design_refuses_leaves_the_mapping_and_the_run_alone() -> None:
+    """uprobe_mmap skips a probe it cannot install: libc's first `nopw %cs:(...)` (a 10-byte NOP with a
+    segment prefix, -ENOTSUPP under every design but nop10) is refused there, and hello still runs."""
+    from emu.elf import load_plan
+
+    plan = load_plan(os.path.realpath(LIBC))
+    data = Path(os.path.realpath(LIBC)).read_bytes()
+    text = next(seg for seg in plan.segments if seg.prot & 4)
+    offset = data.index(bytes.fromhex("662e0f1f840000000000"), text.offset, text.offset + text.filesz)
+    m, io = machine("int3")
+    probe = m.attach(f"uprobe:{LIBC}:{text.vaddr + offset - text.offset:#x}")
+    result = m.run()
+    assert (result.exit_status, bytes(io.out)) == (0, b"hello, world\n")
+    assert isinstance(probe, LibraryProbe) and probe.installed == [] and "-ENOTSUPP" in (probe.refused or "")
+    assert probe.summary()["refused"] == probe.refused

@@ -113,8 +113,9 @@ class RecordingInstaller:
         self.installed: list[FakeAttachment] = []
 
     def attach_resolved(self, resolved: ResolvedProbe, consumer: Consumer,
-                        images: tuple[LoadedImage | None, ...]) -> FakeAttachment:
+                        images: tuple[LoadedImage | None, ...], library: bool = False) -> FakeAttachment:
         att = FakeAttachment(resolved)
+        att.library = library
         self.installed.append(att)
         return att
 

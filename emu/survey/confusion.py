@@ -19,6 +19,7 @@ from typing import Any
 
 from emu.designs import Design
 from emu.survey.analyze import SiteSurvey
+from emu.survey.dynamic import library_file
 from emu.survey.engine import Outcome
 
 ROWS = {True: "hazard", False: "no_hazard", None: "unknown"}
@@ -64,7 +65,8 @@ class Confusion:
 
 
 def seen_sites(outcome: Outcome, design: str) -> dict[tuple[str, int], SiteSeen]:
-    """(binary sha256, link-time address) -> what the corpus runs under ``design`` saw there."""
+    """(file sha256, link-time address) -> what the corpus runs under ``design`` saw there: the
+    entry's binary, or the library a site's spec names."""
     seen: dict[tuple[str, int], SiteSeen] = {}
     for cr in outcome.runs:
         if cr.run.design != design or cr.run.status != "ok":
@@ -72,7 +74,9 @@ def seen_sites(outcome: Outcome, design: str) -> dict[tuple[str, int], SiteSeen]
         for s in cr.run.sites:
             if s.refused:
                 continue
-            got = seen.setdefault((cr.run.sha256, s.address), SiteSeen())
+            library = library_file(s.spec)
+            sha = cr.run.sha256 if library is None else outcome.walk.elf.get(library, library)
+            got = seen.setdefault((sha, s.address), SiteSeen())
             got.hits += s.hits
             got.flagged += s.flagged
             got.read_back += s.read_back

@@ -9,7 +9,8 @@
     probes = "all sites"            # or a list of specs as check -p takes them
     timeout = 60                    # seconds per design (default 120)
 
-"all sites" is every site the static survey finds in the binary itself. Anything else (a
+"all sites" is every site the static survey finds in the binary itself, and those of every other file
+its processes map (libraries.py, engine.py). Anything else (a
 syntax error, an unknown key, a binary that is not there) is a usage error: one line, exit 2.
 """
 

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from emu.violations import Violation
     from emu.vma import Vma
 
-DYNAMIC_VERSION = 3  # bump when a dynamic verdict could change: stored runs of older versions are redone
+LibrarySites = tuple[tuple[str, tuple[int, ...]], ...]  # (a mapped file's path, its sites' link-time addresses)
+DYNAMIC_VERSION = 4  # bump when a dynamic verdict could change: stored runs of older versions are redone
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,20 +188,22 @@ class _Space:
                 del self.marked[a]
 
 
-def run_entry(entry: Entry, sha256: str, design: Design, sites: tuple[int, ...] | None) -> DesignRun:
+def run_entry(entry: Entry, sha256: str, design: Design, sites: tuple[int, ...] | None,
+              libraries: LibrarySites = ()) -> DesignRun:
     """``entry`` under ``design``; ``sites``: link-time addresses to probe ("all sites"), else the
-    entry's own specs."""
+    entry's own specs; ``libraries``: the sites of the other files its processes map, probed in every
+    process that maps them (a SiteRun's spec names its file)."""
     from emu.designs import known_designs, register
 
     start = time.perf_counter()
     if _digest(entry.binary) != sha256:
         return DesignRun(entry.content_key(), sha256, design.name, "changed", "the binary changed during the survey")
-    if sites == ():  # "all sites" of a binary without any: nothing to probe (check would scan by itself)
+    if sites == () and not libraries:  # "all sites" of files without any: nothing to probe (check would scan)
         return DesignRun(entry.content_key(), sha256, design.name, "ok")
     if design.name not in known_designs():  # a --design-file design, on a worker that never loaded the file
         register(design)
     try:
-        return _run(entry, sha256, design.name, sites, start)
+        return _run(entry, sha256, design.name, sites, libraries, start)
     except Exception as exc:  # a program the emulation cannot run: recorded, never fatal to the survey
         return DesignRun(entry.content_key(), sha256, design.name, "error", f"{type(exc).__name__}: {exc}",
                          wall_s=time.perf_counter() - start)
@@ -214,7 +217,8 @@ def _digest(path: str) -> str:
         return ""
 
 
-def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, start: float) -> DesignRun:
+def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, libraries: LibrarySites,
+         start: float) -> DesignRun:
     from emu.check import CheckRequest, run_check
     from emu.machine import Machine, RunOptions
     from emu.violations import Check
@@ -223,6 +227,7 @@ def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, 
     options = RunOptions(timeout_s=entry.timeout_s, design=design)
     bias = Machine(entry.binary, argv, env, options).resolver.image.bias if sites is not None else 0
     specs = (entry.probes or ()) if sites is None else tuple(f"uprobe:{a + bias:#x}" for a in sites)
+    specs += tuple(f"uprobe:{path}:{a:#x}" for path, addresses in libraries for a in addresses)
     request = CheckRequest(entry.binary, argv, env, specs=specs, designs=(design,), options=options,
                            stdin=entry.stdin, watcher=ReadBack, lenient=True)
     report = run_check(request)[0]
@@ -232,8 +237,8 @@ def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, 
     bias = report.watch.bias
     runs = [_site(p, bias, flagged, read_back) for p in report.result.probes]
     attached = {r.spec for r in runs}
-    runs += [SiteRun(int(target, 16) - bias, s, 0, 0, 0, refused=True) for s in specs
-             if s not in attached and (target := s.rpartition(":")[2]).startswith("0x")]
+    runs += [SiteRun(_link_address(s, bias), s, 0, 0, 0, refused=True) for s in specs
+             if s not in attached and s.rpartition(":")[2].startswith("0x")]
     stopped = report.limit
     status, error = ("ok", None) if stopped is None else (stopped.ending.value, stopped.message)
     return DesignRun(entry.content_key(), sha256, design, status, error, report.same_output, report.divergence,
@@ -241,6 +246,24 @@ def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, 
 
 
 def _site(probe: dict[str, Any], bias: int, flagged: Counter[int], read_back: Counter[int]) -> SiteRun:
-    address = int(probe["address"])
-    return SiteRun(address - bias, str(probe["spec"]), int(probe["hits"]), flagged[address], read_back[address])
+    """A probe's counts; a library's (installed where the first process mapped it, or never: None) by
+    the link-time address its spec names."""
+    spec = str(probe["spec"])
+    address = probe["address"]
+    if address is None:  # a library's probe never installed: not mapped, or the design refused it there
+        return SiteRun(_link_address(spec, bias), spec, int(probe["hits"]), 0, 0, refused="refused" in probe)
+    link = _link_address(spec, bias) if library_file(spec) else int(address) - bias
+    return SiteRun(link, spec, int(probe["hits"]), flagged[int(address)], read_back[int(address)])
+
+
+def library_file(spec: str) -> str | None:
+    """The file a ``uprobe:FILE:0xADDR`` spec names (None: the executable's ``uprobe:0xADDR`` or a symbol)."""
+    path, _, target = spec.partition(":")[2].rpartition(":")
+    return path if path and target.startswith("0x") else None
+
+
+def _link_address(spec: str, bias: int) -> int:
+    """The link-time address of a by-address spec: a library's as written, the executable's less its bias."""
+    address = int(spec.rpartition(":")[2], 16)
+    return address if library_file(spec) else address - bias
 

@@ -22,7 +22,8 @@ from emu.dist import Pool
 from emu.errors import UsageError
 from emu.survey.analyze import survey_file
 from emu.survey.corpus import Entry
-from emu.survey.dynamic import DesignRun, run_entry
+from emu.survey.dynamic import DesignRun, LibrarySites, run_entry
+from emu.survey.libraries import discover
 from emu.survey.store import RunKey, Store, Stored, design_key
 
 ELF_MAGIC = b"\x7fELF"
@@ -137,18 +138,21 @@ def survey(paths: Sequence[str], designs: Sequence[Design], store: Store, pool: 
 def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store, pool: Pool, outcome: Outcome,
                progress: bool = False) -> None:
     """Each entry under each design (the ones the database lacks as tasks); into ``outcome.runs``.
-    The entries' binaries must be in ``outcome`` (surveyed statically): "all sites" are theirs."""
-    keyed: list[tuple[RunKey, Entry, Design, tuple[int, ...] | None]] = []
+    The entries' binaries must be in ``outcome`` (surveyed statically): "all sites" are theirs, and
+    those of the files their processes map, which are surveyed here (into ``outcome`` too)."""
+    keyed: list[tuple[RunKey, Entry, Design, tuple[int, ...] | None, LibrarySites]] = []
+    libraries = _library_sites(entries, designs, store, pool, outcome, progress)
     for entry in entries:
         sha = _digest(entry.binary)
         stored = outcome.results.get(sha)
         if stored is None or stored.status != "ok":
             raise UsageError(f"--corpus: {entry.binary} is not an x86-64 ELF file the survey could read")
-        sites = None if entry.probes is not None else tuple(dict.fromkeys(s.address for s in stored.sites))
-        keyed += [((entry.content_key(), sha, d.name, design_key(d)), entry, d, sites) for d in designs]
+        sites = None if entry.probes is not None else _addresses(stored)
+        libs = libraries.get(entry.content_key(), ())
+        keyed += [((entry.content_key(), sha, d.name, design_key(d)), entry, d, sites, libs) for d in designs]
     keyed = list({k[0]: k for k in keyed}.values())  # an entry given twice runs (and counts) once
-    tasks = [(entry, key[1], d, sites) for key, entry, d, sites in keyed if not store.run_done(key)]
-    names = {key: entry.name for key, entry, _d, _sites in keyed}
+    tasks = [(entry, key[1], d, sites, libs) for key, entry, d, sites, libs in keyed if not store.run_done(key)]
+    names = {key: entry.name for key, entry, _d, _sites, _libs in keyed}
     dkeys = {d.name: design_key(d) for d in designs}
     if tasks:
         bar = _bar(len(tasks), progress, "run")
@@ -165,10 +169,34 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
             raise
         finally:
             bar.close()
-    for key, entry, _d, _sites in keyed:
+    for key, entry, _d, _sites, _libs in keyed:
         got = store.get_run(key)
         if got is not None:
             outcome.runs.append(CorpusRun(got[0], entry.binary, got[1]))
+
+
+def _addresses(stored: Stored) -> tuple[int, ...]:
+    return tuple(dict.fromkeys(s.address for s in stored.sites))
+
+
+def _library_sites(entries: Sequence[Entry], designs: Sequence[Design], store: Store, pool: Pool, outcome: Outcome,
+                   progress: bool) -> dict[str, LibrarySites]:
+    """For each "all sites" entry, every site of the other files its processes map (libraries.py), as
+    the real kernel would probe them; those files are surveyed statically into ``outcome`` first."""
+    wanted = list({e.content_key(): e for e in entries if e.probes is None}.values())
+    mapped = dict(pool.map(discover, [(entry,) for entry in wanted]))
+    files = list(dict.fromkeys(path for paths in mapped.values() for path in paths))
+    if not files:
+        return {}
+    static = survey(files, designs, store, pool, progress=progress)
+    outcome.walk.counts["files"] += sum(path not in outcome.walk.elf for path in static.walk.elf)
+    outcome.walk.elf.update(static.walk.elf)
+    outcome.results.update(static.results)
+    outcome.analysed += static.analysed
+    by_path = {path: stored for path, sha in static.walk.elf.items()
+               if (stored := static.results.get(sha)) is not None and stored.status == "ok" and stored.sites}
+    return {key: tuple((path, _addresses(by_path[path])) for path in paths if path in by_path)
+            for key, paths in mapped.items()}
 
 
 def _digest(path: str) -> str:

@@ -51,6 +51,8 @@ class VerifySession:
             v in self.enabled for v in (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME, Verifier.MEMORY))
         self.violations = ViolationLog()
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
+        self._rebind_due = False
+        machine.attacher.library_observers.append(self._library_installed)
         self.references = ReferenceCache(ScratchCpu(machine.mem), self.tracker.raw.mem)
         self.tracker.prepare = self._prepare
         self.returns = ReturnWatch(machine, self.tracker.raw, self._report, self._regs, self._resume)
@@ -59,6 +61,17 @@ class VerifySession:
             self.violations.pull_from(self._repeated)
         models = CallRetModels(machine, Verifier.SHSTK in self.enabled, rsb, self.violations.append)
         self.shadow_stack, self.rsb = models.shadow_stack, models.rsb
+
+    def _library_installed(self, _attachment: object) -> None:
+        """A library probe installed as ld.so (or dlopen) maps the library: its sites are watched from
+        the next instruction on, with one rebind however many probes the mapping installs."""
+        if not self._rebind_due:
+            self._rebind_due = True
+            self.machine.kernel.defer(self._watch_libraries)
+
+    def _watch_libraries(self) -> None:
+        self._rebind_due = False
+        self.tracker.bind(self.machine.attachments)
 
     def rebind(self) -> None:
         """Forget the violations so far and watch the machine's current attachments (for a caller
