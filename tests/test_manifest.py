@@ -22,7 +22,8 @@ EXPECTED_SAMPLES = {
     "redzone_probe", "probe_targets", "usdt_sample", "hello_asm", "trig", "uret_edge", "usdt_args", "selfprobe", "signals",
     "uprobe_syscall", "rsb_shapes", "threads", "uprobe_race", "forks", "rmw_sites", "cpu_state",
     "linux_facts", "linux_facts_pie", "linux_facts_dyn", "live_state", "survey_cases", "survey_corpus",
-    "store_loop", "page_perms", "bombs", "sigframes", "sig_hits", "sig_race", "timer_signals", "time_moves", "survey_readback", "librz.so", "rzlib_main",
+    "store_loop", "page_perms", "bombs", "sigframes", "sig_hits", "sig_race", "timer_signals", "time_moves",
+    "survey_readback", "librz.so", "rzlib_main",
 }
 
 EM_X86_64 = 62
