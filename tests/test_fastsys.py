@@ -175,12 +175,13 @@ def test_hits_add_what_c_counted() -> None:
     assert consumer.hits == 8
 
 
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build the nop5 variant of uret_edge")
+
+
 @pytest.fixture(scope="module")
 def uret_nop5(tmp_path_factory: pytest.TempPathFactory) -> str:
     """fixtures/uret_edge.c with a nop5 at each C function's entry (gcc's -mnop-mcount), so that its
     uretprobes take the optimized entry: the corner cases of spec 5 on the C path."""
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc to build the nop5 variant of uret_edge")
     where = tmp_path_factory.mktemp("uret")
     obj, exe = where / "uret_edge.o", where / "uret_edge_nop5"
     subprocess.run(["gcc", "-O2", "-fno-pie", "-pg", "-mfentry", "-mnop-mcount", "-fno-optimize-sibling-calls",
@@ -194,6 +195,7 @@ def uret_nop5(tmp_path_factory: pytest.TempPathFactory) -> str:
 URET_CASES = [("depth", 30, "uretprobe:rec"), ("depth", 100, "uretprobe:rec"), ("longjmp", 20, "uretprobe:lj")]
 
 
+@needs_gcc
 @pytest.mark.parametrize("mode,n,spec", URET_CASES)
 def test_uretprobe_corner_cases_same_both_ways(tmp_path: Path, uret_nop5: str, mode: str, n: int, spec: str) -> None:
     c_result, c_out = _cli_run(tmp_path, "linux-6.18", mode, spec, pure=False, exe=uret_nop5, n=n)
@@ -203,6 +205,7 @@ def test_uretprobe_corner_cases_same_both_ways(tmp_path: Path, uret_nop5: str, m
 
 
 @needs_c
+@needs_gcc
 @pytest.mark.parametrize("mode,n,spec,returns", [("depth", 30, "uretprobe:rec", 31), ("depth", 100, "uretprobe:rec", 64),
                                                  ("longjmp", 20, "uretprobe:lj", 0)])
 def test_uretprobe_returns_counted_in_c(uret_nop5: str, mode: str, n: int, spec: str, returns: int) -> None:

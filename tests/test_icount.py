@@ -34,17 +34,15 @@ def _extension() -> ModuleType | None:
 EXTENSION = _extension()
 
 
-def _need_extension() -> ModuleType:
-    if EXTENSION is None:
-        pytest.skip("the C extension is not built on this host (no compiler at install)")
-    return EXTENSION
+needs_extension = pytest.mark.skipif(EXTENSION is None, reason="the C extension is not built on this host "
+                                                                  "(no compiler at install)")
 
 
-@pytest.fixture(params=["python", "native"])
+@pytest.fixture(params=["python", pytest.param("native", marks=needs_extension)])
 def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Each test runs with each implementation, whichever one the environment would pick."""
     if request.param == "native":
-        monkeypatch.setattr(hotpath, "native", _need_extension())
+        monkeypatch.setattr(hotpath, "native", EXTENSION)
     else:
         monkeypatch.setattr(hotpath, "native", None)
     yield request.param
@@ -110,8 +108,8 @@ def test_a_limit_past_the_end_does_not_stop_the_program(impl: str, loop: str) ->
     assert result.ending is Ending.INSN_LIMIT and result.insns == 2 * LOOPS + 3  # (negative control)
 
 
+@needs_extension
 def test_both_implementations_count_a_libc_program_alike(monkeypatch: pytest.MonkeyPatch) -> None:
-    _need_extension()
     path = str(SAMPLES / "cpu_bound")
     totals = []
     for native in (None, EXTENSION):
@@ -167,8 +165,9 @@ def test_self_modifying_code_is_counted_as_it_now_is(impl: str, track: bool) -> 
     assert counter.total - 2 == (3 + 6 if track else 3 + 2)
 
 
+@needs_extension
 def test_blocks_pushed_out_of_a_small_table_are_counted_from_their_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hotpath, "native", _need_extension())
+    monkeypatch.setattr(hotpath, "native", EXTENSION)
     path = str(SAMPLES / "cpu_bound")
     full = _run(path, [path, "300"], count_insns=True)
     monkeypatch.setattr("emu.icount.TABLE_BUCKETS_LOG2", 1)  # 4 entries: most blocks get pushed out
