@@ -137,14 +137,11 @@ def _run(target: Target, design: Design, handler: Handler, probed: bool, at: Bou
     try:
         if probed:
             _attach(machine, target.spec)
-        # The signal stops the thread before the boundary's instruction. At the site the hit has not
-        # begun: the injector's hook goes first, and its stop keeps the verifiers' site hook from
-        # opening the hit. Elsewhere their hooks see the thread reach the boundary (a resume) first.
-        first = at is not None and at.index == 0
-        injector = _Injector(machine, at) if at is not None and first else None
+        # The verifiers' hooks see the thread reach the boundary first; at the site, the frame the kernel
+        # builds there drops the hit they opened, which begins afresh after the handler (verify/signals.py).
         if probed:
             session = VerifySession(machine)
-        if at is not None and not first:
+        if at is not None:
             injector = _Injector(machine, at)
         result = machine.run()
     except UsageError:
