@@ -297,3 +297,28 @@ def python_hot_path_forced(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def python_hot_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     with python_hot_path_forced(monkeypatch):
         yield
+
+
+def survey_with_corpus(tmp_path: Path, binary: str, corpus: str, designs: Sequence[Any]) -> Any:
+    """The static survey of ``binary`` (a sample) and the runs of ``corpus`` (a fixtures/ TOML file) under
+    ``designs``, in a fresh database: the survey's Outcome."""
+    from emu.dist import InlinePool
+    from emu.survey.corpus import load_corpus
+    from emu.survey.engine import run_corpus, survey
+    from emu.survey.store import Store, designs_key
+
+    store = Store(str(tmp_path / "s.sqlite"), designs_key(designs))
+    pool = InlinePool()
+    outcome = survey([sample(binary)], designs, store, pool)
+    run_corpus(load_corpus(str(FIXTURES_DIR / corpus)), designs, store, pool, outcome)
+    return outcome
+
+
+def seen_by_symbol(outcome: Any, design: str, sha256: str | None = None) -> dict[str, tuple[int, int, int]]:
+    """What the corpus runs under ``design`` saw per site, named by symbol: (hits, hits the red-zone
+    verifier flagged, hits read back); ``sha256``: only that file's sites."""
+    from emu.survey.confusion import seen_sites
+
+    names = {(sha, s.address): str(s.symbol) for sha, stored in outcome.results.items() for s in stored.sites}
+    return {names[key]: (s.hits, s.flagged, s.read_back) for key, s in seen_sites(outcome, design).items()
+            if sha256 is None or key[0] == sha256}

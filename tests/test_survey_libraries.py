@@ -8,43 +8,34 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import sample
+from conftest import sample, seen_by_symbol, survey_with_corpus
 
 from emu.designs import DESIGNS
-from emu.dist import InlinePool
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 from emu.survey import engine
-from emu.survey.confusion import confusion, seen_sites
+from emu.survey.confusion import confusion
 from emu.survey.corpus import load_corpus
-from emu.survey.engine import Outcome, run_corpus, survey
+from emu.survey.engine import Outcome
 from emu.survey.libraries import mapped_files
-from emu.survey.store import Store, designs_key
 from emu.verify.session import VerifySession
 from emu.violations import Check
 
-CORPUS = str(Path(__file__).resolve().parents[1] / "fixtures" / "rzlib.toml")
+CORPUS = "rzlib.toml"
 LIBRZ = os.path.realpath(sample("librz.so"))
 DESIGNS_RUN = [DESIGNS["linux-6.18"], DESIGNS["jmp-slots"]]
 
 
 def _outcome(tmp_path: Path) -> Outcome:
-    store = Store(str(tmp_path / "s.sqlite"), designs_key(DESIGNS_RUN))
-    pool = InlinePool()
-    outcome = survey([sample("rzlib_main")], DESIGNS_RUN, store, pool)
-    run_corpus(load_corpus(CORPUS), DESIGNS_RUN, store, pool, outcome)
-    return outcome
+    return survey_with_corpus(tmp_path, "rzlib_main", CORPUS, DESIGNS_RUN)
 
 
 def _library_seen(outcome: Outcome, design: str) -> dict[str, tuple[int, int, int]]:
-    names = {(sha, s.address): str(s.symbol) for sha, stored in outcome.results.items() for s in stored.sites}
-    lib = outcome.walk.elf[LIBRZ]
-    return {names[key]: (s.hits, s.flagged, s.read_back) for key, s in seen_sites(outcome, design).items()
-            if key[0] == lib}
+    return seen_by_symbol(outcome, design, outcome.walk.elf[LIBRZ])
 
 
 def test_the_run_maps_its_library_and_the_interpreter() -> None:
-    [entry] = load_corpus(CORPUS)
+    [entry] = load_corpus(str(Path(__file__).resolve().parents[1] / "fixtures" / CORPUS))
     found = mapped_files(entry)
     assert found[0] == os.path.realpath("/lib64/ld-linux-x86-64.so.2") and LIBRZ in found
     assert os.path.realpath(sample("rzlib_main")) not in found

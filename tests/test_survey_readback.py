@@ -7,33 +7,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import sample
+from conftest import seen_by_symbol, survey_with_corpus
 
 from emu.designs import DESIGNS
-from emu.dist import InlinePool
-from emu.survey.confusion import confusion, seen_sites
-from emu.survey.corpus import load_corpus
+from emu.survey.confusion import confusion
 from emu.survey.dynamic import ReadBack, _Space
-from emu.survey.engine import Outcome, run_corpus, survey
-from emu.survey.store import Store, designs_key
+from emu.survey.engine import Outcome
 
-CORPUS = str(Path(__file__).resolve().parents[1] / "fixtures" / "survey_readback.toml")
 DESIGNS_RUN = [DESIGNS["linux-6.18"], DESIGNS["jmp-slots"]]
 
 
 def _outcome(tmp_path: Path) -> Outcome:
-    store = Store(str(tmp_path / "s.sqlite"), designs_key(DESIGNS_RUN))
-    pool = InlinePool()
-    outcome = survey([sample("survey_readback")], DESIGNS_RUN, store, pool)
-    run_corpus(load_corpus(CORPUS), DESIGNS_RUN, store, pool, outcome)
-    return outcome
+    return survey_with_corpus(tmp_path, "survey_readback", "survey_readback.toml", DESIGNS_RUN)
 
 
 def _seen(tmp_path: Path, design: str) -> dict[str, tuple[int, int, int]]:
     """Per site (by symbol): hits, hits flagged by the red-zone verifier, hits read back."""
-    outcome = _outcome(tmp_path)
-    names = {s.address: str(s.symbol) for stored in outcome.results.values() for s in stored.sites}
-    return {names[a]: (s.hits, s.flagged, s.read_back) for (_sha, a), s in seen_sites(outcome, design).items()}
+    return seen_by_symbol(_outcome(tmp_path), design)
 
 
 def test_a_system_call_given_a_red_zone_address_makes_it_live_statically(tmp_path: Path) -> None:
