@@ -31,6 +31,7 @@ from emu.kernel.uprobes.regs import PtRegs
 from emu.verify.checks.regs import FLAGS_MASK, check_regs
 from emu.verify.expected import STATE_INDEX, Expected
 from emu.verify.records import ProbeSite, Transaction, violation
+from emu.verify.signals import FrameStacks
 from emu.violations import Check, Violation
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class ReturnWatch:
         self._regs, self._resume = regs, resume
         self._sched, self._up = machine.kernel.sched, machine.uprobes
         self._open: dict[int, list[OpenReturn]] = {}  # tid -> its returns under way, innermost last
-        self._held: dict[int, list[list[OpenReturn]]] = {}  # tid -> its returns set aside per signal frame on it
+        self._held: FrameStacks[list[OpenReturn] | None] = FrameStacks(self._sched)  # the returns each frame set aside
         self._hooked: set[int] = set()  # return addresses with a hook
         self._trampolines: set[int] = set()
         self._names: dict[int, str] = {}  # probed function -> how its returns are named
@@ -141,11 +142,10 @@ class ReturnWatch:
         rt_sigreturn) or returned from (they go on). A frame never returned from (a siglongjmp out of the
         handler) takes them away without a verdict, as signals.py does for entry hits."""
         tid = self._sched.current.tid
-        held = self._held.setdefault(tid, [])
         if restorer is not None:
-            held.append(self._open.pop(tid, []))
-        elif held:
-            self._open[tid] = held.pop() + self._open.get(tid, [])
+            self._held.push(self._open.pop(tid, []))
+        elif (held := self._held.pop(None)) is not None:
+            self._open[tid] = held + self._open.get(tid, [])
 
     def _on_return_address(self, _uc: object, addr: int, _size: int, _ud: object) -> None:
         try:

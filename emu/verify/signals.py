@@ -9,18 +9,40 @@ that exits) never resumes, which is the program's choice, not the design's: no v
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from emu.verify.threads import Held, Tracker, set_aside, take_up
 
 if TYPE_CHECKING:
     from emu.kernel.sched import Scheduler
 
+T = TypeVar("T")
+
+
+class FrameStacks(Generic[T]):
+    """Per thread, what a watch set aside for each signal frame on it, innermost last (a frame never
+    returned from, by a siglongjmp, leaves its entry behind: nothing takes it up)."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self._sched = sched
+        self._frames: dict[int, list[T]] = {}
+
+    def clear(self) -> None:
+        self._frames.clear()
+
+    def push(self, item: T) -> None:
+        self._frames.setdefault(self._sched.current.tid, []).append(item)
+
+    def pop(self, default: T) -> T:
+        """The running thread's innermost frame's item (``default`` if it has none)."""
+        frames = self._frames.get(self._sched.current.tid)
+        return frames.pop() if frames else default
+
 
 class SignalWatch:
     def __init__(self, tracker: Tracker, sched: Scheduler) -> None:
-        self._tracker, self._sched = tracker, sched
-        self._frames: dict[int, list[Held | None]] = {}  # tid -> per signal frame on it, innermost last
+        self._tracker = tracker
+        self._frames: FrameStacks[Held | None] = FrameStacks(sched)
 
     def clear(self) -> None:
         self._frames.clear()
@@ -28,10 +50,9 @@ class SignalWatch:
     def frame(self, restorer: int | None, ip: int) -> None:
         """Kernel observer: a frame is built (``restorer`` given) over the state at ``ip``, or returned
         from (None)."""
-        frames = self._frames.setdefault(self._sched.current.tid, [])
         if restorer is not None:
-            frames.append(self._hold(ip))
-        elif frames and (held := frames.pop()) is not None:
+            self._frames.push(self._hold(ip))
+        elif (held := self._frames.pop(None)) is not None:
             take_up(self._tracker, held)
 
     def _hold(self, ip: int) -> Held | None:
