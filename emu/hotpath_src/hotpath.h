@@ -35,6 +35,7 @@ int hotpath_add_fastsys(PyObject *module);  /* fastsys.c */
 int hotpath_add_writelog(PyObject *module); /* writelog.c */
 int hotpath_add_edges(PyObject *module);    /* edges.c */
 int hotpath_add_tlbfill(PyObject *module);  /* tlbfill.c */
+int hotpath_add_memfilter(PyObject *module); /* memfilter.c */
 
 /* The instruction counter (icount.c), which the syscall and interrupt front charges for each kernel entry. */
 struct icount_state;

@@ -1,7 +1,7 @@
 /* The module emu._hotpath: each part of the hot path registers itself here. */
 #include "hotpath.h"
 
-#define HOTPATH_ABI 8 /* emu/hotpath.py refuses a module built for another interface */
+#define HOTPATH_ABI 9 /* emu/hotpath.py refuses a module built for another interface */
 
 int hotpath_add_base(PyObject *module)
 {
@@ -23,7 +23,8 @@ PyMODINIT_FUNC PyInit__hotpath(void)
         || hotpath_add_fastsys(module) < 0
         || hotpath_add_writelog(module) < 0
         || hotpath_add_edges(module) < 0
-        || hotpath_add_tlbfill(module) < 0) {
+        || hotpath_add_tlbfill(module) < 0
+        || hotpath_add_memfilter(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -71,8 +71,8 @@ class ReadBack:
         self.session = session
         self.bias = machine.resolver.image.bias  # runtime address - link-time address of the executable
         self.confirmed: set[tuple[int, int]] = set()
-        self._spaces = {machine.kernel.ident.pid: _Space(machine, self.confirmed)}
-        self.marked = self._spaces[machine.kernel.ident.pid].marked  # the hits are the first process's
+        self._first = _Space(machine, self.confirmed)  # the hits are the first process's
+        self._spaces = {machine.kernel.ident.pid: self._first}
         self._new: list[Violation] = []  # found since the last finished hit (the log keeps only the first ones)
         session.violations.listeners.append(self._new.append)
         if session.tracker.edges is not None:
@@ -97,9 +97,7 @@ class ReadBack:
         self._new.clear()  # in place: the log's listener appends to this list
         for v in new:
             if v.kind is Check.REDZONE and "offset" in v.detail:  # a run of changed bytes, rsp-relative
-                first = tx.start_rsp + int(v.detail["offset"])
-                for addr in range(first, first + int(v.detail["size"])):
-                    self.marked[addr] = (v.address, v.hit)
+                self._first.mark(tx.start_rsp + int(v.detail["offset"]), int(v.detail["size"]), (v.address, v.hit))
 
     def _on_fork(self, child: Machine) -> None:
         """A child's memory is a copy of its parent's: the changed bytes are there too, watched apart."""
@@ -114,6 +112,7 @@ class _Space:
 
     def __init__(self, machine: Machine, confirmed: set[tuple[int, int]],
                  marked: dict[int, tuple[int, int]] | None = None) -> None:
+        from emu.hotpath.mem_filter import FilteredMemHooks
         from emu.vma import WatchedBackend
 
         self.cpu, self.mem = machine.cpu, machine.mem
@@ -125,8 +124,15 @@ class _Space:
         machine.mem.map_observers.append(self._on_map)
         self.cpu.hooks.before_syscall.append(self._on_syscall)
         self.cpu.hooks.after_syscall.append(self._after_syscall)
-        self.cpu.hooks.add_raw_mem_read(self._on_read, 1, 0)
-        self.cpu.hooks.add_raw_mem_write(self._on_raw_write, 1, 0)  # raw: no Python frame between
+        # raw: no Python frame between; with the C extension, Python sees only the accesses to marked bytes
+        self._hooks = FilteredMemHooks(self.cpu.hooks, self._on_read, self._on_raw_write)
+        self._hooks.watch(self.marked)
+
+    def mark(self, first: int, size: int, owner: tuple[int, int]) -> None:
+        """Bytes [first, first + size) were changed by ``owner``'s hit (site, hit number)."""
+        for addr in range(first, first + size):
+            self.marked[addr] = owner
+        self._hooks.watch(self.marked)
 
     def _read(self, addr: int, size: int) -> None:
         """Bytes read: the marked ones below rsp are a clobber the program sees; none stays marked."""
@@ -136,8 +142,7 @@ class _Space:
         if not owners:
             return
         rsp = self.cpu.read(Reg.RSP)
-        for a in range(addr, addr + size):
-            self.marked.pop(a, None)
+        self._forget(addr, size)
         self.confirmed.update(o for a, o in owners if a < rsp)
 
     def _on_read(self, _uc: object, _access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
@@ -175,8 +180,9 @@ class _Space:
 
     def _forget(self, addr: int, size: int) -> None:
         if self.marked:
-            for a in range(addr, addr + size):
-                self.marked.pop(a, None)
+            removed = [a for a in range(addr, addr + size) if self.marked.pop(a, None) is not None]
+            if removed:
+                self._hooks.watch(self.marked)
 
     def _on_kernel_write(self, addr: int, data: bytes) -> None:
         self._forget(addr, len(data))
@@ -186,6 +192,7 @@ class _Space:
         if self.marked:
             for a in [a for a in self.marked if vma.start <= a < vma.end]:
                 del self.marked[a]
+            self._hooks.watch(self.marked)
 
 
 def run_entry(entry: Entry, sha256: str, design: Design, sites: tuple[int, ...] | None,
