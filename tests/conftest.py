@@ -301,16 +301,18 @@ def python_hot_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def survey_with_corpus(tmp_path: Path, binary: str, corpus: str, designs: Sequence[Any]) -> Any:
     """The static survey of ``binary`` (a sample) and the runs of ``corpus`` (a fixtures/ TOML file) under
-    ``designs``, in a fresh database: the survey's Outcome."""
+    ``designs``, in a fresh database, held against the corpus's native record: the survey's Outcome."""
     from emu.dist import InlinePool
     from emu.survey.corpus import load_corpus
     from emu.survey.engine import run_corpus, survey
+    from emu.survey.native import load, record_path
     from emu.survey.store import Store, designs_key
 
     store = Store(str(tmp_path / "s.sqlite"), designs_key(designs))
     pool = InlinePool()
     outcome = survey([sample(binary)], designs, store, pool)
-    run_corpus(load_corpus(str(FIXTURES_DIR / corpus)), designs, store, pool, outcome)
+    path = str(FIXTURES_DIR / corpus)
+    run_corpus(load_corpus(path), designs, store, pool, outcome, records=load(record_path(path)))
     return outcome
 
 

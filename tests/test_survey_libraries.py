@@ -36,7 +36,8 @@ def _library_seen(outcome: Outcome, design: str) -> dict[str, tuple[int, int, in
 
 def test_the_run_maps_its_library_and_the_interpreter() -> None:
     [entry] = load_corpus(str(Path(__file__).resolve().parents[1] / "fixtures" / CORPUS))
-    found = mapped_files(entry)
+    found, output = mapped_files(entry)
+    assert output is not None and output.ending == "exit 0"
     assert found[0] == os.path.realpath("/lib64/ld-linux-x86-64.so.2") and LIBRZ in found
     assert os.path.realpath(sample("rzlib_main")) not in found
 

@@ -125,4 +125,5 @@ def corpus_json(outcome: Outcome, designs: Sequence[Design]) -> dict[str, Any]:
                   "sites": len(cr.run.sites), "hits": sum(s.hits for s in cr.run.sites),
                   "wall_s": round(cr.run.wall_s, 3)} for cr in outcome.runs],
         "confusion": {d.name: confusion(outcome, d).to_json() for d in designs},
+        "native": {name: {"result": kind, "how": how} for name, (kind, how) in sorted(outcome.fidelity.items())},
     }

@@ -24,6 +24,7 @@ from emu.survey.analyze import survey_file
 from emu.survey.corpus import Entry
 from emu.survey.dynamic import DesignRun, LibrarySites, run_entry
 from emu.survey.libraries import discover
+from emu.survey.native import Recorded, compare
 from emu.survey.store import RunKey, Store, Stored, design_key
 
 ELF_MAGIC = b"\x7fELF"
@@ -101,6 +102,8 @@ class Outcome:
     complete: bool = True
     runs: list[CorpusRun] = field(default_factory=list)  # the corpus runs (--corpus), stored or new
     ran: int = 0  # corpus runs made by this survey (the rest came from the database)
+    # entry name -> its unprobed emulated run against the native record (native.compare)
+    fidelity: dict[str, tuple[str, str | None]] = field(default_factory=dict)
 
 
 def survey(paths: Sequence[str], designs: Sequence[Design], store: Store, pool: Pool,
@@ -136,12 +139,13 @@ def survey(paths: Sequence[str], designs: Sequence[Design], store: Store, pool: 
 
 
 def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store, pool: Pool, outcome: Outcome,
-               progress: bool = False) -> None:
+               progress: bool = False, records: dict[str, Recorded] | None = None) -> None:
     """Each entry under each design (the ones the database lacks as tasks); into ``outcome.runs``.
     The entries' binaries must be in ``outcome`` (surveyed statically): "all sites" are theirs, and
-    those of the files their processes map, which are surveyed here (into ``outcome`` too)."""
+    those of the files their processes map, which are surveyed here (into ``outcome`` too). Each
+    entry's unprobed run is compared with its native record (``records``, native.py)."""
     keyed: list[tuple[RunKey, Entry, Design, tuple[int, ...] | None, LibrarySites]] = []
-    libraries = _library_sites(entries, designs, store, pool, outcome, progress)
+    libraries = _library_sites(entries, designs, store, pool, outcome, progress, records or {})
     for entry in entries:
         sha = _digest(entry.binary)
         stored = outcome.results.get(sha)
@@ -180,11 +184,14 @@ def _addresses(stored: Stored) -> tuple[int, ...]:
 
 
 def _library_sites(entries: Sequence[Entry], designs: Sequence[Design], store: Store, pool: Pool, outcome: Outcome,
-                   progress: bool) -> dict[str, LibrarySites]:
+                   progress: bool, records: dict[str, Recorded]) -> dict[str, LibrarySites]:
     """For each "all sites" entry, every site of the other files its processes map (libraries.py), as
-    the real kernel would probe them; those files are surveyed statically into ``outcome`` first."""
-    wanted = list({e.content_key(): e for e in entries if e.probes is None}.values())
-    mapped = dict(pool.map(discover, [(entry,) for entry in wanted]))
+    the real kernel would probe them; those files are surveyed statically into ``outcome`` first.
+    Each entry's discovery run is its unprobed run: its output is held against the native record."""
+    unique = {e.content_key(): e for e in entries}
+    found = list(pool.map(discover, [(entry,) for entry in unique.values()]))
+    outcome.fidelity = {unique[d.key].name: compare(unique[d.key], d.output, records) for d in found}
+    mapped = {d.key: d.files for d in found if unique[d.key].probes is None}
     files = list(dict.fromkeys(path for paths in mapped.values() for path in paths))
     if not files:
         return {}

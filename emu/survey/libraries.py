@@ -3,26 +3,30 @@ dlopen included) and the programs its children exec, found by running the entry 
 
 A uprobe belongs to a file, so the real kernel probes a library site in every process that maps the
 library: the dynamic half of the survey probes each of these files' sites too (engine.py). Runs on a
-worker (a Dask task) and returns plain data: host paths, resolved, in the order first mapped.
+worker (a Dask task) and returns plain data: host paths, resolved, in the order first mapped, and
+what the run printed (compared with the entry's native record, native.py).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from emu.survey.corpus import Entry
+from emu.survey.native import Output
 
 if TYPE_CHECKING:
     from emu.machine import Machine
     from emu.vma import Vma
 
 
-def mapped_files(entry: Entry) -> tuple[str, ...]:
-    """The files other than ``entry``'s binary that any process of its run maps executable (an empty
-    tuple if the emulation cannot run it: the corpus run then says why)."""
+def mapped_files(entry: Entry) -> tuple[tuple[str, ...], Output | None]:
+    """The files other than ``entry``'s binary that any process of its run maps executable, and the
+    run's output (no files and None if the emulation cannot run it: the corpus run then says why)."""
     from emu.guestio import GuestIO
     from emu.machine import Machine, RunOptions
+    from emu.runtypes import LIMITS
 
     found: dict[str, None] = {}
 
@@ -35,18 +39,30 @@ def mapped_files(entry: Entry) -> tuple[str, ...]:
             mapped(vma)
         machine.kernel.exec_mmap_observers.append(mapped)
 
+    io = GuestIO.captured(entry.stdin)
     try:
         machine = Machine(entry.binary, [entry.binary, *entry.args], dict(entry.env),
-                          RunOptions(timeout_s=entry.timeout_s), GuestIO.captured(entry.stdin))
+                          RunOptions(timeout_s=entry.timeout_s), io)
         watch(machine)
         machine.fork_observers.append(watch)
-        machine.run()
+        result = machine.run()
     except Exception:  # (the probed runs report a program the emulation cannot run)
-        return ()
+        return (), None
     binary = os.path.realpath(entry.binary)
-    return tuple(path for path in found if path != binary and os.path.isfile(path))
+    ending = (f"stopped: {result.message}" if result.ending in LIMITS
+              else f"signal {int(result.signal)}" if result.signal is not None else f"exit {result.exit_status}")
+    return tuple(path for path in found if path != binary and os.path.isfile(path)), Output.of(ending, bytes(io.out))
 
 
-def discover(entry: Entry) -> tuple[str, tuple[str, ...]]:
-    """(the entry's content key, its mapped files): a task's result, whatever order tasks end in."""
-    return entry.content_key(), mapped_files(entry)
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """A task's result, whatever order tasks end in: the entry (its content key), the files its
+    processes map, and its unprobed run's output (None: the emulation could not run it)."""
+
+    key: str
+    files: tuple[str, ...]
+    output: Output | None
+
+
+def discover(entry: Entry) -> Discovery:
+    return Discovery(entry.content_key(), *mapped_files(entry))

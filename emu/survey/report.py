@@ -114,7 +114,17 @@ def _corpus_text(outcome: Outcome, designs: Sequence[Design]) -> list[str]:
                   f"{fn['symbol'] or '-'} (red zone {fn['red_zone']})" for fn in c.false_negatives]
         lines += [f"{d.name}: output differs with no site clobbered: {name}" for name in c.unexplained]
     lines += [f"failed: {cr.name} under {cr.run.design}: {cr.run.error}" for cr in failed[:10]]
-    return lines
+    return lines + fidelity_lines(outcome)
+
+
+def fidelity_lines(outcome: Outcome) -> list[str]:
+    """How many entries' unprobed emulated runs print what they print natively (native.py), and which do not."""
+    if not outcome.fidelity:
+        return []
+    kinds = Counter(kind for kind, _how in outcome.fidelity.values())
+    head = "unprobed runs against the native record: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
+    return [head] + [f"emulation differs from Linux: {name}: {how}"
+                     for name, (kind, how) in sorted(outcome.fidelity.items()) if kind == "differs"]
 
 
 def packages(paths: Sequence[str], info_dir: str = "/var/lib/dpkg/info") -> dict[str, str]:
@@ -231,4 +241,7 @@ def _corpus_markdown(outcome: Outcome, designs: Sequence[Design]) -> list[str]:
     if failed:
         out += ["", f"### Runs that failed ({len(failed)})", ""]
         out += [f"- {cr.name} under {cr.run.design}: {cr.run.error}" for cr in failed]
+    fidelity = fidelity_lines(outcome)
+    if fidelity:
+        out += ["", "### The emulation against Linux", "", fidelity[0] + ".", ""] + [f"- {line}" for line in fidelity[1:]]
     return out
