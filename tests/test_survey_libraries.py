@@ -8,16 +8,16 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import sample, seen_by_symbol, survey_with_corpus
+from conftest import sample, seen_by_symbol, survey_with_corpus, symtab_address
 
 from emu.designs import DESIGNS
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
-from emu.survey import engine
+from emu.survey import dynamic, engine
 from emu.survey.confusion import confusion
 from emu.survey.corpus import load_corpus
 from emu.survey.engine import Outcome
-from emu.survey.libraries import mapped_files
+from emu.survey.libraries import is_reached, mapped_files
 from emu.verify.session import VerifySession
 from emu.violations import Check
 
@@ -36,7 +36,7 @@ def _library_seen(outcome: Outcome, design: str) -> dict[str, tuple[int, int, in
 
 def test_the_run_maps_its_library_and_the_interpreter() -> None:
     [entry] = load_corpus(str(Path(__file__).resolve().parents[1] / "fixtures" / CORPUS))
-    found, output = mapped_files(entry)
+    found, output, reached = mapped_files(entry)
     assert output is not None and output.ending == "exit 0"
     assert found[0] == os.path.realpath("/lib64/ld-linux-x86-64.so.2") and LIBRZ in found
     assert os.path.realpath(sample("rzlib_main")) not in found
@@ -78,3 +78,26 @@ def test_the_verifiers_watch_a_library_site_once_it_is_mapped(watched: bool) -> 
     machine.run()
     flagged = [v for v in session.violations if v.kind is Check.REDZONE]
     assert bool(flagged) == watched
+
+
+def test_the_discovery_run_says_which_code_ran() -> None:
+    """survey_corpus without an argument never calls rz_never: its site is outside the code that ran,
+    rz_live's is inside, and the survey then attaches rz_live's probe and leaves rz_never's out."""
+    [entry, _explicit] = load_corpus(str(Path(__file__).resolve().parents[1] / "fixtures" / "survey_corpus.toml"))
+    binary = os.path.realpath(entry.binary)
+    _files, _output, reached = mapped_files(entry)
+    live, never = (symtab_address(binary, f"{name}_site") for name in ("rz_live", "rz_never"))
+    assert is_reached(reached[binary], live) and not is_reached(reached[binary], never)
+    specs, left_out = dynamic._specs(entry, (live, never), (), reached, 0)
+    assert specs == (f"uprobe:{live:#x}",) and left_out == [f"uprobe:{never:#x}"]
+    everything, nothing_left = dynamic._specs(entry, (live, never), (), {}, 0)  # no discovery: attach all
+    assert len(everything) == 2 and nothing_left == []
+
+
+def test_a_site_left_out_still_counts_as_never_reached(tmp_path: Path) -> None:
+    """The run of all sites keeps the site it left out, with no hit, so the confusion table counts it."""
+    outcome = survey_with_corpus(tmp_path, "survey_corpus", "survey_corpus.toml", [DESIGNS["jmp-slots"]])
+    never = symtab_address(sample("survey_corpus"), "rz_never_site")
+    [all_sites] = [cr.run for cr in outcome.runs if cr.name == "survey_corpus, all sites"]
+    [left_out] = [s for s in all_sites.sites if s.address == never]
+    assert (left_out.hits, left_out.refused) == (0, False)

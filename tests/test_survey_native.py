@@ -48,7 +48,7 @@ def _entry_and_records(tmp_path: Path) -> tuple[Entry, dict[str, Recorded]]:
 
 def test_negative_control_a_different_output_or_ending_is_reported(tmp_path: Path) -> None:
     entry, records = _entry_and_records(tmp_path)
-    _files, emulated = mapped_files(entry)
+    _files, emulated, _reached = mapped_files(entry)
     assert emulated is not None and compare(entry, emulated, records) == ("same", None)
     other = Output.of(emulated.ending, b"not what it prints\n")
     kind, how = compare(entry, other, records)

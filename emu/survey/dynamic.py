@@ -21,13 +21,14 @@ from emu.survey.corpus import Entry
 
 if TYPE_CHECKING:
     from emu.machine import Machine
+    from emu.survey.libraries import Reached
     from emu.verify.records import Transaction
     from emu.verify.session import VerifySession
     from emu.violations import Violation
     from emu.vma import Vma
 
 LibrarySites = tuple[tuple[str, tuple[int, ...]], ...]  # (a mapped file's path, its sites' link-time addresses)
-DYNAMIC_VERSION = 4  # bump when a dynamic verdict could change: stored runs of older versions are redone
+DYNAMIC_VERSION = 5  # bump when a dynamic verdict could change: stored runs of older versions are redone
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,10 +197,11 @@ class _Space:
 
 
 def run_entry(entry: Entry, sha256: str, design: Design, sites: tuple[int, ...] | None,
-              libraries: LibrarySites = ()) -> DesignRun:
+              libraries: LibrarySites = (), reached: Reached | None = None) -> DesignRun:
     """``entry`` under ``design``; ``sites``: link-time addresses to probe ("all sites"), else the
     entry's own specs; ``libraries``: the sites of the other files its processes map, probed in every
-    process that maps them (a SiteRun's spec names its file)."""
+    process that maps them (a SiteRun's spec names its file); ``reached``: the code the unprobed run
+    ran, by file (libraries.py): a site outside it is not attached, and counts as never reached."""
     from emu.designs import known_designs, register
 
     start = time.perf_counter()
@@ -210,7 +212,7 @@ def run_entry(entry: Entry, sha256: str, design: Design, sites: tuple[int, ...] 
     if design.name not in known_designs():  # a --design-file design, on a worker that never loaded the file
         register(design)
     try:
-        return _run(entry, sha256, design.name, sites, libraries, start)
+        return _run(entry, sha256, design.name, sites, libraries, reached or {}, start)
     except Exception as exc:  # a program the emulation cannot run: recorded, never fatal to the survey
         return DesignRun(entry.content_key(), sha256, design.name, "error", f"{type(exc).__name__}: {exc}",
                          wall_s=time.perf_counter() - start)
@@ -225,7 +227,7 @@ def _digest(path: str) -> str:
 
 
 def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, libraries: LibrarySites,
-         start: float) -> DesignRun:
+         reached: Reached, start: float) -> DesignRun:
     from emu.check import CheckRequest, run_check
     from emu.machine import Machine, RunOptions
     from emu.violations import Check
@@ -233,8 +235,7 @@ def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, 
     argv, env = [entry.binary, *entry.args], dict(entry.env)
     options = RunOptions(timeout_s=entry.timeout_s, design=design)
     bias = Machine(entry.binary, argv, env, options).resolver.image.bias if sites is not None else 0
-    specs = (entry.probes or ()) if sites is None else tuple(f"uprobe:{a + bias:#x}" for a in sites)
-    specs += tuple(f"uprobe:{path}:{a:#x}" for path, addresses in libraries for a in addresses)
+    specs, unreached = _specs(entry, sites, libraries, reached, bias)
     request = CheckRequest(entry.binary, argv, env, specs=specs, designs=(design,), options=options,
                            stdin=entry.stdin, watcher=ReadBack, lenient=True)
     report = run_check(request)[0]
@@ -246,10 +247,35 @@ def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, 
     attached = {r.spec for r in runs}
     runs += [SiteRun(_link_address(s, bias), s, 0, 0, 0, refused=True) for s in specs
              if s not in attached and s.rpartition(":")[2].startswith("0x")]
+    runs += [SiteRun(_link_address(s, bias), s, 0, 0, 0) for s in unreached]
     stopped = report.limit
     status, error = ("ok", None) if stopped is None else (stopped.ending.value, stopped.message)
     return DesignRun(entry.content_key(), sha256, design, status, error, report.same_output, report.divergence,
                      tuple(runs), time.perf_counter() - start)
+
+
+def _specs(entry: Entry, sites: tuple[int, ...] | None, libraries: LibrarySites, reached: Reached,
+           bias: int) -> tuple[tuple[str, ...], list[str]]:
+    """The specs to attach, and those of sites left out: where the unprobed run ran no code (each
+    probe costs the run a code hook that Unicorn checks while translating every instruction, so
+    tens of thousands of never-reached sites would multiply the run's time)."""
+    import os
+
+    from emu.survey.libraries import is_reached
+
+    def split(path: str, addresses: tuple[int, ...], prefix: str, shift: int) -> None:
+        ran = reached.get(os.path.realpath(path))
+        for a in addresses:
+            wanted = not reached or (ran is not None and is_reached(ran, a))
+            (attach if wanted else left_out).append(f"{prefix}{a + shift:#x}")
+
+    attach: list[str] = [] if sites is not None else list(entry.probes or ())
+    left_out: list[str] = []
+    if sites is not None:
+        split(entry.binary, sites, "uprobe:", bias)
+    for path, addresses in libraries:
+        split(path, addresses, f"uprobe:{path}:", 0)
+    return tuple(attach), left_out
 
 
 def _site(probe: dict[str, Any], bias: int, flagged: Counter[int], read_back: Counter[int]) -> SiteRun:

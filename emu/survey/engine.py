@@ -23,7 +23,7 @@ from emu.errors import UsageError
 from emu.survey.analyze import survey_file
 from emu.survey.corpus import Entry
 from emu.survey.dynamic import DesignRun, LibrarySites, run_entry
-from emu.survey.libraries import discover
+from emu.survey.libraries import Discovery, Reached, discover
 from emu.survey.native import Recorded, compare
 from emu.survey.store import RunKey, Store, Stored, design_key
 
@@ -144,19 +144,22 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
     The entries' binaries must be in ``outcome`` (surveyed statically): "all sites" are theirs, and
     those of the files their processes map, which are surveyed here (into ``outcome`` too). Each
     entry's unprobed run is compared with its native record (``records``, native.py)."""
-    keyed: list[tuple[RunKey, Entry, Design, tuple[int, ...] | None, LibrarySites]] = []
-    libraries = _library_sites(entries, designs, store, pool, outcome, progress, records or {})
+    keyed: list[tuple[RunKey, Entry, Design, tuple[int, ...] | None, LibrarySites, Reached]] = []
+    discovered = _discover(entries, pool, outcome, records or {})
+    libraries = _library_sites(discovered, designs, store, pool, outcome, progress)
     for entry in entries:
         sha = _digest(entry.binary)
         stored = outcome.results.get(sha)
         if stored is None or stored.status != "ok":
             raise UsageError(f"--corpus: {entry.binary} is not an x86-64 ELF file the survey could read")
         sites = None if entry.probes is not None else _addresses(stored)
-        libs = libraries.get(entry.content_key(), ())
-        keyed += [((entry.content_key(), sha, d.name, design_key(d)), entry, d, sites, libs) for d in designs]
+        content = entry.content_key()
+        libs, reached = libraries.get(content, ()), discovered[content][1].reached if entry.probes is None else {}
+        keyed += [((content, sha, d.name, design_key(d)), entry, d, sites, libs, reached) for d in designs]
     keyed = list({k[0]: k for k in keyed}.values())  # an entry given twice runs (and counts) once
-    tasks = [(entry, key[1], d, sites, libs) for key, entry, d, sites, libs in keyed if not store.run_done(key)]
-    names = {key: entry.name for key, entry, _d, _sites, _libs in keyed}
+    tasks = [(entry, key[1], d, sites, libs, reached) for key, entry, d, sites, libs, reached in keyed
+             if not store.run_done(key)]
+    names = {k[0]: k[1].name for k in keyed}
     dkeys = {d.name: design_key(d) for d in designs}
     if tasks:
         bar = _bar(len(tasks), progress, "run")
@@ -173,7 +176,7 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
             raise
         finally:
             bar.close()
-    for key, entry, _d, _sites, _libs in keyed:
+    for key, entry, *_rest in keyed:
         got = store.get_run(key)
         if got is not None:
             outcome.runs.append(CorpusRun(got[0], entry.binary, got[1]))
@@ -183,15 +186,21 @@ def _addresses(stored: Stored) -> tuple[int, ...]:
     return tuple(dict.fromkeys(s.address for s in stored.sites))
 
 
-def _library_sites(entries: Sequence[Entry], designs: Sequence[Design], store: Store, pool: Pool, outcome: Outcome,
-                   progress: bool, records: dict[str, Recorded]) -> dict[str, LibrarySites]:
-    """For each "all sites" entry, every site of the other files its processes map (libraries.py), as
-    the real kernel would probe them; those files are surveyed statically into ``outcome`` first.
-    Each entry's discovery run is its unprobed run: its output is held against the native record."""
+def _discover(entries: Sequence[Entry], pool: Pool, outcome: Outcome,
+              records: dict[str, Recorded]) -> dict[str, tuple[Entry, Discovery]]:
+    """Each entry run once unprobed (libraries.py): the files its processes map, the code it runs, and
+    its output, held against the native record (into ``outcome.fidelity``)."""
     unique = {e.content_key(): e for e in entries}
-    found = list(pool.map(discover, [(entry,) for entry in unique.values()]))
-    outcome.fidelity = {unique[d.key].name: compare(unique[d.key], d.output, records) for d in found}
-    mapped = {d.key: d.files for d in found if unique[d.key].probes is None}
+    found = {d.key: (unique[d.key], d) for d in pool.map(discover, [(entry,) for entry in unique.values()])}
+    outcome.fidelity = {entry.name: compare(entry, d.output, records) for entry, d in found.values()}
+    return found
+
+
+def _library_sites(discovered: dict[str, tuple[Entry, Discovery]], designs: Sequence[Design], store: Store,
+                   pool: Pool, outcome: Outcome, progress: bool) -> dict[str, LibrarySites]:
+    """For each "all sites" entry, every site of the other files its processes map, as the real kernel
+    would probe them; those files are surveyed statically into ``outcome`` first."""
+    mapped = {key: d.files for key, (entry, d) in discovered.items() if entry.probes is None}
     files = list(dict.fromkeys(path for paths in mapped.values() for path in paths))
     if not files:
         return {}
