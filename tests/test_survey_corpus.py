@@ -4,6 +4,7 @@ clobbers read back), the confusion table against the static verdicts, resume, ba
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from emu.survey.confusion import confusion, seen_sites
 from emu.survey.corpus import load_corpus
 from emu.survey.engine import Outcome, run_corpus, survey
 from emu.survey.redzone import RedZone, analyse
+from emu.survey.replay import replay_command
 from emu.survey.store import Store, designs_key
 
 FIXTURE = str(Path(__file__).resolve().parents[1] / "fixtures" / "survey_corpus.toml")
@@ -55,6 +57,24 @@ def test_confusion_cells_per_design(tmp_path: Path) -> None:
     for name in ("int3", "uretprobe-rfc", "jmp-slots", "nop10"):  # none writes the red zone: rz_live is no hazard
         c = confusion(outcome, DESIGNS[name])
         assert c.cells == NO_CLOBBER and (c.precision, c.recall) == (None, None), name
+
+
+def test_a_confirmed_hazard_comes_with_a_command_that_shows_it(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """rz_live, confirmed under linux-6.18: its replay (check of the entry with that site alone) shows
+    the red-zone verifier's changed bytes and the output the clobber changed. The same command under
+    jmp-slots (the negative control) shows neither."""
+    outcome, _ = _run(tmp_path)
+    [confirmed] = confusion(outcome, DESIGNS["linux-6.18"]).confirmed
+    assert confirmed["symbol"] == "rz_live+0x5" and confirmed["replay"].startswith("uprobe-emu check --kernel=linux-6.18")
+    argv = shlex.split(confirmed["replay"])[1:]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "linux-6.18: output differs from the unprobed run" in out and "redzone: uprobe:0x401005" in out
+    assert main([a.replace("linux-6.18", "jmp-slots") for a in argv]) == 0
+    out = capsys.readouterr().out
+    assert "output differs" not in out and "redzone:" not in out
+    assert all(confusion(outcome, DESIGNS[d]).confirmed == [] for d in ("int3", "jmp-slots", "nop10"))
 
 
 def test_hits_flags_and_read_backs_per_site(tmp_path: Path) -> None:
@@ -258,3 +278,17 @@ def test_hostile_corpus_entries_are_one_line_errors_or_entries(run: dict[str, st
             assert str(err) and "\n" not in str(err)
         else:
             assert all(isinstance(e, Entry) and 0 < e.timeout_s <= 86_400 for e in entries)
+
+
+def test_a_replay_feeds_the_entrys_stdin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "in.txt").write_text("b\na\n")
+    corpus = tmp_path / "c.toml"
+    corpus.write_text('[[run]]\nbinary = "/usr/bin/sort"\nstdin_file = "in.txt"\nenv = { LC_ALL = "C" }\n'
+                      '[[run]]\nbinary = "/usr/bin/sort"\nstdin = "it\'s\\n"\n')
+    from_file, inline = load_corpus(str(corpus))
+    command = replay_command(from_file, "int3", "uprobe:sort:0x10")
+    assert command == (f"uprobe-emu check --stdin {tmp_path}/in.txt --kernel=int3 --clear-env --env=LC_ALL=C "
+                       "--timeout=120 -p uprobe:sort:0x10 /usr/bin/sort")
+    assert replay_command(inline, "int3", "uprobe:0x1").startswith("printf %s 'it'\"'\"'s\n' | uprobe-emu check --stdin -")
+    assert main(["check", "--stdin", str(tmp_path / "missing"), "/usr/bin/true"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--stdin " + str(tmp_path / "missing") + ": No such file or directory")

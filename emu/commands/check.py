@@ -20,6 +20,7 @@ from emu.commands.common import (
     run_options,
     write_json,
 )
+from emu.errors import UsageError
 from emu.violations import ViolationLog
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_html_option(p, "red-zone maps, differences and one hit's path per design")
     p.add_argument("--details", action="store_true", help="print every violation with its evidence")
     p.add_argument("--strict", action="store_true", help="exit 1 if any design has a violation or diverges")
+    p.add_argument("--stdin", metavar="FILE", help="the guest's standard input, the same bytes for every run "
+                                                  "(default: empty; - reads this command's own)")
     add_sched_options(p)
     add_verifier_options(p, "verifiers (default redzone,regs,resume,memory)")
     add_binary(p)
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         binary=args.binary, argv=[args.binary, *args.args], env=guest_env(args), specs=tuple(args.probe),
         designs=chosen_designs(args), verifiers=args.verify,
         options=run_options(args, sched_quantum=args.sched_quantum, sched_seed=args.sched_seed),
-        shstk=args.shstk, rsb=args.rsb, tracer=tracer,
+        shstk=args.shstk, rsb=args.rsb, tracer=tracer, stdin=_stdin(args.stdin),
     )
     reports = run_check(request)
     from emu.commands.diff import warn_ifunc_probes
@@ -124,3 +127,17 @@ def more_help(log: ViolationLog) -> str:
     if log.dropped:
         return f"a run keeps the first {len(log):,} whole, and only counts the rest"
     return "--details shows all"
+
+
+def _stdin(path: str | None) -> bytes:
+    import sys
+
+    if path is None:
+        return b""
+    try:
+        if path == "-":
+            return sys.stdin.buffer.read()
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise UsageError(f"--stdin {path}: {exc.strerror}") from None

@@ -32,6 +32,7 @@ class SiteSeen:
     flagged: int = 0
     read_back: int = 0
     entries: list[str] = field(default_factory=list)
+    clobbered_in: dict[str, str] = field(default_factory=dict)  # entry name -> the spec of a run that read back
 
     @property
     def column(self) -> str:
@@ -47,6 +48,7 @@ class Confusion:
     unsurveyed: int = 0  # probed addresses no static site names (a spec on some other instruction)
     flagged_only: int = 0  # sites the red-zone verifier flagged whose changed bytes nothing read back
     unexplained: list[str] = field(default_factory=list)  # runs whose output differs, no site clobbered
+    confirmed: list[dict[str, Any]] = field(default_factory=list)  # static hazards a run clobbered, with a replay
 
     @property
     def precision(self) -> float | None:
@@ -61,7 +63,7 @@ class Confusion:
     def to_json(self) -> dict[str, Any]:
         return {**self.cells, "precision": self.precision, "recall": self.recall, "unsurveyed": self.unsurveyed,
                 "flagged_not_read_back": self.flagged_only, "output_differs_unexplained": self.unexplained,
-                "false_negatives": self.false_negatives}
+                "false_negatives": self.false_negatives, "confirmed": self.confirmed}
 
 
 def seen_sites(outcome: Outcome, design: str) -> dict[tuple[str, int], SiteSeen]:
@@ -81,6 +83,8 @@ def seen_sites(outcome: Outcome, design: str) -> dict[tuple[str, int], SiteSeen]
             got.flagged += s.flagged
             got.read_back += s.read_back
             got.entries.append(cr.name)
+            if s.read_back:
+                got.clobbered_in.setdefault(cr.name, s.spec)
     return seen
 
 
@@ -97,14 +101,30 @@ def confusion(outcome: Outcome, design: Design) -> Confusion:
         hazard = site.hazard.get(design.name)
         cells[ROWS[hazard]][got.column] += 1
         result.flagged_only += bool(got.flagged and not got.read_back)
-        if hazard is False and got.column == "clobbered":
-            result.false_negatives.append({
-                "file": path, "address": address, "symbol": site.symbol, "red_zone": site.red_zone,
-                "reason": site.reason, "live_bytes": [list(x) for x in site.live], "hits": got.hits,
-                "read_back": got.read_back, "entries": sorted(set(got.entries))})
+        if got.column != "clobbered":
+            continue
+        found_at = {"file": path, "address": address, "symbol": site.symbol, "red_zone": site.red_zone,
+                    "reason": site.reason, "live_bytes": [list(x) for x in site.live], "hits": got.hits,
+                    "read_back": got.read_back, "entries": sorted(set(got.entries)),
+                    "replay": _replay(outcome, design.name, got)}
+        if hazard is True:
+            result.confirmed.append(found_at)
+        elif hazard is False:
+            result.false_negatives.append(found_at)
     result.unexplained = [cr.name for cr in outcome.runs if cr.run.design == design.name and cr.run.status == "ok"
                           and not cr.run.same_output and not any(s.read_back for s in cr.run.sites)]
     return result
+
+
+def _replay(outcome: Outcome, design: str, got: SiteSeen) -> str | None:
+    """The command that shows one clobber of the site (the first entry that read it back)."""
+    from emu.survey.replay import replay_command
+
+    for name, spec in sorted(got.clobbered_in.items()):
+        entry = outcome.entries.get(name)
+        if entry is not None:
+            return replay_command(entry, design, spec)
+    return None
 
 
 def _static_sites(outcome: Outcome) -> dict[tuple[str, int], tuple[str, SiteSurvey]]:

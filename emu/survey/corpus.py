@@ -41,6 +41,7 @@ class Entry:
     env: tuple[tuple[str, str], ...]
     probes: tuple[str, ...] | None  # None: all sites
     timeout_s: float
+    stdin_file: str | None = None  # where the stdin came from (absolute), for a command that replays the entry
 
     def content_key(self) -> str:
         """What the entry's runs depend on besides the binary's content and the design."""
@@ -81,13 +82,16 @@ def _entry(where: str, run: dict[str, Any], base: str) -> Entry:
     if "stdin" in run and "stdin_file" in run:
         raise UsageError(f"{where}: stdin and stdin_file both given")
     stdin = _typed(where, run, "stdin", str, "").encode("utf-8", "surrogateescape")
+    stdin_file = None
     if "stdin_file" in run:
-        stdin = _read(where, os.path.join(base, _typed(where, run, "stdin_file", str, None)))
+        stdin_file = os.path.join(base, _typed(where, run, "stdin_file", str, None))
+        stdin = _read(where, stdin_file)
     timeout = _typed(where, run, "timeout", (int, float), DEFAULT_TIMEOUT_S)
     if not 0 < timeout <= MAX_TIMEOUT_S:  # (nan and inf too: TOML has both)
         raise UsageError(f"{where}: timeout must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds")
     name = _typed(where, run, "name", str, " ".join([os.path.basename(binary), *args]))
-    return Entry(name, binary, tuple(args), stdin, tuple(sorted(env.items())), _probes(where, run), float(timeout))
+    return Entry(name, binary, tuple(args), stdin, tuple(sorted(env.items())), _probes(where, run), float(timeout),
+                 os.path.normpath(stdin_file) if stdin_file else None)
 
 
 def _typed(where: str, run: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any) -> Any:

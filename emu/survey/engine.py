@@ -102,6 +102,7 @@ class Outcome:
     complete: bool = True
     runs: list[CorpusRun] = field(default_factory=list)  # the corpus runs (--corpus), stored or new
     ran: int = 0  # corpus runs made by this survey (the rest came from the database)
+    entries: dict[str, Entry] = field(default_factory=dict)  # the corpus entries, by name
     # entry name -> its unprobed emulated run against the native record (native.compare)
     fidelity: dict[str, tuple[str, str | None]] = field(default_factory=dict)
 
@@ -145,6 +146,7 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
     those of the files their processes map, which are surveyed here (into ``outcome`` too). Each
     entry's unprobed run is compared with its native record (``records``, native.py)."""
     keyed: list[tuple[RunKey, Entry, Design, tuple[int, ...] | None, LibrarySites, Reached]] = []
+    outcome.entries.update((e.name, e) for e in entries)
     discovered = _discover(entries, pool, outcome, records or {})
     libraries = _library_sites(discovered, designs, store, pool, outcome, progress)
     for entry in entries:

@@ -110,6 +110,8 @@ def _corpus_text(outcome: Outcome, designs: Sequence[Design]) -> list[str]:
     lines.append(table(confusion_rows(outcome, designs)))
     for d in designs:
         c = confusion(outcome, d)
+        lines += [f"{d.name}: confirmed hazard: {h['file']} {h['address']:#x} {h['symbol'] or '-'}, "
+                  f"{h['read_back']} of {h['hits']} hits read back; replay: {h['replay']}" for h in c.confirmed]
         lines += [f"{d.name}: clobbered without a static hazard: {fn['file']} {fn['address']:#x} "
                   f"{fn['symbol'] or '-'} (red zone {fn['red_zone']})" for fn in c.false_negatives]
         lines += [f"{d.name}: output differs with no site clobbered: {name}" for name in c.unexplained]
@@ -227,6 +229,13 @@ def _corpus_markdown(outcome: Outcome, designs: Sequence[Design]) -> list[str]:
     tables = {d.name: confusion(outcome, d) for d in designs}
     out += ["", "Sites the red-zone verifier flagged whose changed bytes the program never read back: " +
             ", ".join(f"{name} {c.flagged_only}" for name, c in tables.items()) + "."]
+    confirmed = [(name, h) for name, c in tables.items() for h in c.confirmed]
+    if confirmed:
+        out += ["", f"### Confirmed hazards ({len(confirmed)})", ""]
+        for name, h in confirmed:
+            out += [f"- {name}: {h['file']} {h['address']:#x} {h['symbol'] or '-'}: {h['read_back']} of "
+                    f"{h['hits']} hits read back ({', '.join(h['entries'])}). Replay:", "",
+                    f"  ```\n  {h['replay']}\n  ```"]
     missed = [(name, fn) for name, c in tables.items() for fn in c.false_negatives]
     if missed:
         out += ["", f"### Clobbered without a static hazard ({len(missed)})", ""]
