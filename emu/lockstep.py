@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from emu.memory import Memory
 
 ADDRESS_RESULTS = frozenset({"mmap", "mremap", "brk"})
+# Calls whose first argument is the address of a mapping: compared by its offset into its page alone. A
+# design that maps a page of its own (6.18's trampoline, the slots, the XOL area) moves the mappings
+# made after it, as on Linux, so a program unmaps or protects the same mapping at another address.
+MAPPING_ADDRESS_ARGS = frozenset({"munmap", "mprotect", "madvise", "mremap", "msync", "mlock", "mlock2", "munlock",
+                                  "mincore", "pkey_mprotect", "remap_file_pages"})
+PAGE_MASK = 0xFFF
 INTERLEAVING_RESULTS = frozenset({"futex", "sched_yield"})
 Call = tuple[str, tuple[int, ...], int]
 Trace = list[Call]
@@ -44,7 +50,10 @@ class SyscallLog(list[Call]):
         self.tids.append(self.sched.current.tid)
         if self.mem is not None and self.arity is not None:
             name, args, ret = call
-            self.views.append((tuple(self._where(a) for a in args[: self.arity(name)]), self._written(name, args, ret)))
+            where = [self._where(a) for a in args[: self.arity(name)]]
+            if name in MAPPING_ADDRESS_ARGS and where:
+                where[0] = ("mapping", args[0] & PAGE_MASK)
+            self.views.append((tuple(where), self._written(name, args, ret)))
 
     def _where(self, value: int) -> object:
         """An argument as compared: a pointer into a mapping as (its name, the offset), else itself."""

@@ -9,7 +9,7 @@ from emu.kernel.sched import Scheduler
 from emu.lockstep import Observed, SyscallLog, first_divergence
 from emu.memory import Memory
 
-ARITY = {"write": 3, "openat": 4, "writev": 3, "exit_group": 1}
+ARITY = {"write": 3, "openat": 4, "writev": 3, "exit_group": 1, "munmap": 2, "mprotect": 3}
 
 
 class FakeMemory:
@@ -48,6 +48,19 @@ def test_a_different_argument_is_a_divergence() -> None:
     other = _run(0x10000, b"hello", [("openat", (-100, 0x7FFF0F08, 0, 0), 3)])
     found = first_divergence(one, other)
     assert found is not None and "syscall #1 openat: arguments" in found and "[stack]-0x100" in found
+
+
+def test_a_mapping_unmapped_at_another_address_is_the_same_call() -> None:
+    """A design's own page moves the later mappings (as on Linux): munmap of the same length at another
+    page is the same call; another length (the negative control) or a misaligned address is not."""
+    one = _run(0x10000, b"", [("munmap", (0x7FFFED843000, 0x4A000), 0), ("mprotect", (0x7FFFED000000, 0x1000, 1), 0)])
+    moved = _run(0x10000, b"", [("munmap", (0x7FFFED842000, 0x4A000), 0), ("mprotect", (0x7FFFEC000000, 0x1000, 1), 0)])
+    assert first_divergence(one, moved) is None
+    shorter = _run(0x10000, b"", [("munmap", (0x7FFFED842000, 0x49000), 0)])
+    misaligned = _run(0x10000, b"", [("munmap", (0x7FFFED842008, 0x4A000), 0)])
+    for other in (shorter, misaligned):
+        found = first_divergence(one, other)
+        assert found is not None and "syscall #1 munmap: arguments" in found
 
 
 def test_bytes_written_to_a_file_are_compared() -> None:

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import browser
 import pytest
 from conftest import sample, symtab_address
 from hypothesis import given, settings
@@ -146,9 +147,11 @@ def test_reruns_resume_and_a_changed_binary_runs_again(tmp_path: Path) -> None:
 
 
 def test_cli_corpus_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out, report = tmp_path / "s.json", tmp_path / "s.md"
+    out, report, page = tmp_path / "s.json", tmp_path / "s.md", tmp_path / "s.html"
     assert main(["survey", "--jobs", "1", "--db", str(tmp_path / "db"), "--corpus", FIXTURE, "--json", str(out),
-                 "--report", str(report), sample("survey_corpus")]) == 0
+                 "--report", str(report), "--html", str(page), sample("survey_corpus")]) == 0
+    if browser.available():
+        _check_page(page)
     data = json.loads(out.read_text())
     linux = data["corpus"]["confusion"]["linux-6.18"]
     assert linux["hazard"]["clobbered"] == 1 and linux["unknown"]["clobbered"] == 1 and linux["recall"] == 1.0
@@ -292,3 +295,25 @@ def test_a_replay_feeds_the_entrys_stdin(tmp_path: Path, capsys: pytest.CaptureF
     assert replay_command(inline, "int3", "uprobe:0x1").startswith("printf %s 'it'\"'\"'s\n' | uprobe-emu check --stdin -")
     assert main(["check", "--stdin", str(tmp_path / "missing"), "/usr/bin/true"]) == 2
     assert capsys.readouterr().err.strip().endswith("--stdin " + str(tmp_path / "missing") + ": No such file or directory")
+
+
+def _check_page(path: Path) -> None:
+    """The page in Chromium: one confusion figure per design whose cells hold the table's counts (rz_live
+    confirmed under linux-6.18, nothing clobbered under jmp-slots), the confirmed hazard with its replay,
+    the entries against their native record, and the package table."""
+    from test_report_pages import loaded
+
+    _, dom = loaded(path)
+    assert [f.attrs["data-design"] for f in dom.figures()] == [d.name for d in ALL]
+
+    def count(design: str, row: str, column: str) -> int:
+        [cell] = [e for e in dom.inside("confusion", design=design)
+                  if e.attrs.get("data-row") == row and e.attrs.get("data-column") == column]
+        return int(cell.attrs["data-count"])
+
+    assert count("linux-6.18", "hazard", "clobbered") == 1 and count("linux-6.18", "unknown", "clobbered") == 1
+    assert count("jmp-slots", "hazard", "clobbered") == 0 and count("jmp-slots", "no_hazard", "exercised") == 5
+    text = " ".join(e.text for e in dom.elements)
+    assert "Confirmed hazards (1)" in text and "uprobe-emu check --kernel=linux-6.18" in text
+    assert "same" in [e.text for e in dom.elements if e.tag == "td"]  # the entries against the native record
+    assert "Per package" in text

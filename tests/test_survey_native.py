@@ -16,7 +16,7 @@ from emu.survey.corpus import Entry, load_corpus
 from emu.survey.libraries import mapped_files
 from emu.survey.native import Output, Recorded, compare, load, record, record_path, run_natively
 
-RECORDED = ["survey_corpus.toml", "rzlib.toml", "survey_readback.toml", "debian_corpus.toml"]
+RECORDED = ["survey_corpus.toml", "rzlib.toml", "survey_readback.toml", "debian_corpus.toml", "llvm_corpus.toml"]
 
 
 @pytest.mark.parametrize("corpus", RECORDED)

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING
 
 from emu.commands.common import (
     add_design_options,
+    add_html_option,
     check_writable,
     chosen_designs,
+    command_line,
     positive_int,
     stderr_line,
     write_json,
@@ -34,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_design_options(p, "all", "designs to judge each site for (default all: built-in and --design-file ones)")
     p.add_argument("--json", metavar="FILE", help="write the totals and every site as JSON")
     p.add_argument("--report", metavar="FILE.md", help="write a Markdown report (totals, hazardous sites, packages)")
+    add_html_option(p, "per design and per package: hazards, confirmations, unknowns, the corpus's proof")
     p.add_argument("--db", default=DEFAULT_DB, metavar="FILE",
                    help=f"SQLite results database, reused by the next survey (default ./{DEFAULT_DB})")
     p.add_argument("--scheduler", metavar="tcp://HOST:PORT",
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     if args.record_native and not args.corpus:
         raise UsageError("survey: --record-native records a --corpus")
     designs = [get_design(n) for n in chosen_designs(args)]
-    for path in (args.json, args.report):
+    for path in (args.json, args.report, args.html):
         if path:
             check_writable(path)
     entries = load_corpus(args.corpus) if args.corpus else []
@@ -87,8 +90,13 @@ def run(args: argparse.Namespace) -> int:
     print(summary_text(outcome, designs))
     if args.json:
         write_json(args.json, to_json(outcome, designs))
+    owners = packages(sorted(outcome.walk.elf)) if args.report or args.html else {}
     if args.report:
-        _write(args.report, markdown(outcome, designs, packages(sorted(outcome.walk.elf))))
+        _write(args.report, markdown(outcome, designs, owners))
+    if args.html:
+        from emu.report.survey_page import page
+
+        page(outcome, designs, owners, command_line(args)).write(args.html)
     return 0
 
 

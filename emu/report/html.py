@@ -26,7 +26,7 @@ figure { margin: 0.8em 0; break-inside: avoid; page-break-inside: avoid; display
 figure svg { max-width: 100%; height: auto; }
 figcaption { font-size: 0.85em; color: #444; margin-top: 0.2em; display: table-caption; caption-side: bottom; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; break-inside: avoid; }
-th, td { border: 1px solid #ccc; padding: 0.15em 0.5em; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #ccc; padding: 0.15em 0.5em; text-align: left; vertical-align: top; overflow-wrap: anywhere; }
 th { background: #f2f2f2; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 code, pre, td.code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 0.85em; }

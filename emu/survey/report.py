@@ -173,7 +173,7 @@ def markdown(outcome: Outcome, designs: Sequence[Design], owners: dict[str, str]
     if outcome.runs:
         out += _corpus_markdown(outcome, designs)
     if owners:
-        out += _packages(sites, owners, designs)
+        out += _packages(outcome, owners, designs)
     return "\n".join(out) + "\n"
 
 
@@ -201,18 +201,25 @@ def _hazards(sites: list[tuple[str, SiteSurvey]], designs: Sequence[Design]) -> 
     return out
 
 
-def _packages(sites: list[tuple[str, SiteSurvey]], owners: dict[str, str], designs: Sequence[Design]) -> list[str]:
+def package_sites(outcome: Outcome, designs: Sequence[Design], owners: dict[str, str]) -> list[tuple[str, Counter[str]]]:
+    """Per Debian package (most sites first): its sites, live red zones, and per design the hazards
+    (key: the design's name) and the unknowns ("unknown NAME")."""
     per: dict[str, Counter[str]] = {}
-    for path, s in sites:
+    for path, s in _sites(outcome):
         c = per.setdefault(owners.get(path, "(no package)"), Counter())
         c["sites"] += 1
         c["live"] += s.red_zone == LIVE
         for d in designs:
             c[d.name] += bool(s.hazard.get(d.name))
+            c["unknown " + d.name] += s.hazard.get(d.name) is None
+    return sorted(per.items(), key=lambda kv: (-kv[1]["sites"], kv[0]))
+
+
+def _packages(outcome: Outcome, owners: dict[str, str], designs: Sequence[Design]) -> list[str]:
     names = [d.name for d in designs]
     out = ["", "## Per package", "", "| package | sites | live | " + " | ".join(f"hazards {n}" for n in names) + " |",
            "|---|---|---|" + "---|" * len(names)]
-    for package, c in sorted(per.items(), key=lambda kv: (-kv[1]["sites"], kv[0])):
+    for package, c in package_sites(outcome, designs, owners):
         out.append(f"| {package} | {c['sites']} | {c['live']} | " + " | ".join(str(c[n]) for n in names) + " |")
     return out
 
