@@ -54,6 +54,7 @@ def test_confusion_cells_per_design(tmp_path: Path) -> None:
                            "no_hazard": {"clobbered": 0, "exercised": 3, "reached_once": 0, "not_reached": 0},
                            "unknown": {"clobbered": 1, "exercised": 0, "reached_once": 0, "not_reached": 0}}
     assert (linux.precision, linux.recall, linux.false_negatives) == (1.0, 1.0, [])
+    assert linux.unknowns_decided == 1  # rz_indirect: unknown to the analysis, clobbered by the run
     assert (linux.flagged_only, linux.unexplained, linux.unsurveyed) == (3, [], 0)  # rz_deep, rz_dead, rz_slot
     for name in ("int3", "uretprobe-rfc", "jmp-slots", "nop10"):  # none writes the red zone: rz_live is no hazard
         c = confusion(outcome, DESIGNS[name])

@@ -67,15 +67,16 @@ def _designs(p: Page, t: dict[str, object], tables: dict[str, Confusion]) -> Non
     assert isinstance(per, dict)
     header: tuple[str, ...] = ("design", "optimized", "hazards", "hazard unknown")
     if tables:
-        header += ("reached by the corpus", "confirmed", "refuted (exercised)", "precision", "recall")
+        header += ("reached by the corpus", "confirmed", "refuted (exercised)", "unknowns decided", "precision",
+                   "recall")
     rows = []
     for name, v in per.items():
         row: list[object] = [name, v["optimized"], v["hazards"], v["unknown"]]
         c = tables.get(name)
         if c is not None:
             reached = sum(n for cells in c.cells.values() for col, n in cells.items() if col != "not_reached")
-            row += [reached, c.cells["hazard"]["clobbered"], c.cells["hazard"]["exercised"], _ratio(c.precision),
-                    _ratio(c.recall)]
+            row += [reached, c.cells["hazard"]["clobbered"], c.cells["hazard"]["exercised"], c.unknowns_decided,
+                    _ratio(c.precision), _ratio(c.recall)]
         rows.append(row)
     p.table(header, rows, numeric=range(1, len(header)))
 

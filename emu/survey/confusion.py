@@ -56,12 +56,18 @@ class Confusion:
         return tp / (tp + fp) if tp + fp else None
 
     @property
+    def unknowns_decided(self) -> int:
+        """Sites the static analysis left unknown that a run decided: clobbered, or exercised and not."""
+        return self.cells["unknown"]["clobbered"] + self.cells["unknown"]["exercised"]
+
+    @property
     def recall(self) -> float | None:
         tp, fn = self.cells["hazard"]["clobbered"], self.cells["no_hazard"]["clobbered"]
         return tp / (tp + fn) if tp + fn else None
 
     def to_json(self) -> dict[str, Any]:
         return {**self.cells, "precision": self.precision, "recall": self.recall, "unsurveyed": self.unsurveyed,
+                "unknowns_decided": self.unknowns_decided,
                 "flagged_not_read_back": self.flagged_only, "output_differs_unexplained": self.unexplained,
                 "false_negatives": self.false_negatives, "confirmed": self.confirmed}
 

@@ -110,6 +110,9 @@ def _corpus_text(outcome: Outcome, designs: Sequence[Design]) -> list[str]:
     lines.append(table(confusion_rows(outcome, designs)))
     for d in designs:
         c = confusion(outcome, d)
+        if c.unknowns_decided:
+            lines.append(f"{d.name}: {c.unknowns_decided} sites the static analysis left unknown were decided by the "
+                         f"runs ({c.cells['unknown']['clobbered']} clobbered)")
         lines += [f"{d.name}: confirmed hazard: {h['file']} {h['address']:#x} {h['symbol'] or '-'}, "
                   f"{h['read_back']} of {h['hits']} hits read back; replay: {h['replay']}" for h in c.confirmed]
         lines += [f"{d.name}: clobbered without a static hazard: {fn['file']} {fn['address']:#x} "
