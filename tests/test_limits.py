@@ -187,5 +187,5 @@ def test_a_corpus_run_its_timeout_stopped_is_not_a_verdict(tmp_path: Path) -> No
     corpus.write_text(f'[[run]]\nbinary = "{BOMBS}"\nargs = ["spin"]\nprobes = ["uprobe:main"]\ntimeout = 0.5\n')
     (entry,) = load_corpus(str(corpus))
     sha = hashlib.sha256(Path(BOMBS).read_bytes()).hexdigest()
-    run = run_entry(entry, sha, DESIGNS["int3"], None)
+    [run] = run_entry(entry, sha, [DESIGNS["int3"]], None)
     assert (run.status, run.error) == ("timeout", "stopped after 0.5 s (--timeout)")

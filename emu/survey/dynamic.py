@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from emu.designs import Design
 from emu.survey.corpus import Entry
 
 if TYPE_CHECKING:
+    from emu.check import DesignReport
     from emu.machine import Machine
     from emu.survey.libraries import Reached
     from emu.verify.records import Transaction
@@ -196,26 +198,32 @@ class _Space:
             self._hooks.watch(self.marked)
 
 
-def run_entry(entry: Entry, sha256: str, design: Design, sites: tuple[int, ...] | None,
-              libraries: LibrarySites = (), reached: Reached | None = None) -> DesignRun:
-    """``entry`` under ``design``; ``sites``: link-time addresses to probe ("all sites"), else the
-    entry's own specs; ``libraries``: the sites of the other files its processes map, probed in every
-    process that maps them (a SiteRun's spec names its file); ``reached``: the code the unprobed run
-    ran, by file (libraries.py): a site outside it is not attached, and counts as never reached."""
+def run_entry(entry: Entry, sha256: str, designs: Sequence[Design], sites: tuple[int, ...] | None,
+              libraries: LibrarySites = (), reached: Reached | None = None) -> list[DesignRun]:
+    """``entry`` under each of ``designs`` (one unprobed reference run for all, as `check` makes it);
+    ``sites``: link-time addresses to probe ("all sites"), else the entry's own specs; ``libraries``:
+    the sites of the other files its processes map, probed in every process that maps them (a SiteRun's
+    spec names its file); ``reached``: the code the unprobed run ran, by file (libraries.py): a site
+    outside it is not attached, and counts as never reached."""
     from emu.designs import known_designs, register
 
     start = time.perf_counter()
+
+    def every(status: str, error: str | None = None) -> list[DesignRun]:
+        took = (time.perf_counter() - start) / max(len(designs), 1)
+        return [DesignRun(entry.content_key(), sha256, d.name, status, error, wall_s=took) for d in designs]
+
     if _digest(entry.binary) != sha256:
-        return DesignRun(entry.content_key(), sha256, design.name, "changed", "the binary changed during the survey")
+        return every("changed", "the binary changed during the survey")
     if sites == () and not libraries:  # "all sites" of files without any: nothing to probe (check would scan)
-        return DesignRun(entry.content_key(), sha256, design.name, "ok")
-    if design.name not in known_designs():  # a --design-file design, on a worker that never loaded the file
-        register(design)
+        return every("ok")
+    for design in designs:
+        if design.name not in known_designs():  # a --design-file design, on a worker that never loaded the file
+            register(design)
     try:
-        return _run(entry, sha256, design.name, sites, libraries, reached or {}, start)
+        return _run(entry, sha256, [d.name for d in designs], sites, libraries, reached or {}, start)
     except Exception as exc:  # a program the emulation cannot run: recorded, never fatal to the survey
-        return DesignRun(entry.content_key(), sha256, design.name, "error", f"{type(exc).__name__}: {exc}",
-                         wall_s=time.perf_counter() - start)
+        return every("error", f"{type(exc).__name__}: {exc}")
 
 
 def _digest(path: str) -> str:
@@ -226,20 +234,29 @@ def _digest(path: str) -> str:
         return ""
 
 
-def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, libraries: LibrarySites,
-         reached: Reached, start: float) -> DesignRun:
+def _run(entry: Entry, sha256: str, designs: list[str], sites: tuple[int, ...] | None, libraries: LibrarySites,
+         reached: Reached, start: float) -> list[DesignRun]:
     from emu.check import CheckRequest, run_check
     from emu.machine import Machine, RunOptions
-    from emu.violations import Check
 
     argv, env = [entry.binary, *entry.args], dict(entry.env)
-    options = RunOptions(timeout_s=entry.timeout_s, design=design)
+    options = RunOptions(timeout_s=entry.timeout_s)
     bias = Machine(entry.binary, argv, env, options).resolver.image.bias if sites is not None else 0
     specs, unreached = _specs(entry, sites, libraries, reached, bias)
-    request = CheckRequest(entry.binary, argv, env, specs=specs, designs=(design,), options=options,
+    request = CheckRequest(entry.binary, argv, env, specs=specs, designs=tuple(designs), options=options,
                            stdin=entry.stdin, watcher=ReadBack, lenient=True)
-    report = run_check(request)[0]
-    assert report.result is not None and isinstance(report.watch, ReadBack)
+    reports = run_check(request)
+    took = (time.perf_counter() - start) / len(reports)
+    return [_design_run(entry.content_key(), sha256, report, specs, unreached, took) for report in reports]
+
+
+def _design_run(key: str, sha256: str, report: DesignReport, specs: tuple[str, ...], unreached: list[str],
+                took: float) -> DesignRun:
+    """One design's report as the survey keeps it: each site's hits, flagged hits and read-backs."""
+    from emu.violations import Check
+
+    if report.result is None or not isinstance(report.watch, ReadBack):  # the harness could not run it
+        return DesignRun(key, sha256, report.design, "error", report.error, wall_s=took)
     flagged = report.violations.hits_flagged(Check.REDZONE)
     read_back = report.watch.counts()
     bias = report.watch.bias
@@ -250,8 +267,8 @@ def _run(entry: Entry, sha256: str, design: str, sites: tuple[int, ...] | None, 
     runs += [SiteRun(_link_address(s, bias), s, 0, 0, 0) for s in unreached]
     stopped = report.limit
     status, error = ("ok", None) if stopped is None else (stopped.ending.value, stopped.message)
-    return DesignRun(entry.content_key(), sha256, design, status, error, report.same_output, report.divergence,
-                     tuple(runs), time.perf_counter() - start)
+    return DesignRun(key, sha256, report.design, status, error, report.same_output, report.divergence, tuple(runs),
+                     took)
 
 
 def _specs(entry: Entry, sites: tuple[int, ...] | None, libraries: LibrarySites, reached: Reached,

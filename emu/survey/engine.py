@@ -159,19 +159,20 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
         libs, reached = libraries.get(content, ()), discovered[content][1].reached if entry.probes is None else {}
         keyed += [((content, sha, d.name, design_key(d)), entry, d, sites, libs, reached) for d in designs]
     keyed = list({k[0]: k for k in keyed}.values())  # an entry given twice runs (and counts) once
-    tasks = [(entry, key[1], d, sites, libs, reached) for key, entry, d, sites, libs, reached in keyed
-             if not store.run_done(key)]
+    tasks = _per_entry([(entry, key[1], d, sites, libs, reached) for key, entry, d, sites, libs, reached in keyed
+                        if not store.run_done(key)])
     names = {k[0]: k[1].name for k in keyed}
     dkeys = {d.name: design_key(d) for d in designs}
     if tasks:
-        bar = _bar(len(tasks), progress, "run")
+        bar = _bar(sum(len(t[2]) for t in tasks), progress, "run")
         try:
-            for run in pool.map(run_entry, tasks):
-                if run.status != "changed":
-                    key = (run.entry, run.sha256, run.design, dkeys[run.design])
-                    store.put_run(run, key[3], names[key])
-                outcome.ran += 1
-                bar.update(1)
+            for runs in pool.map(run_entry, tasks):
+                for run in runs:
+                    if run.status != "changed":
+                        key = (run.entry, run.sha256, run.design, dkeys[run.design])
+                        store.put_run(run, key[3], names[key])
+                    outcome.ran += 1
+                    bar.update(1)
         except KeyboardInterrupt:
             sys.stderr.write(f"survey interrupted: {outcome.ran} corpus runs made this time are kept in the "
                              "database; run again to go on\n")
@@ -182,6 +183,19 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
         got = store.get_run(key)
         if got is not None:
             outcome.runs.append(CorpusRun(got[0], entry.binary, got[1]))
+
+
+RunTask = tuple[Entry, str, Design, tuple[int, ...] | None, LibrarySites, Reached]
+
+
+def _per_entry(runs: list[RunTask]) -> list[tuple[Entry, str, list[Design], tuple[int, ...] | None, LibrarySites,
+                                                  Reached]]:
+    """One task per entry and binary, for the designs it still lacks: their runs share one unprobed
+    reference run, as `check` of several designs does."""
+    grouped: dict[tuple[str, str], tuple[Entry, str, list[Design], tuple[int, ...] | None, LibrarySites, Reached]] = {}
+    for entry, sha, design, sites, libs, reached in runs:
+        grouped.setdefault((entry.content_key(), sha), (entry, sha, [], sites, libs, reached))[2].append(design)
+    return list(grouped.values())
 
 
 def _addresses(stored: Stored) -> tuple[int, ...]:
