@@ -120,8 +120,16 @@ def _observe(request: CheckRequest, design: str, probes: bool) -> tuple[Machine,
     options = RunOptions(**{**_fields(request.options), "design": design})
     machine = Machine(request.binary, request.argv, request.env, options, io)
     arity = {row.name: len(row.args) for row in machine.kernel.table.values()}
-    machine.kernel.syscall_log = SyscallLog(machine.kernel.sched, machine.mem, lambda name: arity.get(name, 6))
+    machine.kernel.syscall_log = SyscallLog(machine.kernel.sched, machine.mem, lambda name: arity.get(name, 6),
+                                            lambda fd: _lists_mappings(machine, fd))
     return machine, io
+
+
+def _lists_mappings(machine: Machine, fd: int) -> bool:
+    from emu.kernel.procfs import MapsFile
+
+    entry = machine.kernel.files.entries.get(fd)
+    return entry is not None and isinstance(entry.file, MapsFile)
 
 
 def _fields(options: RunOptions) -> dict[str, Any]:

@@ -25,6 +25,9 @@ ADDRESS_RESULTS = frozenset({"mmap", "mremap", "brk"})
 MAPPING_ADDRESS_ARGS = frozenset({"munmap", "mprotect", "madvise", "mremap", "msync", "mlock", "mlock2", "munlock",
                                   "mincore", "pkey_mprotect", "remap_file_pages"})
 PAGE_MASK = 0xFFF
+# Reads of a file that lists the process's mappings (/proc/PID/maps): the same design pages show there
+# too, so only whether the read succeeded is compared.
+LAYOUT_READS = frozenset({"read", "pread64", "readv", "preadv", "preadv2"})
 INTERLEAVING_RESULTS = frozenset({"futex", "sched_yield"})
 Call = tuple[str, tuple[int, ...], int]
 Trace = list[Call]
@@ -39,13 +42,18 @@ class SyscallLog(list[Call]):
     """A Kernel.syscall_log that also records the thread making each call (``tids``) and, given
     the memory and each call's arity, what the comparison looks at (``views``)."""
 
-    def __init__(self, sched: Scheduler, mem: Memory | None = None, arity: Callable[[str], int] | None = None) -> None:
+    def __init__(self, sched: Scheduler, mem: Memory | None = None, arity: Callable[[str], int] | None = None,
+                 lists_mappings: Callable[[int], bool] | None = None) -> None:
+        """``lists_mappings(fd)``: the fd reads a listing of the process's mappings (/proc/PID/maps)."""
         super().__init__()
-        self.sched, self.mem, self.arity = sched, mem, arity
+        self.sched, self.mem, self.arity, self.lists_mappings = sched, mem, arity, lists_mappings
         self.tids: list[int] = []
         self.views: list[View] = []
 
     def append(self, call: Call) -> None:
+        name, args, ret = call
+        if name in LAYOUT_READS and ret > 0 and self.lists_mappings is not None and self.lists_mappings(args[0]):
+            call = (name, args, 1)  # some bytes of the listing: its length depends on the design's own pages
         super().append(call)
         self.tids.append(self.sched.current.tid)
         if self.mem is not None and self.arity is not None:

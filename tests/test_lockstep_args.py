@@ -63,6 +63,21 @@ def test_a_mapping_unmapped_at_another_address_is_the_same_call() -> None:
         assert found is not None and "syscall #1 munmap: arguments" in found
 
 
+def test_a_read_of_the_mappings_list_compares_only_its_success() -> None:
+    """/proc/self/maps lists a design's own pages (as on Linux): its read is compared by success alone;
+    a read of any other fd (the negative control) by its length."""
+    def run(size: int, fd: int = 5) -> Observed:
+        log = SyscallLog(cast(Scheduler, SimpleNamespace(current=SimpleNamespace(tid=1))),
+                         cast(Memory, FakeMemory(0x10000, b"")), lambda name: 3, lambda fd: fd == 5)
+        log.append(("read", (fd, 0x10000, 4096), size))
+        return Observed(b"", b"", 0, log)
+
+    assert first_divergence(run(781), run(875)) is None
+    found = first_divergence(run(781, fd=3), run(875, fd=3))
+    assert found is not None and "unprobed read = 781, probed read = 875" in found
+    assert first_divergence(run(781), run(-14)) is not None  # EFAULT against success
+
+
 def test_bytes_written_to_a_file_are_compared() -> None:
     one = _run(0x10000, b"hello", [("write", (3, 0x10000, 5), 5)])
     other = _run(0x10000, b"hellO", [("write", (3, 0x10000, 5), 5)])

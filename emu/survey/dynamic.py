@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from emu.vma import Vma
 
 LibrarySites = tuple[tuple[str, tuple[int, ...]], ...]  # (a mapped file's path, its sites' link-time addresses)
-DYNAMIC_VERSION = 6  # bump when a dynamic verdict could change: stored runs of older versions are redone
+DYNAMIC_VERSION = 7  # bump when a dynamic verdict could change: stored runs of older versions are redone
 
 
 @dataclass(frozen=True, slots=True)
