@@ -3,7 +3,7 @@ corpus (``FILE.native.json`` for ``FILE.toml``), and compared with the emulated 
 survey. A corpus run is evidence only if the emulation runs the program as Linux does: an entry whose
 unprobed emulated output differs from its record is reported as unfaithful, whatever the probes did.
 
-A record holds, per entry (by its content key): the binary's sha256 (a record of another build of the
+A record holds, per entry (by its content key and program name): the binary's sha256 (a record of another build of the
 program is stale, not a difference), how the process ended (``exit N`` or ``signal N``), and the
 sha256 and size of its standard output. Standard error is not compared: programs put their argv[0]
 and the like there.
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from emu.errors import UsageError
 from emu.survey.corpus import Entry
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,12 @@ def record_path(corpus: str) -> str:
     return (stem if ext == ".toml" else corpus) + ".native.json"
 
 
+def record_key(entry: Entry) -> str:
+    """An entry's key in the record: its content key (arguments, input, environment) and its program's
+    name (not its path: a clone of the project records its own samples under another directory)."""
+    return f"{entry.content_key()}:{os.path.basename(entry.binary)}"
+
+
 def run_natively(entry: Entry) -> Output:
     """``entry`` on this machine's kernel, in an empty temporary directory, with only its environment."""
     with tempfile.TemporaryDirectory(prefix="uprobe-emu-native-") as cwd:
@@ -72,11 +78,11 @@ class Recorded:
 
 def record(entries: Sequence[Entry], path: str) -> dict[str, Recorded]:
     """Run every entry natively and write the record to ``path``."""
-    records = {e.content_key(): Recorded(_digest(e.binary), run_natively(e)) for e in entries}
+    records = {record_key(e): Recorded(_digest(e.binary), run_natively(e)) for e in entries}
     body = {"version": RECORD_VERSION,
             "entries": {key: {"name": e.name, "binary_sha256": records[key].binary_sha256,
                               **asdict(records[key].output)}
-                        for e in entries if (key := e.content_key()) in records}}
+                        for e in entries if (key := record_key(e)) in records}}
     try:
         with open(path, "w") as fh:
             json.dump(body, fh, indent=1, sort_keys=True)
@@ -109,7 +115,7 @@ def compare(entry: Entry, emulated: Output | None, records: dict[str, Recorded])
     """``entry``'s emulated unprobed run against its native record: ("same", None), ("differs", how),
     ("unrecorded" | "stale" | "stopped" | "failed", None): nothing to compare (no record, a record of
     another build of the binary, a limit stopped the run, the emulation could not run it)."""
-    recorded = records.get(entry.content_key())
+    recorded = records.get(record_key(entry))
     if recorded is None:
         return "unrecorded", None
     if recorded.binary_sha256 != _digest(entry.binary):
