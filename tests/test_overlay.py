@@ -275,6 +275,18 @@ def test_mprotect_write_of_a_shared_mapping_of_a_read_only_fd_is_eacces(tmp_path
     assert g("mprotect", shared, 4096, abi.Prot.READ) == 0
 
 
+def test_closing_a_locked_host_file_drops_its_lock(tmp_path: Path) -> None:
+    """The last close of a description releases its flock (read from the file before it is closed: the
+    harness once raised EBADF from its own stat of the closed host fd, and the run died)."""
+    (tmp_path / "ro").write_text("x")
+    g = _g(tmp_path)
+    one = g.open("ro", O_RDONLY)
+    assert g("flock", one, 1) == 0 and g("close", one) == 0  # LOCK_SH
+    two, three = g.open("ro", O_RDONLY), g.open("ro", O_RDONLY)
+    assert g("flock", two, 2 | 4) == 0 and g("flock", three, 2 | 4) == -errno.EWOULDBLOCK
+    assert g("close", two) == 0 and g("flock", three, 2 | 4) == 0  # two's lock went with its last close
+
+
 def test_flock_and_fcntl_locks(tmp_path: Path) -> None:
     (tmp_path / "db").write_text("x")
     g = _g(tmp_path)

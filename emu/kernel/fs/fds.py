@@ -60,9 +60,10 @@ def close_fd(k: Kernel, fd: int) -> None:
     """Drop ``fd``: the process's POSIX locks on the file go, and the description's own locks with
     its last descriptor; the last close of a pipe end or socket wakes the other side (EOF, EPIPE, HUP)."""
     entry = k.files.get(fd)
+    if k.vfs.locks.ranges or k.vfs.locks.flocks:  # before the close: the file's identity is read from it
+        last = not any(e.file is entry.file for other, e in k.files.entries.items() if other != fd)
+        locks.closed(k, entry.file, last=last)
     k.files.close(fd)
-    if k.vfs.locks.ranges or k.vfs.locks.flocks:
-        locks.closed(k, entry.file, last=not any(e.file is entry.file for e in k.files.entries.values()))
     keys = getattr(entry.file, "close_key", None)
     for key in keys() if keys is not None else ():
         notify(k, key)
