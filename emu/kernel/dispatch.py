@@ -112,6 +112,8 @@ class Kernel:
         self.cpu_model = CpuModel(config.cpus)
         self.affinity = self.cpu_model.affinity_mask()  # sched_setaffinity's mask (one for the process)
         self.pgid = config.pid  # process group (procsig.py): a fork inherits it, setpgid changes it
+        self.sid = config.pid  # session (procsig.py): a fork inherits it, setsid makes a new one
+        self.nice = 0  # setpriority's value (process.py): a fork inherits it; it changes no scheduling
         self.timers: dict[int, Timer] = {}  # alarm/setitimer and POSIX timers (procsig.py)
         self.prctl: dict[int, int] = {}  # prctl attributes set (process.sys_prctl)
         self.task_names: dict[int, bytes] = {}  # PR_SET_NAME, by tid

@@ -87,7 +87,7 @@ def fork_kernel_state(parent: Kernel, child: Kernel, args: CloneArgs) -> None:
     child.ident = dataclasses.replace(parent.ident, pid=pid, ppid=parent.ident.pid)
     child.umask, child.next_inode, child.tracer = parent.umask, parent.next_inode, parent.tracer
     child.affinity = parent.affinity
-    child.pgid = parent.pgid  # timers are not inherited (fork(2))
+    child.pgid, child.sid, child.nice = parent.pgid, parent.sid, parent.nice  # timers are not inherited (fork(2))
     theirs, main = parent.task, child.task
     main.signals = SignalState(actions=dict(theirs.signals.actions), mask=theirs.signals.mask,
                                altstack=theirs.signals.altstack)

@@ -8,7 +8,7 @@ import os
 import struct
 from typing import TYPE_CHECKING
 
-from emu.abi import Prot
+from emu.abi import Prot, signed32
 from emu.cpu import Reg
 from emu.cpumodel import MAX_CPUS
 from emu.kernel.cputime import cpu_clock_kind, cpu_ns
@@ -57,6 +57,33 @@ def sys_getgroups(k: Kernel, size: int, addr: int, *_: int) -> int:
         raise SyscallError(errno.EINVAL)
     k.mem.write_user(addr, struct.pack(f"<{len(groups)}I", *groups))
     return len(groups)
+
+
+PRIO_PROCESS = 0
+NICE_MIN, NICE_MAX = -20, 19
+
+
+def _own_process(k: Kernel, which: int, who: int) -> None:
+    """getpriority/setpriority of another process, group or user are not modelled: ESRCH, as for no match."""
+    if which not in (0, 1, 2):  # PRIO_PROCESS, PRIO_PGRP, PRIO_USER
+        raise SyscallError(errno.EINVAL)
+    if which != PRIO_PROCESS or signed32(who) not in (0, k.ident.pid):
+        raise SyscallError(errno.ESRCH)
+
+
+def sys_getpriority(k: Kernel, which: int, who: int, *_: int) -> int:
+    """The raw system call returns 20 - nice (1..40); glibc turns it back into the nice value."""
+    _own_process(k, which, who)
+    return 20 - k.nice
+
+
+def sys_setpriority(k: Kernel, which: int, who: int, nice: int, *_: int) -> int:
+    _own_process(k, which, who)
+    value = min(max(signed32(nice), NICE_MIN), NICE_MAX)
+    if value < k.nice and k.ident.uid != 0:  # raising the priority needs CAP_SYS_NICE
+        raise SyscallError(errno.EACCES)
+    k.nice = value
+    return 0
 
 
 def sys_gettid(k: Kernel, *_: int) -> int:

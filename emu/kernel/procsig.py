@@ -116,6 +116,23 @@ def sys_getpgrp(k: Kernel, *_: int) -> int:
     return k.pgid
 
 
+def sys_setsid(k: Kernel, *_: int) -> int:
+    """A new session and process group led by the caller; a process group leader may not (EPERM)."""
+    if k.pgid == k.ident.pid:
+        raise SyscallError(errno.EPERM)
+    k.sid = k.pgid = k.ident.pid
+    return k.sid
+
+
+def sys_getsid(k: Kernel, pid: int, *_: int) -> int:
+    pid = signed32(pid)
+    if pid in (0, k.ident.pid):
+        return k.sid
+    if k.family is None or pid not in k.family.procs:
+        raise SyscallError(errno.ESRCH)
+    return k.family.procs[pid].process.kernel.sid
+
+
 # ---------------------------------------------------------------------------- waiting for a signal
 def _take(k: Kernel, mask: int) -> int | None:
     """The lowest pending signal ``mask`` lets through that does something; ignored ones are dropped."""
