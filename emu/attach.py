@@ -82,7 +82,8 @@ class Attachment:
             "address": self.address,
             "hits": hits,
             "paths": dict(self.consumer.paths),
-            "optimized": up.is_optimized(self.uprobe),
+            # an execve took the probe's image away (and maybe mapped nothing there): not optimized now
+            "optimized": up.probes.get(self.address) is self.uprobe and up.is_optimized(self.uprobe),
         }
 
 

@@ -225,6 +225,16 @@ def guest() -> GuestKernel:
     return GuestKernel()
 
 
+def read_file_bytes(path: str, offset: int, size: int) -> bytes:
+    """``size`` bytes of the file at ``offset`` (empty if there is no such file)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(size)
+    except OSError:
+        return b""
+
+
 def symbol_file_offset(path: str, name: str) -> int:
     """File offset of a function or data symbol (.symtab, else .dynsym): what perf_event_open's
     probe_offset and ref_ctr_offset want."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from conftest import GuestKernel, run_emulated, run_native, sample, symbol_file_offset
+from conftest import GuestKernel, read_file_bytes, run_emulated, run_native, sample, symbol_file_offset
 
 from emu import hotpath
 from emu.designs import DESIGNS
@@ -80,6 +80,24 @@ def test_exec_replaces_the_image_and_drops_the_probes() -> None:
     result = machine.run()
     assert result.exit_status == 0 and result.probes[0]["hits"] == 1  # the parent's call; echo has no such probe
     assert bytes(machine.io.out) == b"from-exec\necho: exited 0\n"
+
+
+BASH_NOP5 = 0x7C18B  # a 5-byte NOP this machine's bash runs before it execs (the Debian corpus's bash entries hit it)
+
+
+@pytest.mark.skipif(read_file_bytes("/usr/bin/bash", BASH_NOP5, 5) != b"\x0f\x1f\x44\x00\x00",
+                    reason="another build of bash: the NOP this test probes is elsewhere")
+def test_a_probe_whose_image_an_exec_replaced_is_summed_up_not_read() -> None:
+    """The first process runs an optimized probe, then execs a smaller program: the probe's address is
+    unmapped in the new image, and the run's summary says it is not optimized (the harness once read
+    it there and failed the whole run)."""
+    address = BASH_NOP5 + 0x555555554000
+    argv = ["/usr/bin/bash", "-c", "cat <(echo a) >/dev/null; exec /usr/bin/true"]
+    machine = Machine(argv[0], argv, ENV, RunOptions(design="jmp-slots"), GuestIO.captured())  # optimized at attach
+    machine.attach(f"uprobe:{address:#x}")
+    result = machine.run()
+    assert result.exit_status == 0 and result.probes[0]["hits"] >= 1 and result.probes[0]["optimized"] is False
+    assert machine.mem.find(address) is None  # where the probe was, true maps nothing
 
 
 def test_exec_of_a_missing_file_fails_in_the_caller() -> None:

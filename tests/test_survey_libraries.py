@@ -101,3 +101,17 @@ def test_a_site_left_out_still_counts_as_never_reached(tmp_path: Path) -> None:
     [all_sites] = [cr.run for cr in outcome.runs if cr.name == "survey_corpus, all sites"]
     [left_out] = [s for s in all_sites.sites if s.address == never]
     assert (left_out.hits, left_out.refused) == (0, False)
+
+
+def test_an_entry_that_reaches_none_of_its_sites_is_its_unprobed_run(tmp_path: Path) -> None:
+    """Every site left out: nothing to attach, so no probed run (check would scan for sites and fail):
+    each design's run is ok, with its sites never reached."""
+    import hashlib
+
+    corpus = tmp_path / "c.toml"
+    corpus.write_text('[[run]]\nbinary = "/usr/bin/true"\n')
+    [entry] = load_corpus(str(corpus))
+    sha = hashlib.sha256(Path("/usr/bin/true").read_bytes()).hexdigest()
+    runs = dynamic.run_entry(entry, sha, DESIGNS_RUN, (0x4000, 0x4010), (), {"/usr/bin/other": ((0, 1),)})
+    assert [(r.design, r.status, [(s.address, s.hits, s.refused) for s in r.sites]) for r in runs] == [
+        (d.name, "ok", [(0x4000, 0, False), (0x4010, 0, False)]) for d in DESIGNS_RUN]

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from emu.vma import Vma
 
 LibrarySites = tuple[tuple[str, tuple[int, ...]], ...]  # (a mapped file's path, its sites' link-time addresses)
-DYNAMIC_VERSION = 7  # bump when a dynamic verdict could change: stored runs of older versions are redone
+DYNAMIC_VERSION = 8  # bump when a dynamic verdict could change: stored runs of older versions are redone
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +243,10 @@ def _run(entry: Entry, sha256: str, designs: list[str], sites: tuple[int, ...] |
     options = RunOptions(timeout_s=entry.timeout_s)
     bias = Machine(entry.binary, argv, env, options).resolver.image.bias if sites is not None else 0
     specs, unreached = _specs(entry, sites, libraries, reached, bias)
+    if not specs:  # the run reaches none of its sites: nothing to probe, the unprobed run is the verdict
+        took = time.perf_counter() - start
+        left = tuple(SiteRun(_link_address(s, bias), s, 0, 0, 0) for s in unreached)
+        return [DesignRun(entry.content_key(), sha256, d, "ok", sites=left, wall_s=took) for d in designs]
     request = CheckRequest(entry.binary, argv, env, specs=specs, designs=tuple(designs), options=options,
                            stdin=entry.stdin, watcher=ReadBack, lenient=True)
     reports = run_check(request)
