@@ -44,6 +44,7 @@ EXCEPTION_SIGNALS = {
 if TYPE_CHECKING:  # for the type checker only: a Protocol class costs start-up time, and a run needs none
     from typing import Protocol
 
+    from emu.kernel.dispatch import Kernel
     from emu.timekeeping import ClockedProcess
 
     class RunHost(ClockedProcess, Protocol):
@@ -435,10 +436,13 @@ class RunLoop:
         if not task.signals.pending & ~task.signals.mask:
             return
         rip = task.pc
-        if self._waiting and acting_signal(kernel) is not None:
-            # it sleeps in a syscall about to be restarted: the signal interrupts it (EINTR), then acts
-            rip += SYSCALL_INSN_LEN
-            cpu.write_syscall_return(-errno.EINTR, rip, cpu.read(Reg.RFLAGS))
+        signo = acting_signal(kernel) if self._waiting else None
+        if signo is not None:
+            # it sleeps in a syscall about to be restarted: the signal interrupts it (EINTR), then acts;
+            # with SA_RESTART the handler's frame holds the syscall itself, which runs again after it
+            if not _restarts(kernel, signo, cpu.read(Reg.RAX)):
+                rip += SYSCALL_INSN_LEN
+                cpu.write_syscall_return(-errno.EINTR, rip, cpu.read(Reg.RFLAGS))
             self._waiting = False
         cpu.write(Reg.RIP, rip)
         deliver_pending(kernel)  # may raise GuestKilled: the caller's loop ends the process
@@ -475,3 +479,10 @@ class RunLoop:
         what = {Access.READ: "read of", Access.WRITE: "write to", Access.FETCH: "execution of"}[bad.access]
         code = SEGV_MAPERR if bad.unmapped else SEGV_ACCERR
         return GuestKilled(Signal.SIGSEGV, rip, f"{what} {state} {bad.address:#x}", code=code, si_addr=bad.address)
+
+
+def _restarts(kernel: Kernel, signo: int, nr: int) -> bool:
+    from emu.kernel.sigframe import restarts
+
+    row = kernel.table.get(nr)
+    return row is not None and restarts(kernel, signo, row.name)

@@ -30,6 +30,19 @@ if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
 
 SA_SIGINFO, SA_ONSTACK, SA_RESTORER = 0x4, 0x08000000, 0x04000000
+SA_RESTART = 0x10000000
+# Waits a handler always interrupts, SA_RESTART or not (-ERESTARTNOHAND, -ERESTART_RESTARTBLOCK: signal(7)).
+NEVER_RESTARTED = frozenset({"poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait", "epoll_pwait2",
+                             "pause", "rt_sigsuspend", "rt_sigtimedwait", "nanosleep", "clock_nanosleep",
+                             "io_getevents", "semop", "semtimedop", "msgrcv", "msgsnd"})
+
+
+def restarts(k: Kernel, signo: int, syscall: str) -> bool:
+    """Whether ``syscall``, waiting when the handler of ``signo`` is about to run, starts again once the
+    handler returns (the kernel's -ERESTARTSYS with SA_RESTART: arch/x86/kernel/signal.c) instead of
+    failing with EINTR."""
+    raw = k.signals.actions.get(signo)
+    return raw is not None and bool(Action.parse(raw).flags & SA_RESTART) and syscall not in NEVER_RESTARTED
 SA_NODEFER, SA_RESETHAND = 0x40000000, 0x80000000
 UC_OFFSET, UC_STACK_OFFSET, MCONTEXT_OFFSET, SIGMASK_OFFSET, SIGINFO_OFFSET = 8, 24, 48, 304, 312
 FRAME_SIZE = SIGINFO_OFFSET + 128
