@@ -28,6 +28,7 @@ from emu.layout import Layout
 from emu.loader import LoadedImage, choose_bias, map_image
 from emu.memory import Memory
 from emu.runtypes import RunOptions
+from emu.scripts import HEAD, host_head
 
 CLOCK_TICKS = 100
 RSEQ_FEATURE_SIZE, RSEQ_ALIGN = 28, 32  # offsetofend(struct rseq, mm_cid) and its alignment
@@ -90,6 +91,20 @@ def executable(kernel: Kernel, guest: str) -> tuple[str, LoadPlan]:
         return host, plan_from_bytes(bytes(node.data), ident)
     except EmuError:
         raise SyscallError(errno.ENOEXEC) from None
+
+
+def guest_head(kernel: Kernel, guest: str) -> bytes:
+    """The first bytes of a file execve is asked to run (a "#!" line, or an ELF header): a regular file
+    with an execute bit the caller may use (EACCES)."""
+    info = kernel.vfs.lstat(guest)
+    if not stat.S_ISREG(info.mode) or not permitted(kernel, info, MAY_EXEC):
+        raise SyscallError(errno.EACCES)
+    node = kernel.vfs.backing(guest)
+    if not isinstance(node, Inode):
+        return host_head(node)
+    if node.content_from is not None:
+        return host_head(node.content_from)
+    return bytes(node.data[:HEAD])
 
 
 def reset_registers(cpu: Cpu, entry_sp: int) -> None:

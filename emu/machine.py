@@ -6,18 +6,22 @@ replace processes here. RunOptions, RunResult and Ending (emu/runtypes.py) and A
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from emu import abi, layout
+from emu import abi, layout, scripts
 from emu.abi import Prot
 from emu.cpu import Cpu, Reg
 from emu.designs import Design, get_design
 from emu.disasm import describe_insn
 from emu.elf import LoadPlan, load_executable
+from emu.errors import LoadError
 from emu.guestio import GuestIO
 from emu.icount import InsnCounter, make_counter
 from emu.kernel.dispatch import Kernel
+from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import Family, fork_kernel_state, inherited
 from emu.kernel.fs.namei import lookup
 from emu.kernel.table import build_table
@@ -26,7 +30,15 @@ from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.syscalls import uprobe_rows
 from emu.kernel.vdso import adopt as adopt_vdso
 from emu.loader import LoadedImage
-from emu.loading import ProcessImage, executable, install_stdio, load_process, replace_image, reset_registers
+from emu.loading import (
+    ProcessImage,
+    executable,
+    guest_head,
+    install_stdio,
+    load_process,
+    replace_image,
+    reset_registers,
+)
 from emu.memory import Memory
 from emu.runloop import RunLoop
 from emu.runtypes import Budget, Ending, Outcome, RunOptions, RunResult
@@ -67,6 +79,7 @@ class Machine:
         self.kernel.tracer = self.options.strace
         self.kernel.sched.configure(self.options.sched_quantum, self.options.sched_seed)
         envp = [f"{k}={v}" for k, v in env.items()] if isinstance(env, dict) else list(env)
+        path, argv = _program(path, argv)
         self.image: ProcessImage = load_process(self.kernel, self.mem, self.layout, path, load_executable(path), argv, envp,
                                                 self.options)
         install_stdio(self.kernel, self.io)
@@ -186,9 +199,17 @@ class Machine:
         return pid
 
     def _exec(self, path: str, argv: list[bytes], envp: list[bytes]) -> None:
-        """execve: check the file now (errors go to the caller), replace the image before the next instruction."""
-        host, plan = executable(self.kernel, lookup(self.kernel, abi.AT_FDCWD & 0xFFFFFFFF, path))
-        self.kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
+        """execve: check the file now (errors go to the caller), replace the image before the next
+        instruction; a "#!" script runs its interpreter (emu/scripts.py)."""
+        kernel = self.kernel
+
+        def guest(name: str) -> str:
+            return lookup(kernel, abi.AT_FDCWD & 0xFFFFFFFF, name)
+
+        program, args = scripts.resolve(path, [os.fsdecode(a) for a in argv], lambda p: guest_head(kernel, guest(p)))
+        host, plan = executable(kernel, guest(program))
+        argv = [os.fsencode(a) for a in args]
+        kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
 
     def _replace_image(self, host: str, plan: LoadPlan, argv: list[bytes], envp: list[bytes]) -> None:
         """The new image in place of the old one (emu/loading.py): the old probes go; probes by spec on
@@ -298,3 +319,11 @@ class Machine:
 
     def describe_insn(self, address: int) -> str:
         return describe_insn(self.mem, address)
+
+
+def _program(path: str, argv: list[str]) -> tuple[str, list[str]]:
+    """The program a run starts with: ``path``, or the interpreter of a "#!" script (as execve would)."""
+    try:
+        return scripts.resolve(path, argv, scripts.host_head)
+    except SyscallError as err:
+        raise LoadError(path, f"a script execve would refuse ({errno.errorcode.get(err.errno, err.errno)})") from None

@@ -23,7 +23,7 @@ EXPECTED_SAMPLES = {
     "uprobe_syscall", "rsb_shapes", "threads", "uprobe_race", "forks", "rmw_sites", "cpu_state",
     "linux_facts", "linux_facts_pie", "linux_facts_dyn", "live_state", "survey_cases", "survey_corpus",
     "store_loop", "page_perms", "bombs", "sigframes", "sig_hits", "sig_race", "timer_signals", "time_moves",
-    "survey_readback", "librz.so", "rzlib_main", "sa_restart",
+    "survey_readback", "librz.so", "rzlib_main", "sa_restart", "exec_script",
 }
 
 EM_X86_64 = 62

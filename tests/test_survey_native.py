@@ -113,3 +113,19 @@ def test_every_debian_entry_runs_in_the_emulation_as_on_linux(corpus: str) -> No
         found = pool.map(discover, entries)
     verdicts = {e.name: compare(e, d.output, records) for e, d in zip(entries, found, strict=True)}
     assert {name: v for name, v in verdicts.items() if v != ("same", None)} == {}
+
+
+def test_an_entry_runs_in_an_empty_directory_as_its_record_was_made(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ls -a` lists only . and .. natively and emulated, whatever the survey's own directory holds."""
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "a-file").write_text("x")
+    monkeypatch.chdir(busy)
+    corpus = tmp_path / "c.toml"
+    corpus.write_text('[[run]]\nbinary = "/usr/bin/ls"\nargs = ["-a"]\n')
+    [entry] = load_corpus(str(corpus))
+    records = record([entry], str(tmp_path / "c.native.json"))
+    _files, emulated, _reached = mapped_files(entry)
+    assert emulated is not None and emulated.stdout_size == len(".\n..\n")
+    assert compare(entry, emulated, records) == ("same", None)

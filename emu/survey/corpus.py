@@ -20,11 +20,17 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from emu.errors import UsageError
+
+if TYPE_CHECKING:
+    from emu.runtypes import RunOptions
 
 ALL_SITES = "all sites"
 DEFAULT_TIMEOUT_S = 120.0
@@ -48,6 +54,17 @@ class Entry:
         text = json.dumps({"args": self.args, "stdin": hashlib.sha256(self.stdin).hexdigest(), "env": self.env,
                            "probes": self.probes, "timeout": self.timeout_s}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def run_options(entry: Entry) -> Iterator[RunOptions]:
+    """How the emulation runs ``entry``: its timeout, in an empty directory of its own (as its native
+    record was made: native.py), which stays empty since the guest's writes stay in memory."""
+    from emu.kernel.dispatch import KernelConfig
+    from emu.runtypes import RunOptions
+
+    with tempfile.TemporaryDirectory(prefix="uprobe-emu-entry-") as cwd:
+        yield RunOptions(timeout_s=entry.timeout_s, kernel=KernelConfig(cwd=cwd))
 
 
 def load_corpus(path: str) -> list[Entry]:

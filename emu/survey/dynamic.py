@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from emu.designs import Design
-from emu.survey.corpus import Entry
+from emu.survey.corpus import Entry, run_options
 
 if TYPE_CHECKING:
     from emu.check import DesignReport
     from emu.machine import Machine
+    from emu.runtypes import RunOptions
     from emu.survey.libraries import Reached
     from emu.verify.records import Transaction
     from emu.verify.session import VerifySession
@@ -236,11 +237,16 @@ def _digest(path: str) -> str:
 
 def _run(entry: Entry, sha256: str, designs: list[str], sites: tuple[int, ...] | None, libraries: LibrarySites,
          reached: Reached, start: float) -> list[DesignRun]:
+    with run_options(entry) as options:
+        return _run_in(entry, sha256, designs, sites, libraries, reached, start, options)
+
+
+def _run_in(entry: Entry, sha256: str, designs: list[str], sites: tuple[int, ...] | None, libraries: LibrarySites,
+            reached: Reached, start: float, options: RunOptions) -> list[DesignRun]:
     from emu.check import CheckRequest, run_check
-    from emu.machine import Machine, RunOptions
+    from emu.machine import Machine
 
     argv, env = [entry.binary, *entry.args], dict(entry.env)
-    options = RunOptions(timeout_s=entry.timeout_s)
     bias = Machine(entry.binary, argv, env, options).resolver.image.bias if sites is not None else 0
     specs, unreached = _specs(entry, sites, libraries, reached, bias)
     if not specs:  # the run reaches none of its sites: nothing to probe, the unprobed run is the verdict

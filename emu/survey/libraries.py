@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emu.survey.corpus import Entry
+from emu.survey.corpus import Entry, run_options
 from emu.survey.native import Output
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def mapped_files(entry: Entry) -> tuple[tuple[str, ...], Output | None, Reached]
     output, and the code it ran (no files, None and nothing if the emulation cannot run it: the corpus
     run then says why)."""
     from emu.guestio import GuestIO
-    from emu.machine import Machine, RunOptions
+    from emu.machine import Machine
     from emu.runtypes import LIMITS
 
     found: dict[str, None] = {}
@@ -104,11 +104,11 @@ def mapped_files(entry: Entry) -> tuple[tuple[str, ...], Output | None, Reached]
 
     io = GuestIO.captured(entry.stdin)
     try:
-        machine = Machine(entry.binary, [entry.binary, *entry.args], dict(entry.env),
-                          RunOptions(timeout_s=entry.timeout_s), io)
-        watch(machine)
-        machine.fork_observers.append(watch)
-        result = machine.run()
+        with run_options(entry) as options:
+            machine = Machine(entry.binary, [entry.binary, *entry.args], dict(entry.env), options, io)
+            watch(machine)
+            machine.fork_observers.append(watch)
+            result = machine.run()
     except Exception:  # (the probed runs report a program the emulation cannot run)
         return (), None, {}
     binary = os.path.realpath(entry.binary)
