@@ -69,6 +69,7 @@ def test_a_confirmed_hazard_comes_with_a_command_that_shows_it(tmp_path: Path,
     outcome, _ = _run(tmp_path)
     [confirmed] = confusion(outcome, DESIGNS["linux-6.18"]).confirmed
     assert confirmed["symbol"] == "rz_live+0x5" and confirmed["replay"].startswith("uprobe-emu check --kernel=linux-6.18")
+    assert confirmed["entries"] == ["survey_corpus, all sites"]  # the entries that hit it (the other probes rz_never)
     argv = shlex.split(confirmed["replay"])[1:]
     assert main(argv) == 0
     out = capsys.readouterr().out

@@ -31,7 +31,7 @@ class SiteSeen:
     hits: int = 0
     flagged: int = 0
     read_back: int = 0
-    entries: list[str] = field(default_factory=list)
+    entries: list[str] = field(default_factory=list)  # the entries whose runs hit the site
     clobbered_in: dict[str, str] = field(default_factory=dict)  # entry name -> the spec of a run that read back
 
     @property
@@ -88,7 +88,8 @@ def seen_sites(outcome: Outcome, design: str) -> dict[tuple[str, int], SiteSeen]
             got.hits += s.hits
             got.flagged += s.flagged
             got.read_back += s.read_back
-            got.entries.append(cr.name)
+            if s.hits:
+                got.entries.append(cr.name)
             if s.read_back:
                 got.clobbered_in.setdefault(cr.name, s.spec)
     return seen
