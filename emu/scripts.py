@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Callable
 
 from emu.kernel.errno_ import SyscallError
@@ -41,8 +42,11 @@ def resolve(path: str, argv: list[str], head_of: Callable[[str], bytes]) -> tupl
 
 
 def host_head(path: str) -> bytes:
-    """The first bytes of a host file (none if it cannot be read: the loader then says why)."""
+    """The first bytes of a regular host file (none if it is not one or cannot be read: the loader then
+    says why; a FIFO is never opened, which would wait for a writer)."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return b""
         with open(path, "rb") as fh:
             return fh.read(HEAD)
     except (OSError, ValueError):
