@@ -115,3 +115,17 @@ def test_an_entry_that_reaches_none_of_its_sites_is_its_unprobed_run(tmp_path: P
     runs = dynamic.run_entry(entry, sha, DESIGNS_RUN, (0x4000, 0x4010), (), {"/usr/bin/other": ((0, 1),)})
     assert [(r.design, r.status, [(s.address, s.hits, s.refused) for s in r.sites]) for r in runs] == [
         (d.name, "ok", [(0x4000, 0, False), (0x4010, 0, False)]) for d in DESIGNS_RUN]
+
+
+def test_entries_alike_but_for_their_program_are_discovered_apart(tmp_path: Path) -> None:
+    """md5sum and sha1sum of the same input: each its own discovery (the code it runs, its output)."""
+    from emu.dist import InlinePool
+
+    corpus = tmp_path / "c.toml"
+    corpus.write_text('[[run]]\nbinary = "/usr/bin/md5sum"\nstdin = "x"\n[[run]]\nbinary = "/usr/bin/sha1sum"\nstdin = "x"\n')
+    entries = load_corpus(str(corpus))
+    outcome = Outcome(engine.Walk(), {})
+    found = engine._discover(entries, InlinePool(), outcome, {})
+    assert len(found) == 2 and set(outcome.fidelity) == {"md5sum", "sha1sum"}
+    md5, sha1 = (found[e.run_key()][1] for e in entries)
+    assert "/usr/bin/md5sum" in md5.reached and "/usr/bin/sha1sum" in sha1.reached and md5.output != sha1.output

@@ -49,6 +49,11 @@ class Entry:
     timeout_s: float
     stdin_file: str | None = None  # where the stdin came from (absolute), for a command that replays the entry
 
+    def run_key(self) -> str:
+        """The entry in one survey: its content and its program (entries alike but for their binary,
+        md5sum and sha1sum of the same input, map other libraries and run other code)."""
+        return f"{self.content_key()}:{self.binary}"
+
     def content_key(self) -> str:
         """What the entry's runs depend on besides the binary's content and the design."""
         text = json.dumps({"args": self.args, "stdin": hashlib.sha256(self.stdin).hexdigest(), "env": self.env,

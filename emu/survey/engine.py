@@ -155,9 +155,9 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
         if stored is None or stored.status != "ok":
             raise UsageError(f"--corpus: {entry.binary} is not an x86-64 ELF file the survey could read")
         sites = None if entry.probes is not None else _addresses(stored)
-        content = entry.content_key()
-        libs, reached = libraries.get(content, ()), discovered[content][1].reached if entry.probes is None else {}
-        keyed += [((content, sha, d.name, design_key(d)), entry, d, sites, libs, reached) for d in designs]
+        found = entry.run_key()
+        libs, reached = libraries.get(found, ()), discovered[found][1].reached if entry.probes is None else {}
+        keyed += [((entry.content_key(), sha, d.name, design_key(d)), entry, d, sites, libs, reached) for d in designs]
     keyed = list({k[0]: k for k in keyed}.values())  # an entry given twice runs (and counts) once
     tasks = _per_entry([(entry, key[1], d, sites, libs, reached) for key, entry, d, sites, libs, reached in keyed
                         if not store.run_done(key)])
@@ -206,7 +206,7 @@ def _discover(entries: Sequence[Entry], pool: Pool, outcome: Outcome,
               records: dict[str, Recorded]) -> dict[str, tuple[Entry, Discovery]]:
     """Each entry run once unprobed (libraries.py): the files its processes map, the code it runs, and
     its output, held against the native record (into ``outcome.fidelity``)."""
-    unique = {e.content_key(): e for e in entries}
+    unique = {e.run_key(): e for e in entries}
     found = {d.key: (unique[d.key], d) for d in pool.map(discover, [(entry,) for entry in unique.values()])}
     outcome.fidelity = {entry.name: compare(entry, d.output, records) for entry, d in found.values()}
     return found

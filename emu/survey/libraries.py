@@ -120,7 +120,7 @@ def mapped_files(entry: Entry) -> tuple[tuple[str, ...], Output | None, Reached]
 
 @dataclass(frozen=True, slots=True)
 class Discovery:
-    """A task's result, whatever order tasks end in: the entry (its content key), the files its
+    """A task's result, whatever order tasks end in: the entry (its run key), the files its
     processes map, its unprobed run's output (None: the emulation could not run it) and the code the
     run ran, its own binary's included."""
 
@@ -131,4 +131,4 @@ class Discovery:
 
 
 def discover(entry: Entry) -> Discovery:
-    return Discovery(entry.content_key(), *mapped_files(entry))
+    return Discovery(entry.run_key(), *mapped_files(entry))
