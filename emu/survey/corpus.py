@@ -157,3 +157,12 @@ def _probes(where: str, run: dict[str, Any]) -> tuple[str, ...] | None:
     for spec in probes:
         parse_spec(spec)  # a bad spec is refused now, not on a worker
     return tuple(probes)
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of a file's content ("" if it cannot be read: no stored run or record matches it)."""
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError:
+        return ""

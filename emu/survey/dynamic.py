@@ -10,7 +10,6 @@ harmless, so a site counts as dynamically clobbered only when a read-back was se
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from emu.designs import Design
-from emu.survey.corpus import Entry, run_options
+from emu.survey.corpus import Entry, file_sha256, run_options
 
 if TYPE_CHECKING:
     from emu.check import DesignReport
@@ -214,7 +213,7 @@ def run_entry(entry: Entry, sha256: str, designs: Sequence[Design], sites: tuple
         took = (time.perf_counter() - start) / max(len(designs), 1)
         return [DesignRun(entry.content_key(), sha256, d.name, status, error, wall_s=took) for d in designs]
 
-    if _digest(entry.binary) != sha256:
+    if file_sha256(entry.binary) != sha256:
         return every("changed", "the binary changed during the survey")
     if sites == () and not libraries:  # "all sites" of files without any: nothing to probe (check would scan)
         return every("ok")
@@ -225,14 +224,6 @@ def run_entry(entry: Entry, sha256: str, designs: Sequence[Design], sites: tuple
         return _run(entry, sha256, [d.name for d in designs], sites, libraries, reached or {}, start)
     except Exception as exc:  # a program the emulation cannot run: recorded, never fatal to the survey
         return every("error", f"{type(exc).__name__}: {exc}")
-
-
-def _digest(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()
-    except OSError:
-        return ""
 
 
 def _run(entry: Entry, sha256: str, designs: list[str], sites: tuple[int, ...] | None, libraries: LibrarySites,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from emu.errors import UsageError
-from emu.survey.corpus import Entry
+from emu.survey.corpus import Entry, file_sha256
 
 RECORD_VERSION = 2
 
@@ -78,7 +78,7 @@ class Recorded:
 
 def record(entries: Sequence[Entry], path: str) -> dict[str, Recorded]:
     """Run every entry natively and write the record to ``path``."""
-    records = {record_key(e): Recorded(_digest(e.binary), run_natively(e)) for e in entries}
+    records = {record_key(e): Recorded(file_sha256(e.binary), run_natively(e)) for e in entries}
     body = {"version": RECORD_VERSION,
             "entries": {key: {"name": e.name, "binary_sha256": records[key].binary_sha256,
                               **asdict(records[key].output)}
@@ -118,7 +118,7 @@ def compare(entry: Entry, emulated: Output | None, records: dict[str, Recorded])
     recorded = records.get(record_key(entry))
     if recorded is None:
         return "unrecorded", None
-    if recorded.binary_sha256 != _digest(entry.binary):
+    if recorded.binary_sha256 != file_sha256(entry.binary):
         return "stale", None
     if emulated is None:
         return "failed", None
@@ -128,9 +128,3 @@ def compare(entry: Entry, emulated: Output | None, records: dict[str, Recorded])
     return ("same", None) if how is None else ("differs", how)
 
 
-def _digest(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()
-    except OSError:
-        return ""
