@@ -185,14 +185,14 @@ def run_corpus(entries: Sequence[Entry], designs: Sequence[Design], store: Store
             outcome.runs.append(CorpusRun(got[0], entry.binary, got[1]))
 
 
-RunTask = tuple[Entry, str, Design, tuple[int, ...] | None, LibrarySites, Reached]
+RunTask = tuple[Entry, str, Design, tuple[int, ...] | None, LibrarySites, Reached]  # one design's run
+EntryTask = tuple[Entry, str, list[Design], tuple[int, ...] | None, LibrarySites, Reached]  # run_entry's arguments
 
 
-def _per_entry(runs: list[RunTask]) -> list[tuple[Entry, str, list[Design], tuple[int, ...] | None, LibrarySites,
-                                                  Reached]]:
+def _per_entry(runs: list[RunTask]) -> list[EntryTask]:
     """One task per entry and binary, for the designs it still lacks: their runs share one unprobed
     reference run, as `check` of several designs does."""
-    grouped: dict[tuple[str, str], tuple[Entry, str, list[Design], tuple[int, ...] | None, LibrarySites, Reached]] = {}
+    grouped: dict[tuple[str, str], EntryTask] = {}
     for entry, sha, design, sites, libs, reached in runs:
         grouped.setdefault((entry.content_key(), sha), (entry, sha, [], sites, libs, reached))[2].append(design)
     return list(grouped.values())
