@@ -103,13 +103,18 @@ def _child_kernel(k: Kernel, pid: int) -> Kernel:
     return entry.process.kernel
 
 
-def sys_getpgid(k: Kernel, pid: int, *_: int) -> int:
+def _process(k: Kernel, pid: int) -> Kernel:
+    """The kernel state of process ``pid`` of the run (0: the caller); ESRCH if there is none."""
     pid = signed32(pid)
     if pid in (0, k.ident.pid):
-        return k.pgid
+        return k
     if k.family is None or pid not in k.family.procs:
         raise SyscallError(errno.ESRCH)
-    return _pgid(k, pid)
+    return k.family.procs[pid].process.kernel
+
+
+def sys_getpgid(k: Kernel, pid: int, *_: int) -> int:
+    return _process(k, pid).pgid
 
 
 def sys_getpgrp(k: Kernel, *_: int) -> int:
@@ -125,12 +130,7 @@ def sys_setsid(k: Kernel, *_: int) -> int:
 
 
 def sys_getsid(k: Kernel, pid: int, *_: int) -> int:
-    pid = signed32(pid)
-    if pid in (0, k.ident.pid):
-        return k.sid
-    if k.family is None or pid not in k.family.procs:
-        raise SyscallError(errno.ESRCH)
-    return k.family.procs[pid].process.kernel.sid
+    return _process(k, pid).sid
 
 
 # ---------------------------------------------------------------------------- waiting for a signal
