@@ -43,6 +43,8 @@ from emu.cpu import (
 from emu.disasm import cs64
 
 NO_LIMIT = (1 << 64) - 1
+FRONT_CAPACITY_LOG2 = 10  # the C counter's direct-mapped front cache (ICOUNT_FRONT_LOG2 in icount.c): 16 KB
+FRONT_LOG2 = FRONT_CAPACITY_LOG2  # the slots of it in use (from 1 up to its capacity)
 TABLE_BUCKETS_LOG2 = 17  # 2 ways each (4 MB): python3.11 -c "print(1)" translates ~39,000 blocks
 
 
@@ -273,6 +275,10 @@ class _Counter:
             self.cpu.flush_code(stop, stop + 1)
 
 
+class _Entry(ctypes.Structure):
+    _fields_ = [("pc", ctypes.c_uint64), ("size", ctypes.c_uint32), ("icount", ctypes.c_uint32)]
+
+
 class _State(ctypes.Structure):
     """struct icount_state in emu/hotpath_src/icount.c (keep the two in step)."""
 
@@ -292,12 +298,9 @@ class _State(ctypes.Structure):
         ("entry_cost", ctypes.c_uint64),
         ("alarm_at", ctypes.c_uint64),
         ("alarmed", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint32),
+        ("front_shift", ctypes.c_uint32),
+        ("front", _Entry * (1 << FRONT_CAPACITY_LOG2)),
     ]
-
-
-class _Entry(ctypes.Structure):
-    _fields_ = [("pc", ctypes.c_uint64), ("size", ctypes.c_uint32), ("icount", ctypes.c_uint32)]
 
 
 _DECODE_CB = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32)
@@ -311,7 +314,9 @@ class NativeCounter(_Counter):
         assert native is not None and ctypes.sizeof(_State) == native.ICOUNT_STATE_SIZE
         self._table = (_Entry * (2 << TABLE_BUCKETS_LOG2))()
         self._decode = _DECODE_CB(lambda address, size: decode_count(cpu, address, size))
-        self._state = _State(shift=64 - TABLE_BUCKETS_LOG2, table=ctypes.addressof(self._table),
+        assert 1 <= FRONT_LOG2 <= FRONT_CAPACITY_LOG2
+        self._state = _State(shift=64 - TABLE_BUCKETS_LOG2, front_shift=64 - FRONT_LOG2,
+                             table=ctypes.addressof(self._table),
                              emu_stop=native_function("uc_emu_stop"),
                              decode=ctypes.cast(self._decode, ctypes.c_void_p).value)
         super().__init__(cpu, limit)

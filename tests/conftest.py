@@ -8,6 +8,7 @@ by signal (returncode -signo) is reported as 128+signo, the way the emulator rep
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import os
 import shutil
@@ -27,6 +28,16 @@ from emu.guestio import GuestIO
 from emu.kernel.dispatch import KernelConfig
 from emu.kernel.uprobes.consumers import Consumer
 from emu.machine import Attachment, Machine, RunOptions, RunResult
+
+
+def built_extension(symbol: str) -> ModuleType | None:
+    """The C extension, whatever UPROBE_EMU_PURE_PYTHON says (a test of a C twin runs in both modes),
+    if it is built and has ``symbol``."""
+    try:
+        module = importlib.import_module("emu._hotpath")
+    except ImportError:
+        return None
+    return module if hasattr(module, symbol) else None
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES_DIR = REPO / "elf_samples"

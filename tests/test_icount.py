@@ -3,13 +3,12 @@ programs of known length, --max-insns exact at and inside a block, counts that f
 
 from __future__ import annotations
 
-import importlib
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from conftest import built_extension
 
 from emu import hotpath
 from emu.abi import Prot
@@ -23,15 +22,7 @@ SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 LOOPS = 50
 
 
-def _extension() -> ModuleType | None:
-    try:
-        module = importlib.import_module("emu._hotpath")
-    except ImportError:
-        return None
-    return module if hasattr(module, "icount_block") else None
-
-
-EXTENSION = _extension()
+EXTENSION = built_extension("icount_block")
 
 
 needs_extension = pytest.mark.skipif(EXTENSION is None, reason="the C extension is not built on this host "
@@ -171,6 +162,7 @@ def test_blocks_pushed_out_of_a_small_table_are_counted_from_their_bytes(monkeyp
     path = str(SAMPLES / "cpu_bound")
     full = _run(path, [path, "300"], count_insns=True)
     monkeypatch.setattr("emu.icount.TABLE_BUCKETS_LOG2", 1)  # 4 entries: most blocks get pushed out
+    monkeypatch.setattr("emu.icount.FRONT_LOG2", 1)  # and 2 in front of them
     small = _run(path, [path, "300"], count_insns=True)
     assert isinstance(small.counter, NativeCounter) and isinstance(full.counter, NativeCounter)
     assert small.counter.decoded > 100 * max(full.counter.decoded, 1)

@@ -3,11 +3,10 @@ watched bytes, and with the C extension no other."""
 
 from __future__ import annotations
 
-import importlib
 import struct
-from types import ModuleType
 
 import pytest
+from conftest import built_extension
 
 from emu import hotpath
 from emu.abi import Prot
@@ -17,15 +16,7 @@ from emu.hotpath.mem_filter import FilteredMemHooks, ranges_of
 CODE, DATA = 0x10000, 0x20000
 
 
-def _extension() -> ModuleType | None:
-    try:
-        module = importlib.import_module("emu._hotpath")
-    except ImportError:
-        return None
-    return module if hasattr(module, "memfilter_hook") else None
-
-
-EXTENSION = _extension()
+EXTENSION = built_extension("memfilter_hook")
 needs_extension = pytest.mark.skipif(EXTENSION is None, reason="the C extension is not built on this host")
 
 

@@ -9,16 +9,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_emulated, run_native
+from conftest import built_extension, run_emulated, run_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from emu import hotpath
 from emu.abi import PAGE_SIZE, Prot
+from emu.asm import assemble
 from emu.cpu import BadAccess, Cpu, Reg, StopReason
 from emu.cpu.pages import PageTable
 from emu.guestio import GuestIO
 from emu.machine import Machine, RunOptions
 
+EXTENSION = built_extension("tlbfill_hook")
+needs_extension = pytest.mark.skipif(EXTENSION is None, reason="the C extension is not built")
 PAGE_PERMS = str(Path(__file__).resolve().parent.parent / "elf_samples" / "page_perms")
 SEGV_ACCERR = "  signal=11 code=2 addr=expected\n"
 EXPECTED = {
@@ -89,7 +93,7 @@ def test_a_table_past_its_first_capacity_still_answers() -> None:
 
 
 # ------------------------------------------------------ the TLB, on a bare CPU
-CODE, DATA = 0x400000, 0x600000
+CODE, DATA, SWEEP = 0x400000, 0x600000, 0x1000000
 
 
 def _bare(code: bytes) -> Cpu:
@@ -130,6 +134,41 @@ def test_a_fault_mapped_in_by_the_handler_disarms_its_page_at_once() -> None:
     assert armed_during == [[0x701000]]
     assert cpu.mem_read(0x701000, 8) == (42).to_bytes(8, "little")
     assert cpu.read(Reg.RIP) > CODE
+
+
+def _sweep(pages: int, rounds: int) -> Cpu:
+    """A bare CPU that reads one word of each of ``pages`` data pages in turn, ``rounds`` times."""
+    code = assemble(f"""
+        mov ${rounds}, %rcx
+    outer:
+        mov ${SWEEP}, %rax
+        mov ${pages}, %rdx
+    inner:
+        mov (%rax), %rbx
+        add ${PAGE_SIZE}, %rax
+        dec %rdx
+        jnz inner
+        dec %rcx
+        jnz outer
+    """, CODE)
+    cpu = _bare(code)
+    cpu.mem_map(SWEEP, pages * PAGE_SIZE, Prot.READ | Prot.WRITE)
+    return cpu
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=needs_extension)])
+def test_misses_that_go_on_let_the_tlb_grow(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1,024 pages read in turn miss a 256-entry TLB on every read; flushes let Unicorn make it larger,
+    after which a round misses nothing. Without them (the negative control) every read misses."""
+    monkeypatch.setattr(hotpath, "native", EXTENSION if native else None)
+    rounds, pages = 40, 1024
+    grown = _sweep(pages, rounds)
+    assert grown.run(CODE) is StopReason.FINISHED
+    monkeypatch.setattr("emu.cpu.pages.GROW_STEP_FIRST", 0)
+    fixed = _sweep(pages, rounds)
+    assert fixed.run(CODE) is StopReason.FINISHED
+    assert fixed.pages.growths == 0 and fixed.pages.fills >= rounds * pages
+    assert 1 <= grown.pages.growths <= 9 and grown.pages.fills < fixed.pages.fills // 4
 
 
 HELLO_DYNAMIC = str(Path(__file__).resolve().parent.parent / "elf_samples" / "hello_dynamic")

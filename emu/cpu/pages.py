@@ -26,6 +26,12 @@ A grant over a mapped page leaves a TLB entry that allows more than the page doe
 entry over a data page also keeps its stores on the slow path), so the TLB is flushed after any run
 or call that made one. A grant over no page is harmless: mapping a page flushes the TLB.
 
+Unicorn's TLB starts with 256 entries (1 MiB) and changes size only when it is flushed, doubling
+when more than 70% of it was in use. A program whose working set does not fit misses on and on, and
+each miss first rebuilds the CPU state from the translated block (``cpu_restore_state``): xz made
+7.6 million fills in a run. So misses that go on flush the TLB to let it grow, after 2,048 fills,
+then after twice as many each time, nine times at most (up to 128k entries, 512 MiB).
+
 The table lives in C memory that both fill hooks read: ``tlbfill_hook`` of the C extension
 (emu/hotpath_src/tlbfill.c) or, without it, :meth:`PageTable.fill` in Python.
 """
@@ -46,11 +52,15 @@ if TYPE_CHECKING:
 
 # Header words (struct page_table in emu/hotpath_src/tlbfill.c)
 COUNT, CAPACITY, HOOK_ADD, FAULT_CALLBACK, FAULT_DATA, ARMED_COUNT, ARMED_CAPACITY, GRANTED, FILLS, LAST, \
-    CATCH_ALL, ARMS, RANGES = range(13)
-ARMED = 13  # then (page, hook handle) pairs
+    CATCH_ALL, ARMS, RANGES, CTL, CTL_FLUSH, GROW_AT, GROW_STEP, GROWTHS = range(18)
+ARMED = 18  # then (page, hook handle) pairs
 ARMED_WORDS = 64
 HEADER_WORDS = ARMED + ARMED_WORDS
 INITIAL_RANGES = 256  # (start, end, perms) triples, in an array of their own that grows
+# Unicorn's TLB (256 entries at first) changes size only when flushed: fills that go on flush it,
+# GROW_STEP_FIRST fills after the start, then after twice as many each time, up to GROW_STEP_MAX.
+GROW_STEP_FIRST = 2048
+GROW_STEP_MAX = 1 << 19  # GROW_STEP_MAX in emu/hotpath_src/tlbfill.c
 
 HOOK_MEM_INVALID = (
     unicorn.UC_HOOK_MEM_READ_UNMAPPED | unicorn.UC_HOOK_MEM_WRITE_UNMAPPED | unicorn.UC_HOOK_MEM_FETCH_UNMAPPED
@@ -86,6 +96,8 @@ class PageTable:
         w[HOOK_ADD] = binding.native_function("uc_hook_add")
         w[FAULT_CALLBACK] = fault_callback
         w[ARMED_CAPACITY] = ARMED_WORDS
+        w[CTL], w[CTL_FLUSH] = binding.native_function("uc_ctl"), binding.CTL_FLUSH_TLB
+        w[GROW_AT] = w[GROW_STEP] = GROW_STEP_FIRST
 
     @property
     def address(self) -> int:
@@ -174,6 +186,7 @@ class PageTable:
         need = _NEED.get(kind, unicorn.UC_PROT_READ)
         w = self._words
         w[FILLS] += 1
+        self._grow()
         result = entry.contents
         result.paddr = vaddr
         if not perms & need:
@@ -184,6 +197,16 @@ class PageTable:
             perms |= need
         result.perms = perms
         return True
+
+    def _grow(self) -> None:
+        """Flush the TLB so that Unicorn may make it larger, if the misses go on (tlbfill.c's grow)."""
+        w = self._words
+        if not w[GROW_STEP] or w[FILLS] < w[GROW_AT]:
+            return
+        binding.ctl(self._uch, binding.CTL_FLUSH_TLB)
+        w[GROWTHS] += 1
+        w[GROW_STEP] = 2 * w[GROW_STEP] if w[GROW_STEP] < GROW_STEP_MAX else 0
+        w[GROW_AT] = w[FILLS] + w[GROW_STEP]
 
     def _arm(self, page: int) -> None:
         w = self._words
@@ -245,6 +268,11 @@ class PageTable:
     def fills(self) -> int:
         """TLB misses answered."""
         return int(self._words[FILLS])
+
+    @property
+    def growths(self) -> int:
+        """TLB flushes made so that the TLB may grow."""
+        return int(self._words[GROWTHS])
 
     @property
     def arms(self) -> int:

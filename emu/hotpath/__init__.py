@@ -16,7 +16,7 @@ import importlib
 import os
 from types import ModuleType
 
-ABI = 9  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
+ABI = 10  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
 FORCE_PYTHON_VARIABLE = "UPROBE_EMU_PURE_PYTHON"
 
 

@@ -34,6 +34,9 @@ struct icount_entry {
 
 typedef uint32_t (*icount_decode_fn)(uint64_t address, uint32_t size);
 
+#define ICOUNT_FRONT_LOG2 10 /* FRONT_CAPACITY_LOG2 in emu/icount.py */
+#define ICOUNT_FRONT (1 << ICOUNT_FRONT_LOG2)
+
 /* The counter; emu/icount.py mirrors this layout with ctypes (keep the two in step). */
 struct icount_state {
     uint64_t total;       /* instructions of the blocks let run */
@@ -49,10 +52,19 @@ struct icount_state {
     uint64_t entry_cost;  /* charged per kernel entry (0: entries are not charged) */
     uint64_t alarm_at;    /* total + kernel at which a timer expires (ICOUNT_NO_LIMIT: none armed) */
     uint32_t alarmed;     /* a kernel entry reached alarm_at: the CPU stops once it returns */
-    uint32_t reserved;
+    uint32_t front_shift; /* 64 - log2(front slots in use), 64 - ICOUNT_FRONT_LOG2 at most */
+    struct icount_entry front[ICOUNT_FRONT]; /* direct-mapped, in front of the table: a loop's blocks */
 };
 
 #define ICOUNT_NO_LIMIT UINT64_MAX
+
+/* The front cache: 16 KB that stay in the host's L1 cache, where a lookup in the table (megabytes) is a
+ * cache miss a block. A key has one slot in it and every translation of the key writes that slot,
+ * so it can hold no stale count either. */
+static struct icount_entry *icount_front(struct icount_state *state, uint64_t pc)
+{
+    return &state->front[(pc * 0x9E3779B97F4A7C15ull) >> state->front_shift];
+}
 
 static struct icount_entry *icount_bucket(const struct icount_state *state, uint64_t pc, uint32_t size)
 {
@@ -65,6 +77,7 @@ static void icount_put(struct icount_state *state, uint64_t pc, uint32_t size, u
     struct icount_entry *way = icount_bucket(state, pc, size);
     if (state->last.pc == pc && state->last.size == size)
         state->last.icount = icount; /* a new translation of the last block: its new count */
+    *icount_front(state, pc) = (struct icount_entry){pc, size, icount};
     if (way[0].pc == pc && way[0].size == size) {
         way[0].icount = icount;
     } else if (way[1].pc == pc && way[1].size == size) {
@@ -75,14 +88,18 @@ static void icount_put(struct icount_state *state, uint64_t pc, uint32_t size, u
     }
 }
 
-/* The count of the block at pc: from the table, or decoded and put there. */
+/* The count of the block at pc: from the front cache, the table, or decoded and put in both. */
 static uint32_t icount_find(struct icount_state *state, uint64_t pc, uint32_t size)
 {
+    struct icount_entry *front = icount_front(state, pc);
+    if (front->pc == pc && front->size == size)
+        return front->icount;
     struct icount_entry *way = icount_bucket(state, pc, size);
-    if (way[0].pc == pc && way[0].size == size)
-        return way[0].icount;
-    if (way[1].pc == pc && way[1].size == size)
-        return way[1].icount;
+    for (int i = 0; i < 2; i++)
+        if (way[i].pc == pc && way[i].size == size) {
+            *front = way[i];
+            return front->icount;
+        }
     uint32_t n = state->decode(pc, size);
     state->decoded++;
     icount_put(state, pc, size, n);

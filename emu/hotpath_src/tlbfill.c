@@ -26,6 +26,7 @@ enum { UC_PROT_READ = 1, UC_PROT_WRITE = 2, UC_PROT_EXEC = 4 };
 /* UC_HOOK_MEM_{READ,WRITE,FETCH}_UNMAPPED | UC_HOOK_MEM_{READ,WRITE,FETCH}_PROT */
 enum { HOOK_MEM_INVALID = (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) };
 enum { PAGE_MASK = 0xfff };
+#define GROW_STEP_MAX (1u << 19) /* emu/cpu/pages.py's GROW_STEP_MAX: about 9 growths, to 128k entries */
 
 struct uc_tlb_entry {
     uint64_t paddr;
@@ -54,8 +55,15 @@ struct page_table {
     uint64_t catch_all;      /* a hook over everything, armed when the armed list is full (0: none) */
     uint64_t arms;           /* hooks armed, ever */
     uint64_t ranges;         /* struct page_range *: Python moves the array when it grows */
+    uint64_t ctl;            /* uc_ctl */
+    uint64_t ctl_flush;      /* its control word for a TLB flush */
+    uint64_t grow_at;        /* the fill count at which the TLB is flushed so that it may grow */
+    uint64_t grow_step;      /* fills to the next such flush (doubling; 0: it grows no further) */
+    uint64_t growths;        /* flushes made for growth */
     uint64_t armed[64];      /* (page, hook handle) pairs: 32 of them */
 };
+
+typedef uc_err (*uc_ctl_fn)(uc_engine *uc, int control, ...);
 
 static uint64_t page_perms(struct page_table *t, uint64_t address)
 {
@@ -102,12 +110,27 @@ static void arm(uc_engine *uc, struct page_table *t, uint64_t vaddr)
     t->armed_count = pairs + 1;
 }
 
+/* Unicorn's TLB starts with 256 entries and changes size only when it is flushed (by use: doubled
+ * past 70%). A program whose pages do not fit misses on and on (xz: 7.6 million fills, each of which
+ * first rebuilds the CPU state from the translated block), so misses that go on flush it to let it
+ * grow: after grow_step more fills, the step doubling each time up to a bound. */
+static void grow(uc_engine *uc, struct page_table *t)
+{
+    if (!t->grow_step || t->fills < t->grow_at)
+        return;
+    ((uc_ctl_fn)(uintptr_t)t->ctl)(uc, (int)t->ctl_flush);
+    t->growths++;
+    t->grow_step = t->grow_step < GROW_STEP_MAX ? 2 * t->grow_step : 0;
+    t->grow_at = t->fills + t->grow_step;
+}
+
 static int tlbfill_hook(uc_engine *uc, uint64_t vaddr, int type, struct uc_tlb_entry *result, void *user_data)
 {
     struct page_table *t = user_data;
     uint64_t perms = page_perms(t, vaddr);
     uint64_t need = type == UC_MEM_WRITE ? UC_PROT_WRITE : type == UC_MEM_FETCH ? UC_PROT_EXEC : UC_PROT_READ;
     t->fills++;
+    grow(uc, t);
     result->paddr = vaddr;
     if (!(perms & need)) {
         if (need != UC_PROT_EXEC)
