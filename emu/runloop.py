@@ -209,10 +209,11 @@ class RunLoop:
         the clock's first count stops the CPU; with several threads, for at most one scheduler slice of
         instructions; and, with a timer armed, at most until it expires (emu/timekeeping.py).
 
-        A thread's slices are counted exactly (Unicorn's count), not per block as --json is: races
-        are found by preempting a thread inside a probe site (small quanta, tests/test_uprobe_race.py),
-        which block granularity cannot do. A process's slice, while another process can run, is
-        counted per block where a block counter exists (TimeKeeper.slice_counter)."""
+        A slice is counted per block where a block counter exists (TimeKeeper.slice_counter): a
+        process's while another process can run, and a thread's unless the scheduler wants exact slices.
+        Those (a seed or a short quantum) are counted one instruction at a time (Unicorn's count): races
+        are found by preempting a thread inside a probe site (tests/test_uprobe_race.py), which block
+        granularity cannot do."""
         process = self.process
         kernel, cpu, budget = process.kernel, process.cpu, process.budget
         sched = kernel.sched
@@ -228,7 +229,8 @@ class RunLoop:
             if fast is not None:  # the C hot path takes counting-only hits while nothing watches them
                 fast.sync(kernel.tracer is not None)
             self.time.before_run()
-            slicer = self.time.slice_counter() if self._process_slice else None
+            by_block = self._process_slice or (self._counted and not sched.exact_slices)
+            slicer = self.time.slice_counter() if by_block else None
             counter = self.time.counter
             run = cpu.run if counter is None else counter.run
             before = self._charge_from(counter)

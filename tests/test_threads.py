@@ -10,13 +10,14 @@ import sys
 import pytest
 from conftest import REPO, GuestKernel, run_emulated, run_native, sample
 
+from emu import hotpath
 from emu.cpu import Reg
 from emu.designs import DESIGNS
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.kernel.clock import VirtualClock
 from emu.kernel.exits import GuestBlocked
-from emu.kernel.sched import Scheduler
+from emu.kernel.sched import DEFAULT_QUANTUM, EXACT_SLICES_BELOW, Scheduler
 from emu.kernel.state import SignalState
 from emu.kernel.tasks import Task, TaskState
 from emu.machine import Ending, Machine, RunOptions
@@ -173,6 +174,28 @@ def test_single_thread_runs_uncounted_and_bad_quantum_is_refused() -> None:
     assert sched.slice_length() == 10
     with pytest.raises(UsageError, match="quantum"):
         sched.configure(0, None)
+
+
+def test_short_or_seeded_slices_end_exactly_long_unseeded_ones_at_a_block() -> None:
+    sched, _, _ = _sched()
+    cases = [(EXACT_SLICES_BELOW - 1, None), (EXACT_SLICES_BELOW, None), (DEFAULT_QUANTUM, None), (DEFAULT_QUANTUM, 1)]
+    exact = []
+    for quantum, seed in cases:
+        sched.configure(quantum, seed)
+        exact.append(sched.exact_slices)
+    assert exact == [True, False, False, True]
+
+
+@pytest.mark.parametrize("quantum,seed", [(5000, None), (5000, 4)])
+def test_threads_sliced_by_block_or_exactly_run_as_natively(quantum: int, seed: int | None) -> None:
+    """A long unseeded slice is counted a block at a time (the C counter; pure Python has none and
+    counts exactly); either way the threads share the CPU and the program prints what it does natively."""
+    machine = _machine("4", "300", sched_quantum=quantum, sched_seed=seed)
+    result = machine.run()
+    assert result.exit_status == 0 and result.switches > 4
+    assert machine.io.out == run_native([THREADS, "4", "300"]).out
+    by_block = hotpath.native is not None and seed is None
+    assert (machine.run_loop.time.counter is not None) == by_block
 
 
 # ------------------------------------------------------------------------------ CLI

@@ -1,7 +1,8 @@
 """A deterministic scheduler for the threads of one process on one emulated CPU.
 
 Round-robin over runnable threads in creation order; a thread runs a slice of ``quantum``
-instructions (Unicorn's ``count``) unless it blocks, exits or yields first. With a seed, each
+instructions unless it blocks, exits or yields first (a long unseeded slice ends at the first block
+boundary past it, see EXACT_SLICES_BELOW). With a seed, each
 slice length is drawn from 1..quantum and the next thread from the runnable ones, by one seeded
 generator: the same seed gives the same interleaving. A single live thread runs uncounted (no
 slices), at full speed. Blocked threads (futex) never run; when none is runnable the earliest
@@ -21,7 +22,11 @@ from emu.kernel.exits import GuestBlocked
 from emu.kernel.state import FutexWait
 from emu.kernel.tasks import Task, TaskState
 
-DEFAULT_QUANTUM = 20_000  # instructions
+DEFAULT_QUANTUM = 1_000_000  # instructions: 0.25 ms of the virtual clock, under Linux's base slice
+# A slice at least this long, its length not drawn by a seed, may end at the first translated block's
+# boundary past it (counted a block at a time, at the engine's speed); a shorter or seeded one ends at
+# its exact instruction (counted one instruction at a time): the preemption a race hunt needs.
+EXACT_SLICES_BELOW = 1_000
 
 
 class Scheduler:
@@ -74,6 +79,11 @@ class Scheduler:
     @property
     def threaded(self) -> bool:
         return sum(1 for t in self.tasks.values() if t.alive) > 1
+
+    @property
+    def exact_slices(self) -> bool:
+        """Must a slice end at its exact instruction (a seed draws the lengths, or the quantum is short)?"""
+        return self.rng is not None or self.quantum < EXACT_SLICES_BELOW
 
     def slice_length(self) -> int:
         """Instructions the next slice may run; 0 (no limit) while only one thread lives."""
