@@ -3,11 +3,11 @@
     python3 benchmarks/real_programs.py [--reps N] [--only NAME,...] [--probe SPEC] [--json FILE]
 
 Each command is a Debian program as a user would run it (python3.11, sort, gzip, sha256sum, awk, grep, a
-bash pipeline) plus elf_samples/store_loop, a libc-free loop of two stack stores an iteration. Every
-command runs --reps times in each mode, the modes interleaved (A B C D D C B A ...), after one untimed
-warm-up run of each; the table gives the best wall time of each and the ratios the targets are stated
-in: `run` against qemu-user and `run --verify` against `run`. Every mode's stdout is checked against
-the native run's, so a fast wrong answer cannot pass.
+bash pipeline, xz with two threads at work on two blocks) plus elf_samples/store_loop, a libc-free loop
+of two stack stores an iteration. Every command runs --reps times in each mode, the modes interleaved
+(A B C D D C B A ...), after one untimed warm-up run of each; the table gives the best wall time of
+each and the ratios the targets are stated in: `run` against qemu-user and `run --verify` against
+`run`. Every mode's stdout is checked against the native run's, so a fast wrong answer cannot pass.
 
 The harness runs as users have it: bytecode cached (a private PYTHONPYCACHEPREFIX, warmed by the
 warm-up run; this machine's PYTHONDONTWRITEBYTECODE=1 would recompile every module at each start).
@@ -60,6 +60,7 @@ COMMANDS = (
     Command("awk loop", ("/usr/bin/awk", "BEGIN { for (i = 0; i < 300000; i++) s += i % 7; print s }")),
     Command("grep -c libc.so.6", ("/usr/bin/grep", "-a", "-c", "GLIBC", "/usr/lib/x86_64-linux-gnu/libc.so.6")),
     Command("bash pipeline", ("/bin/bash", "-c", "seq 1 20000 | sort -rn | head -3 | tr '\\n' ' '")),
+    Command("xz -T2 libc.so.6", ("/usr/bin/xz", "-T2", "-1", "--block-size=1MiB", "-c", "/usr/lib/x86_64-linux-gnu/libc.so.6")),
     Command("store_loop (no libc)", (STORE_LOOP,)),
 )
 

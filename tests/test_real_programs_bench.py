@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import benchmark_script
+from conftest import benchmark_script, run_native
 
 real_programs = benchmark_script("real_programs")
 
@@ -39,3 +39,18 @@ def test_a_mode_that_prints_something_else_is_refused(tmp_path: Path, monkeypatc
 def test_an_unknown_command_name_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert real_programs.main(["--only", "no-such-command"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+bare_loader = benchmark_script("bare_loader")
+
+
+@pytest.mark.parametrize("virtual_tlb", [False, True])
+def test_bare_unicorn_runs_the_store_loop_in_either_tlb_mode(virtual_tlb: bool) -> None:
+    """The engine's floor the README quotes: bare Unicorn, its TLB as the public API allows."""
+    out: list[bytes] = []
+    proc = bare_loader.BareProcess(real_programs.STORE_LOOP, [real_programs.STORE_LOOP, "100000"], [],
+                                   out=lambda _fd, data: out.append(data))
+    if virtual_tlb:
+        proc.virtual_tlb()
+    assert proc.run() == 0
+    assert b"".join(out) == run_native([real_programs.STORE_LOOP, "100000"]).out
