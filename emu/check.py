@@ -115,7 +115,7 @@ def designs_from(text: str) -> tuple[str, ...]:
     return names
 
 
-def _observe(request: CheckRequest, design: str, probes: bool) -> tuple[Machine, GuestIO]:
+def _observe(request: CheckRequest, design: str) -> tuple[Machine, GuestIO]:
     io = GuestIO.captured(request.stdin)
     options = RunOptions(**{**_fields(request.options), "design": design})
     machine = Machine(request.binary, request.argv, request.env, options, io)
@@ -174,7 +174,7 @@ def _failed(design: str, error: str, reference: RunResult) -> DesignReport:
 
 def _run_design(request: CheckRequest, design: str, reference: tuple[Observed, RunResult],
                 rsb_reference: RsbStats | None) -> DesignReport:
-    machine, io = _observe(request, design, probes=True)
+    machine, io = _observe(request, design)
     refused: list[str] = []
     for spec in _specs(request, machine):
         try:
@@ -196,7 +196,7 @@ def _run_design(request: CheckRequest, design: str, reference: tuple[Observed, R
 
 
 def run_check(request: CheckRequest) -> list[DesignReport]:
-    machine, io = _observe(request, request.designs[0], probes=False)
+    machine, io = _observe(request, request.designs[0])
     model = RsbModel(CallRetTracker(machine), request.rsb) if request.rsb is not None else None
     result = machine.run()
     reference = _observed(machine, io, result), result

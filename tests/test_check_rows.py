@@ -50,14 +50,14 @@ def test_a_spec_that_names_nothing_is_still_the_user_s_error(tmp_path: Path,
 
 def test_a_design_whose_run_fails_is_a_row(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    real = emu.check._observe
+    real = emu.check._run_design
 
-    def observe(request: emu.check.CheckRequest, design: str, probes: bool) -> Any:
-        if probes and design == "jmp-slots":
+    def run_design(request: emu.check.CheckRequest, design: str, *reference: Any) -> Any:
+        if design == "jmp-slots":
             raise EmuError("the slot page could not be placed")
-        return real(request, design, probes)
+        return real(request, design, *reference)
 
-    monkeypatch.setattr(emu.check, "_observe", observe)
+    monkeypatch.setattr(emu.check, "_run_design", run_design)
     status, out, data = _check(tmp_path, capsys, "-p", "uprobe:t_nop5")
     assert status == 0
     assert data["designs"]["jmp-slots"]["error"] == "the slot page could not be placed"

@@ -9,8 +9,10 @@ import sys
 import types
 
 import pytest
+from conftest import REPO
 
 from emu import hotpath
+from emu.cpu import binding
 
 FORCED = os.environ.get(hotpath.FORCE_PYTHON_VARIABLE, "") not in ("", "0")
 
@@ -46,3 +48,28 @@ def test_a_module_built_for_another_interface_is_not_used(monkeypatch: pytest.Mo
     finally:
         monkeypatch.undo()
         importlib.reload(hotpath)
+
+
+# ------------------------------------------------------------------ the Unicorn the harness runs on
+def test_the_installed_unicorn_is_in_the_tested_range() -> None:
+    low, high = binding.TESTED_UNICORN
+    assert low <= binding.unicorn_version() < high
+
+
+@pytest.mark.parametrize("version", [(2, 1, 3), (2, 2, 0), (3, 0, 0), (1, 0, 3)])
+def test_an_untested_unicorn_is_refused_in_one_line(version: tuple[int, int, int]) -> None:
+    with pytest.raises(binding.UnsupportedUnicorn) as refused:
+        binding.check_unicorn(version, environ={})
+    message = str(refused.value)
+    assert "\n" not in message and f"Unicorn {'.'.join(map(str, version))} is not supported" in message
+    assert "pip install 'unicorn>=2.1.4,<2.2.0'" in message
+    binding.check_unicorn(version, environ={binding.ANY_UNICORN_VARIABLE: "1"})  # the way past it, said in the line
+
+
+def test_the_command_line_says_so_and_exits_2() -> None:
+    """A library the check refuses, faked in a fresh interpreter: one line, status 2, no traceback."""
+    code = ("import unicorn, sys; unicorn.uc_version = lambda: (2, 2, 0x02020000); "
+            "from emu.cli import main; sys.exit(main(['run', 'elf_samples/hello_static']))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Unicorn 2.2.0 is not supported" in proc.stderr

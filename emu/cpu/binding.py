@@ -1,17 +1,54 @@
 """Unicorn's C functions, bound without the Python binding's argument conversion.
 
-The binding's ``reg_read`` costs ~1.9 us a call, the raw call ~0.5 us (notes/peers-and-unicorn.md
-4.2): register and memory I/O and hook registration go through these instead. Only public
-functions of unicorn.h are bound; nothing here depends on a private structure.
+The binding's ``reg_read`` converts its arguments on every call, which costs several times the
+call itself: register and memory I/O and hook registration go through these instead. Only public
+functions of unicorn.h are bound; nothing here depends on a private structure. Importing this
+module checks that the Unicorn library is one the harness is tested with (TESTED_UNICORN).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import unicorn
 from unicorn.unicorn_py3.unicorn import uclib
+
+from emu.errors import EmuError
+
+# The Unicorn releases the harness is tested with: from the first up to, not including, the second.
+# It relies on their behaviour (docs/ARCHITECTURE.md, "Unicorn"), so an engine outside is refused.
+TESTED_UNICORN = ((2, 1, 4), (2, 2, 0))
+ANY_UNICORN_VARIABLE = "UPROBE_EMU_ANY_UNICORN"  # set to 1: run on an untested release anyway
+
+
+class UnsupportedUnicorn(EmuError):
+    """The Unicorn library installed is outside the tested range."""
+
+
+def unicorn_version() -> tuple[int, int, int]:
+    """(major, minor, patch) of the Unicorn library loaded (not of its Python binding)."""
+    combined = int(unicorn.uc_version()[2])  # type: ignore[no-untyped-call]  # (the binding is untyped)
+    return combined >> 24 & 0xFF, combined >> 16 & 0xFF, combined >> 8 & 0xFF
+
+
+def check_unicorn(version: tuple[int, int, int], environ: Mapping[str, str] = os.environ) -> None:
+    """Refuse a Unicorn outside TESTED_UNICORN, in one line that says what to install."""
+    low, high = TESTED_UNICORN
+    if low <= version < high or environ.get(ANY_UNICORN_VARIABLE) == "1":
+        return
+    raise UnsupportedUnicorn(f"Unicorn {_dotted(version)} is not supported: uprobe-emu is tested with Unicorn "
+                             f"{_dotted(low)} up to, not including, {_dotted(high)} (pip install "
+                             f"'unicorn>={_dotted(low)},<{_dotted(high)}'; {ANY_UNICORN_VARIABLE}=1 runs on it anyway)")
+
+
+def _dotted(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+check_unicorn(unicorn_version())
 
 # uc_reg_* bound again without argtypes: the binding's POINTER argtypes cost ~0.7 us of
 # conversion per call on the syscall hot path; these take the arrays as plain pointers.

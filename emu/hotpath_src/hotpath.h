@@ -1,6 +1,6 @@
 /* The C hot path's shared declarations.
  *
- * Unicorn's functions are reached through pointers handed over from Python (emu/hotpath.py), so the
+ * Unicorn's functions are reached through pointers handed over from Python (emu/hotpath/), so the
  * extension needs neither Unicorn's headers nor its library at build time. The signatures below are
  * those of Unicorn 2's public C API (unicorn.h); nothing here depends on a private structure.
  */

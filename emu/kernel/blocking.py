@@ -11,7 +11,7 @@ announce with notify(), so a waiter on it runs soon (a last close too: fs/fds.py
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn
 
 from emu import abi
 from emu.kernel.errno_ import SyscallError
@@ -20,11 +20,6 @@ from emu.kernel.exits import GuestBlocked, WouldBlock
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
     from emu.kernel.fs.fdtable import FdEntry
-
-
-class Waitable(Protocol):
-    def k_read(self, k: Kernel, entry: FdEntry, size: int) -> bytes: ...
-    def k_write(self, k: Kernel, entry: FdEntry, data: bytes) -> int: ...
 
 
 def others_can_run(k: Kernel) -> bool:

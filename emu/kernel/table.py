@@ -223,10 +223,8 @@ def _rows() -> tuple[Row, ...]:
 ROWS: tuple[Row, ...] = _rows()
 
 
-def build_table(extra: tuple[Row, ...] = ()) -> dict[int, Row]:
-    """Number -> row; ``extra`` rows (e.g. a design's uprobe syscalls) override the base ones."""
-    table = {row.nr: row for row in ROWS}
-    table.update({row.nr: row for row in extra})
-    return table
+def build_table() -> dict[int, Row]:
+    """Number -> row, a table of its own for one kernel."""
+    return {row.nr: row for row in ROWS}
 
 

@@ -97,9 +97,6 @@ class HitTracer:
         vma = self.machine.mem.find(address)
         return vma.name if vma is not None and vma.name in KERNEL_SIDE else "guest"
 
-    def probe_name(self, address: int) -> str | None:
-        return self._sites.get(address)
-
     def _on_site(self, address: int, _size: int) -> None:
         if self._done or self._current is not None or address not in self._pending:
             return
