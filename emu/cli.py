@@ -27,8 +27,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The whole parser; given ``argv`` that plainly names its command, only that command's part.
 
-    argparse costs ~50 us an argument (a help formatter each), ~6 ms for every command's: a run
-    builds what it parses. Anything else (--help, a prefix of an option, no command) gets all."""
+    argparse makes a help formatter for every argument, which for every command's arguments is a
+    visible part of a short run: a run builds what it parses. Anything else (--help, a prefix of an
+    option, no command) gets all."""
     parser = _Parser(prog=PROG, description="Run x86-64 Linux binaries under Unicorn on a fake kernel.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__} ({hotpath.implementation()})")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for debug)")
@@ -45,7 +46,7 @@ def command_module(name: str) -> ModuleType:
 
 
 def _log_more(verbose: int) -> None:
-    """-v: info, -vv: debug. Without it the logging module is not even loaded (~4 ms of a short run):
+    """-v: info, -vv: debug. Without it the logging module is not even loaded (a short run notices it):
     the package logs nothing at WARNING or above (a harness error is an exception, a guest's is its status)."""
     import logging
 

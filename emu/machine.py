@@ -1,7 +1,7 @@
 """One emulated process: CPU, memory and kernel, built from an ELF as execve builds it
 (emu/loading.py), probed (emu/attach.py) and run (emu/runloop.py); fork and execve make and
 replace processes here. RunOptions, RunResult and Ending (emu/runtypes.py) and Attachment
-(emu/attach.py) are importable from here, as they always were."""
+(emu/attach.py) are importable from here too: users' scripts and the pytest plugin import them so."""
 
 from __future__ import annotations
 

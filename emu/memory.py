@@ -245,7 +245,7 @@ class Memory:
 
     def _one_region(self, start: int, end: int, prot: Prot) -> None:
         """Make the backend hold [start, end) as one region again: Unicorn's mem_map costs grow with
-        its number of regions (~0.1 ms each at 100, ~1.3 ms at 1000), and a stack grows page by page."""
+        its number of regions, and a stack grows page by page."""
         data = self.backend.mem_read(start, end - start)
         self.backend.mem_unmap(start, end - start)
         self.backend.mem_map(start, end - start, prot)
@@ -340,7 +340,7 @@ class Memory:
             raise UserFault(addr)
         end = addr + size
         pos = addr
-        bits = int(need)  # plain ints: enum.Flag's __and__ costs ~2 us on this hot path
+        bits = int(need)  # plain ints: enum.Flag's __and__ is a Python call on this hot path
         while pos < end:
             vma = self.find(pos)
             if vma is None and self.grow_stack(pos):  # a kernel copy onto the stack grows it too

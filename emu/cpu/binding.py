@@ -50,8 +50,8 @@ def _dotted(version: tuple[int, ...]) -> str:
 
 check_unicorn(unicorn_version())
 
-# uc_reg_* bound again without argtypes: the binding's POINTER argtypes cost ~0.7 us of
-# conversion per call on the syscall hot path; these take the arrays as plain pointers.
+# uc_reg_* bound again without argtypes: the binding's POINTER argtypes convert every argument on
+# the syscall hot path; these take the arrays as plain pointers.
 _raw = ctypes.CDLL(uclib._name, handle=uclib._handle)
 reg_read, reg_write = _raw.uc_reg_read, _raw.uc_reg_write
 reg_read_batch, reg_write_batch = _raw.uc_reg_read_batch, _raw.uc_reg_write_batch

@@ -277,8 +277,7 @@ class Cpu:
 
     def write_user_state(self, values: Sequence[int], write_rip: bool) -> None:
         """Inverse of read_user_state. rip is written only when asked: writing it ends the
-        translation block (~10 us in Unicorn 2.1.4), so a resume at the natural next
-        instruction must leave it alone."""
+        translation block, so a resume at the natural next instruction must leave it alone."""
         b = self._gpr_batch if write_rip else self._norip_batch
         for i in range(16):
             b.values[i] = values[i] & 0xFFFFFFFFFFFFFFFF
@@ -296,7 +295,7 @@ class Cpu:
         return fs, gs, raw[24:280], mxcsr
 
     def write_extended(self, state: tuple[int, int, bytes, int]) -> None:
-        """Inverse of read_extended, in one C call (the binding's xmm writes cost ~15 us a set)."""
+        """Inverse of read_extended, in one C call (the binding's xmm writes convert each argument)."""
         fs, gs, xmm, mxcsr = state
         struct.pack_into("<QQQ", self._ext_buf, 0, fs, gs, mxcsr)
         ctypes.memmove(ctypes.addressof(self._ext_buf) + 24, xmm, 256)
@@ -345,14 +344,14 @@ class Cpu:
     # ------------------------------------------------------------------ contexts
     def save_context(self, into: CpuContext | None = None) -> CpuContext:
         """Every register of the CPU (GPRs, rip, flags, fs/gs base, x87/SSE/AVX state), as Unicorn keeps
-        it; ``into`` is reused (an update costs ~0.9 us, a new context ~3.6 us in Unicorn 2.1.4)."""
+        it; ``into`` is reused (an update is cheaper than a new context)."""
         if into is None:
             return CpuContext(self._uc.context_save())
         self._uc.context_update(into.raw)
         return into
 
     def restore_context(self, context: CpuContext) -> None:
-        """Load a saved context (~0.9 us); memory and the translation cache are untouched."""
+        """Load a saved context; memory and the translation cache are untouched."""
         self._uc.context_restore(context.raw)
 
     # ------------------------------------------------------------------- memory
@@ -416,7 +415,7 @@ class Cpu:
     def flush_code(self, begin: int, end: int) -> None:
         """Drop translated code for [begin, end) so patched bytes and new hooks take effect.
 
-        uc_ctl called directly: the binding's ctl_remove_cache costs ~20 us of argument encoding."""
+        uc_ctl called directly: the binding's ctl_remove_cache encodes its arguments in Python."""
         status = binding.ctl(self._uch, binding.CTL_REMOVE_CACHE, ctypes.c_uint64(begin), ctypes.c_uint64(end))
         if status != unicorn.UC_ERR_OK:
             raise binding.UcError(status)
@@ -448,10 +447,10 @@ class Cpu:
 
         Unicorn counts through a code hook compiled into each translation block, so code translated by
         an uncounted run would not count: going from uncounted to counted drops the cache first
-        (Unicorn itself flushes the other way). Counting costs ~12 ns an instruction (measured: a tight
-        loop runs 13x slower), which is why single-threaded runs do not count, and why ``--json`` and
-        ``--max-insns`` count per translated block instead (emu/icount.py) and use ``count`` only for
-        the last few instructions before a limit.
+        (Unicorn itself flushes the other way). Counting calls a hook at every instruction (a tight
+        loop runs an order of magnitude slower), which is why single-threaded runs do not count, and
+        why ``--json``, ``--max-insns``, the clock and long time slices count per translated block
+        instead (emu/icount.py) and use ``count`` only for the last few instructions before a limit.
 
         A fetch from an unmapped page goes to ``on_unmapped`` after the run stops (emu/cpu/pages.py:
         no hook hears of it); if that maps it, an uncounted run goes on from there. A counted run

@@ -1,4 +1,4 @@
-"""Races between a running thread and the kernel's patching of a probe site (issue 8 item 4).
+"""Races between a running thread and the kernel's patching of a probe site.
 
 ``explore(binary, spec, design, event)`` returns a RaceReport: every distinct outcome of every
 interleaving of "thread 1" through the site with the event's writes, with a count and an example.
