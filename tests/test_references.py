@@ -24,8 +24,10 @@ TEXT_SUFFIXES = (".py", ".c", ".h", ".md", ".toml", ".ini", "Makefile", "run")
 
 
 def tracked(*prefixes: str) -> list[str]:
-    files = subprocess.run(["git", "ls-files", *prefixes], capture_output=True, text=True, cwd=REPO, check=True)
-    return [f for f in files.stdout.split() if f.endswith(TEXT_SUFFIXES)]
+    """The project's text files under ``prefixes``: committed or new, and not deleted."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", *prefixes],
+                           capture_output=True, text=True, cwd=REPO, check=True)
+    return sorted({f for f in files.stdout.split() if f.endswith(TEXT_SUFFIXES) and (REPO / f).is_file()})
 
 
 def missing_paths(text: str, root: Path = REPO) -> list[str]:

@@ -1,6 +1,7 @@
 """The one package that imports Unicorn: a CPU's registers, memory, hooks and runs.
 
 - engine.py: :class:`Cpu`: registers, contexts, memory, runs;
+- stops.py: why a run stopped (StopReason) and what a faulting access touched (BadAccess);
 - hooks.py: :class:`Hooks` (``Cpu.hooks``): Python, raw and C hooks, and the syscall front;
 - regs.py: the registers, the register sets read together, user-mode rflags;
 - state.py: :class:`RawState`, the verifiers' whole-state snapshots, and their decoding;
@@ -11,7 +12,7 @@
 """
 
 from emu.cpu.binding import native_function
-from emu.cpu.engine import Access, BadAccess, Cpu, CpuContext, StopReason
+from emu.cpu.engine import Cpu, CpuContext
 from emu.cpu.hooks import HookHandle, Hooks, RawCodeHook, RawWriteHook
 from emu.cpu.regs import (
     EXEC_FCW,
@@ -29,6 +30,7 @@ from emu.cpu.regs import (
 )
 from emu.cpu.scratch import instructions_run, unicorn_cpuid
 from emu.cpu.state import RawState
+from emu.cpu.stops import Access, BadAccess, StopReason
 
 __all__ = [
     "EXEC_FCW", "EXEC_MXCSR", "FXSAVE_SIZE", "GPRS", "STATE_BYTES", "STATE_FLAGS_OFFSET", "STATE_OFFSETS",

@@ -8,7 +8,6 @@ emu/cpu/state.py. Register and memory I/O goes through Unicorn's C functions dir
 from __future__ import annotations
 
 import ctypes
-import enum
 import struct
 import weakref
 from collections.abc import Callable, Sequence
@@ -34,6 +33,7 @@ from emu.cpu.regs import (
     Reg,
     user_flags,
 )
+from emu.cpu.stops import FETCH_FAULTS, UC_ACCESS, Access, BadAccess, StopReason, stop_reason
 
 if TYPE_CHECKING:
     from emu.vma import SharedPages
@@ -43,40 +43,6 @@ if TYPE_CHECKING:
 _MSR_EFER, _MSR_STAR, _EFER_SCE = 0xC0000080, 0xC0000081, 1
 _STAR = 0x0023_0010 << 32
 _SYSRETQ = b"\x48\x0f\x07"
-
-
-class Access(enum.Enum):
-    READ = "read"
-    WRITE = "write"
-    FETCH = "fetch"
-
-
-@dataclass(frozen=True, slots=True)
-class BadAccess:
-    """What a faulting guest access touched (recorded by the invalid-memory hook)."""
-
-    access: Access
-    address: int
-    size: int
-    unmapped: bool
-
-
-class StopReason(enum.Enum):
-    FINISHED = "finished"  # reached `until`, or stopped by emu_stop
-    INVALID_INSN = "invalid instruction"
-    BAD_ACCESS = "bad memory access"
-    OTHER = "other"
-
-
-_UC_ACCESS = {
-    unicorn.UC_MEM_READ_UNMAPPED: (Access.READ, True),
-    unicorn.UC_MEM_WRITE_UNMAPPED: (Access.WRITE, True),
-    unicorn.UC_MEM_FETCH_UNMAPPED: (Access.FETCH, True),
-    unicorn.UC_MEM_READ_PROT: (Access.READ, False),
-    unicorn.UC_MEM_WRITE_PROT: (Access.WRITE, False),
-    unicorn.UC_MEM_FETCH_PROT: (Access.FETCH, False),
-}
-
 
 
 class _RegBatch:
@@ -434,7 +400,7 @@ class Cpu:
 
     # ------------------------------------------------------------------- faults
     def _on_invalid_mem(self, _uc: object, access: int, addr: int, size: int, _value: int, _ud: object) -> bool:
-        kind, unmapped = _UC_ACCESS.get(access, (Access.READ, True))
+        kind, unmapped = UC_ACCESS.get(access, (Access.READ, True))
         self.last_bad_access = BadAccess(kind, addr, size, unmapped)
         if unmapped and self.on_unmapped is not None and self.on_unmapped(self.last_bad_access):
             self.pages.disarm(addr)  # mapped now: its stores may take the fast path again
@@ -479,8 +445,8 @@ class Cpu:
             reason = StopReason.FINISHED
         except binding.UcError as err:
             code = getattr(err, "errno", -1)
-            reason = _reason(code)
-            if code in _FETCH_FAULTS and self.last_bad_access is None:
+            reason = stop_reason(code)
+            if code in FETCH_FAULTS and self.last_bad_access is None:
                 self.last_bad_access = self._fetch_fault()
         finally:
             _Engines.running -= 1
@@ -511,21 +477,6 @@ class Cpu:
         return self._uch
 
 
-
-
-_FETCH_FAULTS = (unicorn.UC_ERR_FETCH_UNMAPPED, unicorn.UC_ERR_FETCH_PROT)
-
-
-def _reason(errno: int) -> StopReason:
-    if errno == unicorn.UC_ERR_INSN_INVALID:
-        return StopReason.INVALID_INSN
-    if errno in (
-        unicorn.UC_ERR_READ_UNMAPPED, unicorn.UC_ERR_WRITE_UNMAPPED, unicorn.UC_ERR_FETCH_UNMAPPED,
-        unicorn.UC_ERR_READ_PROT, unicorn.UC_ERR_WRITE_PROT, unicorn.UC_ERR_FETCH_PROT,
-        unicorn.UC_ERR_READ_UNALIGNED, unicorn.UC_ERR_WRITE_UNALIGNED, unicorn.UC_ERR_FETCH_UNALIGNED,
-    ):
-        return StopReason.BAD_ACCESS
-    return StopReason.OTHER
 
 
 # ------------------------------------------------------------------ raw state (the verifiers' hot path)

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from emu.abi import PAGE_SIZE, U64, Prot, page_down
-from emu.cpu.engine import Access, BadAccess, Cpu, StopReason
+from emu.cpu.engine import Cpu
 from emu.cpu.regs import Reg
 from emu.cpu.state import RawState
+from emu.cpu.stops import Access, BadAccess, StopReason
 
 if TYPE_CHECKING:
     from emu.memory import Memory
