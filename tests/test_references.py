@@ -1,7 +1,7 @@
 """The repository explains itself: every file a comment or a document names exists, every
 ``Class.attribute`` a comment or docstring names is one, and every section of the kernel's behaviour
-the code cites ("spec N.M", "docs/NAME.md section N") is in docs/. Each check also has its negative
-control: a made-up reference that it reports."""
+the code cites ("spec N.M", "docs/NAME.md section N") is in docs/; no module is over 500 lines.
+Each check also has its negative control: a made-up flaw that it reports."""
 
 from __future__ import annotations
 
@@ -115,3 +115,23 @@ def test_a_path_that_is_not_there_is_reported(tmp_path: Path) -> None:
 def test_an_attribute_a_class_does_not_have_is_reported(comment: str, unknown: list[str]) -> None:
     classes = class_attributes(["class Table:\n    def lookup(self) -> None:\n        self.rows = 0\n"])
     assert unknown_attributes(comment + "\nx = 1\n", classes) == unknown
+
+
+# ------------------------------------------------------------------ modules a reader can hold
+MAX_MODULE_LINES = 500
+
+
+def long_modules(names: list[str], root: Path = REPO) -> dict[str, int]:
+    counts = {name: len((root / name).read_text().splitlines()) for name in names}
+    return {name: n for name, n in counts.items() if n > MAX_MODULE_LINES}
+
+
+def test_no_module_is_over_500_lines() -> None:
+    sources = [name for name in tracked("emu") if name.endswith((".py", ".c", ".h"))]
+    assert len(sources) > 100 and long_modules(sources) == {}
+
+
+def test_a_long_module_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_modules(["short.py", "long.py"], tmp_path) == {"long.py": MAX_MODULE_LINES + 1}
