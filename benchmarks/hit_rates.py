@@ -5,7 +5,7 @@
     python3 benchmarks/hit_rates.py --memory [--hits N]                  # RSS over 10 million hits
 
 Rates: in one run, the real kernel here counts hits with a perf uprobe on the trig sample
-(emu/bench_native.py: CPU time per hit, two run lengths so start-up cancels) and the emulator runs
+(emu/bench/native.py: CPU time per hit, two run lengths so start-up cancels) and the emulator runs
 the same sample under the design of the same kind: uprobe-nop5 and uretprobe-nop5 on linux-6.18
 (optimized nop5: call into the trampoline, syscall 336, and for the return 335), uprobe-nop on the
 int3 design (INT3 and an emulated nop; the real kernel never optimizes a one-byte nop, so it takes
@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
 
 from emu import hotpath  # noqa: E402
-from emu.bench import TRIG, WORKLOADS  # noqa: E402
+from emu.bench.workloads import TRIG, WORKLOADS  # noqa: E402
 from emu.guestio import GuestIO  # noqa: E402
 from emu.kernel.uprobes.consumers import Consumer  # noqa: E402
 from emu.machine import Machine, RunOptions  # noqa: E402
@@ -79,7 +79,7 @@ def _with_count(argv: list[str], n: int, at: int) -> list[str]:
 
 
 def rates(repeat: int, n: int) -> list[dict[str, object]]:
-    from emu.bench_native import measure_native, unavailable_reason
+    from emu.bench.native import measure_native, unavailable_reason
 
     reason = unavailable_reason()
     native = {} if reason else {t.workload: 1e9 / t.ns for t in measure_native(tuple(w for _, w in RATE_ROWS), repeat)}

@@ -14,7 +14,6 @@ from emu import abi
 from emu.abi import Prot
 from emu.designs import Design
 from emu.disasm import describe_insn
-from emu.elf import load_plan
 from emu.errors import EmuError, ProbeRefused, UsageError
 from emu.kernel.dispatch import Kernel
 from emu.kernel.errno_ import SyscallError, errno_name
@@ -24,9 +23,10 @@ from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.sites import usdt_combo_site
 from emu.kernel.vfs import Vfs
-from emu.loader import LoadedImage
-from emu.memory import Memory
-from emu.vma import Vma
+from emu.process.elf import load_plan
+from emu.process.loader import LoadedImage
+from emu.process.memory import Memory
+from emu.process.vma import Vma
 
 if TYPE_CHECKING:  # probes and library probes load on first use: a plain run of a binary needs neither;
     # the Protocol is for the type checker only (making its class costs start-up time)

@@ -6,7 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emu.callret import CallRetTracker
+from emu.callret.rsb import RsbModel, RsbStats
+from emu.callret.tracker import CallRetTracker
 from emu.designs import DESIGNS, known_designs
 from emu.errors import EmuError, ProbeRefused, UsageError
 from emu.guestio import GuestIO
@@ -14,7 +15,6 @@ from emu.lockstep import Observed, SyscallLog, first_divergence
 from emu.machine import Machine, RunOptions, RunResult
 from emu.probes import ProbeSpec, parse_spec, scan_specs
 from emu.render import table
-from emu.rsb import RsbModel, RsbStats
 from emu.runtypes import LIMITS
 from emu.verify.session import DEFAULT_VERIFIERS, Verifier, VerifySession
 from emu.violations import Check, ViolationLog
@@ -96,8 +96,8 @@ class CheckRequest:
     verifiers: tuple[Verifier, ...] = DEFAULT_VERIFIERS
     options: RunOptions = field(default_factory=RunOptions)
     stdin: bytes = b""
-    shstk: bool = False  # a CET shadow stack in every probed run (emu/shstk.py)
-    rsb: int | None = None  # an RSB model of this depth in every run, the unprobed one too (emu/rsb.py)
+    shstk: bool = False  # a CET shadow stack in every probed run (emu/callret/shstk.py)
+    rsb: int | None = None  # an RSB model of this depth in every run, the unprobed one too (emu/callret/rsb.py)
     tracer: Callable[[Machine], Any] | None = None  # called on each probed machine before its run (e.g. --html)
     watcher: Callable[[Machine, VerifySession], Any] | None = None  # as tracer, with the verifiers' session
     lenient: bool = False  # a given spec the design refuses is recorded in ``refused``, not an error

@@ -21,10 +21,10 @@ from emu.guestio import GuestIO
 from emu.kernel.dispatch import KernelConfig
 from emu.kernel.procfs import render_maps
 from emu.kernel.uprobes.sites import usdt_combo_site
-from emu.loader import LoadedImage
 from emu.machine import Machine, RunOptions
 from emu.native import NativeProbe, NativeRun, run_native
 from emu.probes import ProbeKind, Resolver, parse_spec
+from emu.process.loader import LoadedImage
 
 
 @dataclass(frozen=True, slots=True)

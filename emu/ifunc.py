@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from emu.errors import UsageError
 
 if TYPE_CHECKING:
-    from emu.elf import LoadPlan
+    from emu.process.elf import LoadPlan
 
 R_X86_64_IRELATIVE = 37
 PTRACE_TRACEME, PTRACE_CONT = 0, 7
@@ -187,7 +187,7 @@ def emulated_choices(exe: str, argv: Sequence[str], env: dict[str, str],
 
 
 def _plan(path: str) -> LoadPlan:
-    from emu.elf import load_plan
+    from emu.process.elf import load_plan
 
     return load_plan(path)
 

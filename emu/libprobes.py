@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from emu.abi import Prot, page_down
-from emu.elf import LoadPlan, load_plan
 from emu.errors import EmuError, ProbeRefused, UsageError
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.vfs import Vfs
-from emu.loader import LoadedImage
-from emu.vma import Vma
+from emu.process.elf import LoadPlan, load_plan
+from emu.process.loader import LoadedImage
+from emu.process.vma import Vma
 
 if TYPE_CHECKING:  # probes.py loads when a library probe is added (a plain run needs none)
     from emu.probes import ProbeSpec, ResolvedProbe

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from emu.kernel.sched import Scheduler
-    from emu.memory import Memory
+    from emu.process.memory import Memory
 
 ADDRESS_RESULTS = frozenset({"mmap", "mremap", "brk"})
 # Calls whose first argument is the address of a mapping: compared by its offset into its page alone. A

@@ -1,5 +1,5 @@
 """One emulated process: CPU, memory and kernel, built from an ELF as execve builds it
-(emu/loading.py), probed (emu/attach.py) and run (emu/runloop.py); fork and execve make and
+(emu/process/loading.py), probed (emu/attach.py) and run (emu/process/runloop.py); fork and execve make and
 replace processes here. RunOptions, RunResult and Ending (emu/runtypes.py) and Attachment
 (emu/attach.py) are importable from here too: users' scripts and the pytest plugin import them so."""
 
@@ -11,15 +11,13 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from emu import abi, layout, scripts
+from emu import abi
 from emu.abi import Prot
 from emu.cpu import Cpu, Reg
 from emu.designs import Design, get_design
 from emu.disasm import describe_insn
-from emu.elf import LoadPlan, load_executable
 from emu.errors import LoadError
 from emu.guestio import GuestIO
-from emu.icount import InsnCounter, make_counter
 from emu.kernel.dispatch import Kernel
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import Family, fork_kernel_state, inherited
@@ -29,8 +27,11 @@ from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.syscalls import uprobe_rows
 from emu.kernel.vdso import adopt as adopt_vdso
-from emu.loader import LoadedImage
-from emu.loading import (
+from emu.process import layout, scripts
+from emu.process.elf import LoadPlan, load_executable
+from emu.process.icount import InsnCounter, make_counter
+from emu.process.loader import LoadedImage
+from emu.process.loading import (
     ProcessImage,
     executable,
     guest_head,
@@ -39,10 +40,10 @@ from emu.loading import (
     replace_image,
     reset_registers,
 )
-from emu.memory import Memory
-from emu.runloop import RunLoop
+from emu.process.memory import Memory
+from emu.process.runloop import RunLoop
+from emu.process.vma import Vma
 from emu.runtypes import Budget, Ending, Outcome, RunOptions, RunResult
-from emu.vma import Vma
 
 if TYPE_CHECKING:  # probes, their attachment and threads load on first use: a plain run of a binary needs none
     from collections.abc import Callable
@@ -200,7 +201,7 @@ class Machine:
 
     def _exec(self, path: str, argv: list[bytes], envp: list[bytes]) -> None:
         """execve: check the file now (errors go to the caller), replace the image before the next
-        instruction; a "#!" script runs its interpreter (emu/scripts.py)."""
+        instruction; a "#!" script runs its interpreter (emu/process/scripts.py)."""
         kernel = self.kernel
 
         def guest(name: str) -> str:
@@ -212,7 +213,7 @@ class Machine:
         kernel.defer(lambda: self._replace_image(host, plan, argv, envp))
 
     def _replace_image(self, host: str, plan: LoadPlan, argv: list[bytes], envp: list[bytes]) -> None:
-        """The new image in place of the old one (emu/loading.py): the old probes go; probes by spec on
+        """The new image in place of the old one (emu/process/loading.py): the old probes go; probes by spec on
         a file the new image maps (the executable, or later its libraries) install there."""
         self.execs += 1
         self.layout = layout.for_seed(self.options.aslr, self.execs)
@@ -282,7 +283,7 @@ class Machine:
         if self._attacher is not None:  # no attacher, no library probes
             self._attacher.library_mmap(vma)
 
-    # --------------------------------------------------------------- running (emu/runloop.py)
+    # --------------------------------------------------------------- running (emu/process/runloop.py)
     def run(self) -> RunResult:
         start = time.perf_counter()
         self.budget = Budget(self.options.timeout_s, self.options.max_insns, start)

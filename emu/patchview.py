@@ -20,7 +20,7 @@ from emu.errors import ProbeRefused, UsageError
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.sites import crosses_page
 from emu.machine import Attachment, Machine, RunOptions
-from emu.memory import Memory
+from emu.process.memory import Memory
 from emu.scan import CS_ATT, disasm_text
 
 ATTACH = "attach"

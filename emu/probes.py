@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from emu.disasm import cs64
 from emu.errors import UsageError
-from emu.loader import LoadedImage
+from emu.process.loader import LoadedImage
 
 if TYPE_CHECKING:
     from elftools.elf.elffile import ELFFile

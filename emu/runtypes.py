@@ -68,7 +68,7 @@ class RunOptions:
     design: str | Design = DEFAULT_DESIGN  # a name, or a Design object (validated when the machine is built)
     sched_quantum: int = DEFAULT_QUANTUM  # instructions a thread runs before the next one gets the CPU
     sched_seed: int | None = None  # random preemption: slice lengths and the next thread drawn from this seed
-    aslr: int | None = None  # --aslr SEED: randomize the layout as Linux does (emu/layout.py); None: ASLR off
+    aslr: int | None = None  # --aslr SEED: randomize the layout as Linux does (emu/process/layout.py); None: ASLR off
 
     @property
     def timeout_us(self) -> int:

@@ -254,7 +254,7 @@ def symbol_file_offset(path: str, name: str) -> int:
     from elftools.elf.elffile import ELFFile
     from elftools.elf.sections import SymbolTableSection
 
-    from emu.elf import load_plan
+    from emu.process.elf import load_plan
 
     real = os.path.realpath(path)
     elf = ELFFile(io.BytesIO(Path(real).read_bytes()))
@@ -290,7 +290,7 @@ def symtab_address(path: str, name: str) -> int:
 
 def link_file_offset(path: str, vaddr: int) -> int:
     """File offset of a link-time address of ``path``."""
-    from emu.elf import load_plan
+    from emu.process.elf import load_plan
 
     offset = load_plan(os.path.realpath(path)).file_offset(vaddr)
     assert offset is not None, f"{vaddr:#x} is not file-backed"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from emu import cli
-from emu.bench import WORKLOADS, account, supported
+from emu.bench.workloads import WORKLOADS, account, supported
 
 
 @pytest.mark.parametrize(
@@ -55,8 +55,8 @@ def test_cli_prints_kernel_bench_lines_and_json(tmp_path: Path, capsys: pytest.C
 
 
 def test_native_usdt_probe_lands_on_the_nop5_as_libbpf_puts_it() -> None:
-    from emu.bench import TRIG, _machine
-    from emu.bench_native import NATIVE_DESIGN, _probes
+    from emu.bench.native import NATIVE_DESIGN, _probes
+    from emu.bench.workloads import TRIG, _machine
     from emu.diff import native_probe
 
     with open(TRIG, "rb") as fh:

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from emu.bench_model import NATIVE_CPU, Counts, Sources, cpu_fit, leave_one_out, native_rows
-from emu.bench_native import NativeTime, measure_native, unavailable_reason
-from emu.costmodel import EVENTS
+from emu.bench.costmodel import EVENTS
+from emu.bench.model import NATIVE_CPU, Counts, Sources, cpu_fit, leave_one_out, native_rows
+from emu.bench.native import NativeTime, measure_native, unavailable_reason
 
 REASON = unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"native perf uprobes unavailable: {REASON}")

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from emu import cli
-from emu import published as pub
-from emu.bench_model import ChangeCheck
-from emu.bench_report import missing_figures, verdict
+from emu.bench import published as pub
+from emu.bench.model import ChangeCheck
+from emu.bench.report import missing_figures, verdict
 
 REPO = Path(__file__).resolve().parent.parent
 USER_DESIGN = str(REPO / "examples" / "designs" / "slot_sysret.py")

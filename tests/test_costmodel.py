@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from emu.costmodel import EVENTS, CpuRows, Prior, Row, ShareRow, fit, fit_cpu, nnls, pooled_costs
+from emu.bench.costmodel import EVENTS, CpuRows, Prior, Row, ShareRow, fit, fit_cpu, nnls, pooled_costs
 
 RNG_SEED = 17
 TRUE_NS = np.array([280.0, 600.0, 70.0, 5.0, 60.0, 40.0, 40.0, 0.4, 8.0, 0.7, 30.0])  # one per event

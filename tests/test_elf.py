@@ -1,4 +1,4 @@
-"""emu.elf: the load plan of every sample, checked against pyelftools, and of hand-built ELFs."""
+"""emu.process.elf: the load plan of every sample, checked against pyelftools, and of hand-built ELFs."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot
-from emu.elf import EHDR, PHDR, FileId, LoadPlan, load_plan, plan_from_bytes, read_file
 from emu.errors import LoadError
+from emu.process.elf import EHDR, PHDR, FileId, LoadPlan, load_plan, plan_from_bytes, read_file
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "elf_samples"
@@ -43,7 +43,7 @@ def plan(data: bytes) -> LoadPlan:
 
 
 def test_elf_module_does_not_import_unicorn() -> None:
-    code = "import sys, emu.elf; assert 'unicorn' not in sys.modules, 'unicorn imported'"
+    code = "import sys, emu.process.elf; assert 'unicorn' not in sys.modules, 'unicorn imported'"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 

@@ -230,7 +230,7 @@ def test_process_slices_are_counted_per_block_with_the_c_extension(monkeypatch: 
     from conftest import python_hot_path_forced
 
     from emu.cpu import Cpu
-    from emu.runloop import PROCESS_QUANTUM
+    from emu.process.runloop import PROCESS_QUANTUM
 
     counts: list[int] = []
     real_run = Cpu.run

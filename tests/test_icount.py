@@ -1,4 +1,4 @@
-"""Instruction counting per translated block (emu/icount.py), in C and in Python: exact totals on
+"""Instruction counting per translated block (emu/process/icount.py), in C and in Python: exact totals on
 programs of known length, --max-insns exact at and inside a block, counts that follow changed code."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from emu.abi import Prot
 from emu.cpu import Cpu, Reg
 from emu.fuzz.elfwriter import write_elf
 from emu.guestio import GuestIO
-from emu.icount import NativeCounter, PythonCounter, make_counter
 from emu.machine import Ending, Machine, RunOptions
+from emu.process.icount import NativeCounter, PythonCounter, make_counter
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 LOOPS = 50
@@ -161,8 +161,8 @@ def test_blocks_pushed_out_of_a_small_table_are_counted_from_their_bytes(monkeyp
     monkeypatch.setattr(hotpath, "native", EXTENSION)
     path = str(SAMPLES / "cpu_bound")
     full = _run(path, [path, "300"], count_insns=True)
-    monkeypatch.setattr("emu.icount.TABLE_BUCKETS_LOG2", 1)  # 4 entries: most blocks get pushed out
-    monkeypatch.setattr("emu.icount.FRONT_LOG2", 1)  # and 2 in front of them
+    monkeypatch.setattr("emu.process.icount.TABLE_BUCKETS_LOG2", 1)  # 4 entries: most blocks get pushed out
+    monkeypatch.setattr("emu.process.icount.FRONT_LOG2", 1)  # and 2 in front of them
     small = _run(path, [path, "300"], count_insns=True)
     assert isinstance(small.counter, NativeCounter) and isinstance(full.counter, NativeCounter)
     assert small.counter.decoded > 100 * max(full.counter.decoded, 1)

@@ -14,7 +14,7 @@ EMU = Path(__file__).resolve().parent.parent / "emu"
 
 # Building and running a process (emu/machine.py's neighbourhood): none of these is in a cycle.
 PROCESS_MODULES = frozenset({
-    "emu.machine", "emu.runtypes", "emu.loading", "emu.attach", "emu.libprobes", "emu.runloop",
+    "emu.machine", "emu.runtypes", "emu.process.loading", "emu.attach", "emu.libprobes", "emu.process.runloop",
 })
 
 # Cycles outside the process modules that the source still has (none now). The check below is a

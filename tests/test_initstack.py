@@ -1,4 +1,4 @@
-"""emu.initstack: the initial stack, parsed back word by word."""
+"""emu.process.initstack: the initial stack, parsed back word by word."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from emu.abi import STACK_TOP, AuxType
 from emu.errors import UsageError
-from emu.initstack import MAX_ARG_STRLEN, PLATFORM, InitialStack, build_stack
+from emu.process.initstack import MAX_ARG_STRLEN, PLATFORM, InitialStack, build_stack
 
 REPO = Path(__file__).resolve().parent.parent
 RANDOM = bytes(range(0xA0, 0xB0))
@@ -57,7 +57,7 @@ def build(argv: list[bytes], envp: list[bytes], execfn: bytes = b"/bin/prog") ->
 
 
 def test_initstack_does_not_import_unicorn() -> None:
-    code = "import sys, emu.initstack; assert 'unicorn' not in sys.modules, 'unicorn imported'"
+    code = "import sys, emu.process.initstack; assert 'unicorn' not in sys.modules, 'unicorn imported'"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 

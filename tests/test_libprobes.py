@@ -104,7 +104,7 @@ def test_a_library_address_outside_its_code_is_refused() -> None:
 def test_an_instruction_the_design_refuses_leaves_the_mapping_and_the_run_alone() -> None:
     """uprobe_mmap skips a probe it cannot install: libc's first `nopw %cs:(...)` (a 10-byte NOP with a
     segment prefix, -ENOTSUPP under every design but nop10) is refused there, and hello still runs."""
-    from emu.elf import load_plan
+    from emu.process.elf import load_plan
 
     plan = load_plan(os.path.realpath(LIBC))
     data = Path(os.path.realpath(LIBC)).read_bytes()

@@ -403,7 +403,7 @@ def test_aslr_randomizes_within_linuxs_ranges() -> None:
 
 
 def test_aslr_stack_tables_move_by_up_to_8_kib() -> None:
-    from emu import layout
+    from emu.process import layout
 
     pads = {layout.randomized(seed).align_pad for seed in range(20)}
     assert len(pads) > 10 and all(0 <= p < 8192 for p in pads)

@@ -1,4 +1,4 @@
-"""emu.loader without Unicorn: a LoadPlan mapped into Memory over a fake page backend."""
+"""emu.process.loader without Unicorn: a LoadPlan mapped into Memory over a fake page backend."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from emu.abi import MMAP_BASE, PAGE_SIZE, PIE_BASE, TASK_SIZE, Prot, page_up
-from emu.elf import EHDR, PHDR, FileId, LoadPlan, load_plan, plan_from_bytes
 from emu.errors import LoadError
-from emu.loader import choose_bias, map_image
-from emu.memory import Memory
-from emu.vma import SharedPages
+from emu.process.elf import EHDR, PHDR, FileId, LoadPlan, load_plan, plan_from_bytes
+from emu.process.loader import choose_bias, map_image
+from emu.process.memory import Memory
+from emu.process.vma import SharedPages
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "elf_samples"
@@ -96,7 +96,7 @@ def lines(mem: Memory) -> list[tuple[int, int, str, int, str]]:
 
 
 def test_loader_does_not_import_unicorn() -> None:
-    code = "import sys, emu.loader; assert 'unicorn' not in sys.modules, 'unicorn imported'"
+    code = "import sys, emu.process.loader; assert 'unicorn' not in sys.modules, 'unicorn imported'"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 

@@ -1,4 +1,4 @@
-"""The seams of a process: its image is built (emu/loading.py) and library probes are installed
+"""The seams of a process: its image is built (emu/process/loading.py) and library probes are installed
 (emu/libprobes.py) without a Machine, each through the few objects it needs."""
 
 from __future__ import annotations
@@ -11,22 +11,22 @@ from typing import Any
 
 import pytest
 
-from emu import layout
 from emu.abi import AuxType, Prot
 from emu.cpu import Cpu
-from emu.elf import LoadPlan, load_plan
 from emu.guestio import GuestIO
 from emu.kernel.dispatch import Kernel, KernelConfig
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.vfs import Vfs
 from emu.libprobes import LibraryProbes
-from emu.loader import LoadedImage
-from emu.loading import executable, install_stdio, load_process
-from emu.memory import Memory
 from emu.probes import ProbeKind, ProbeSpec, ResolvedProbe
+from emu.process import layout
+from emu.process.elf import LoadPlan, load_plan
+from emu.process.loader import LoadedImage
+from emu.process.loading import executable, install_stdio, load_process
+from emu.process.memory import Memory
+from emu.process.vma import Vma
 from emu.runtypes import RunOptions
-from emu.vma import Vma
 
 SAMPLES = Path(__file__).resolve().parent.parent / "elf_samples"
 HELLO = str(SAMPLES / "hello_static")

@@ -7,7 +7,7 @@ from typing import cast
 
 from emu.kernel.sched import Scheduler
 from emu.lockstep import Observed, SyscallLog, first_divergence
-from emu.memory import Memory
+from emu.process.memory import Memory
 
 ARITY = {"write": 3, "openat": 4, "writev": 3, "exit_group": 1, "munmap": 2, "mprotect": 3}
 

@@ -1,4 +1,4 @@
-"""emu.memory without Unicorn: VMAs over a fake page backend.
+"""emu.process.memory without Unicorn: VMAs over a fake page backend.
 
 The backend below behaves like Unicorn where it matters (refuses to map over a
 mapping or to touch unmapped pages, refuses absurd sizes) and records code flushes.
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from emu.abi import MMAP_BASE, PAGE_SIZE, TASK_SIZE, Prot
 from emu.errors import EmuError, MapFailed, MemoryFault, PatchMismatch
-from emu.memory import Memory, StringTooLong, UserFault
-from emu.vma import SharedPages, Vma
+from emu.process.memory import Memory, StringTooLong, UserFault
+from emu.process.vma import SharedPages, Vma
 
 REPO = Path(__file__).resolve().parent.parent
 P = PAGE_SIZE
@@ -120,7 +120,7 @@ def check_consistent(mem: Memory, backend: FakeBackend) -> None:
 # --------------------------------------------------------------------------- isolation
 def test_memory_elf_loader_initstack_do_not_import_unicorn() -> None:
     code = (
-        "import sys, emu.elf, emu.memory, emu.loader, emu.initstack, emu.errors\n"
+        "import sys, emu.process.elf, emu.process.memory, emu.process.loader, emu.process.initstack, emu.errors\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('unicorn', 'capstone', 'keystone'))\n"
         "assert not bad, bad\n"
     )

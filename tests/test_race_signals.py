@@ -14,8 +14,8 @@ from conftest import run_native, sample, symbol_file_offset
 from test_report_pages import loaded, needs_chromium
 
 from emu import cli
-from emu.design_file import load_design_file
 from emu.designs import DESIGNS, Design, get_design
+from emu.designs.file import load_design_file
 from emu.disasm import cs64
 from emu.native import NativeProbe, available
 from emu.native import run_native as run_probed

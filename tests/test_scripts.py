@@ -1,4 +1,4 @@
-"""execve of a "#!" script runs its interpreter, as fs/binfmt_script.c does (emu/scripts.py)."""
+"""execve of a "#!" script runs its interpreter, as fs/binfmt_script.c does (emu/process/scripts.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import errno
 import pytest
 from conftest import run_emulated, run_native, sample
 
-from emu import scripts
 from emu.cli import main
 from emu.kernel.errno_ import SyscallError
+from emu.process import scripts
 
 EXEC_SCRIPT = sample("exec_script")
 

@@ -11,8 +11,8 @@ import pytest
 from emu.abi import PAGE_SIZE, Prot
 from emu.cli import main
 from emu.cpu import Cpu
-from emu.memory import Memory
-from emu.vma import SharedPages
+from emu.process.memory import Memory
+from emu.process.vma import SharedPages
 
 PY = "/usr/bin/python3.11"
 RW = Prot.READ | Prot.WRITE

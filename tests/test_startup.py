@@ -40,10 +40,10 @@ NOT_FOR_A_PLAIN_RUN = (
     "emu.kernel.procsig",  # kill, timers, SIGCHLD: only when a process signals another or sets a timer
     "emu.kernel.strace",  # only with --strace
     "emu.render",  # the probe table
-    "emu.design_file",
+    "emu.designs.file",
     "emu.asm",
     "emu.check",
-    "emu.bench",
+    "emu.bench.workloads",
     "emu.scan",
     "emu.diff",
     "emu.patchview",

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             check_writable(path)
     if args.report is not None or args.predict:
         return _model(args)
-    from emu.bench import results_table, run_bench, workloads_from  # heavy: only when run
+    from emu.bench.workloads import results_table, run_bench, workloads_from  # heavy: only when run
 
     results = run_bench(chosen_designs(args), workloads_from(args.workload), args.duration, args.runs)
     for design in dict.fromkeys(r.design for r in results):
@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_cpu(name: str | None, no_native: bool) -> None:
-    from emu import published
-    from emu.bench_model import NATIVE_CPU
+    from emu.bench import published
+    from emu.bench.model import NATIVE_CPU
 
     if name is None:
         return
@@ -79,8 +79,8 @@ def _check_cpu(name: str | None, no_native: bool) -> None:
 
 def _model(args: argparse.Namespace) -> int:
     _check_cpu(args.predict, args.no_native)
-    from emu.bench import workloads_from
-    from emu.bench_model import NATIVE_CPU, Counts, predict, sources
+    from emu.bench.model import NATIVE_CPU, Counts, predict, sources
+    from emu.bench.workloads import workloads_from
 
     designs, workloads = chosen_designs(args), workloads_from(args.workload)
     counts = Counts()
@@ -90,7 +90,7 @@ def _model(args: argparse.Namespace) -> int:
     src = sources(counts, native)
     payload: dict[str, Any] = {}
     if args.report is not None:
-        from emu.bench_report import build, render
+        from emu.bench.report import build, render
 
         payload["report"] = build(counts, src, native, reason, designs, workloads)
         _emit(args.report, render(payload["report"]))
@@ -108,7 +108,7 @@ def _native(skip: bool) -> tuple[Any, str | None]:
     """This machine's native rows, or None and why not."""
     if skip:
         return None, "not asked for (--no-native)"
-    from emu.bench_native import measure_native
+    from emu.bench.native import measure_native
     from emu.native import NativeUnavailable
 
     try:

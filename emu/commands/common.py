@@ -159,10 +159,10 @@ def chosen_design(args: argparse.Namespace) -> str:
 
 def _design_files(args: argparse.Namespace) -> list[Design]:
     """The designs of --design-file, each file run within the command's --timeout if it has one
-    (design_file.py, with runpy and traceback, loads only if a file is given)."""
+    (emu/designs/file.py, with runpy and traceback, loads only if a file is given)."""
     if not args.design_file:
         return []
-    from emu.design_file import load_design_files
+    from emu.designs.file import load_design_files
 
     return load_design_files(args.design_file, getattr(args, "timeout", None))
 
@@ -221,7 +221,7 @@ def verifier_list(text: str) -> tuple[Any, ...]:
 
 def rsb_depth_arg(text: str) -> int:
     """The ``--rsb N`` argument."""
-    from emu.rsb import rsb_depth
+    from emu.callret.rsb import rsb_depth
 
     return rsb_depth(text)
 

@@ -25,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from emu.design_file import load_design_files
     from emu.designs import DESIGNS, get_design
+    from emu.designs.file import load_design_files
     from emu.errors import UsageError
     from emu.mutation import OPERATORS, Outcome, optimizing, score_design, score_table, survivors_text
 

@@ -22,8 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from emu.design_file import load_design_files
     from emu.designs import get_design
+    from emu.designs.file import load_design_files
     from emu.fuzz.findings import replay
 
     load_design_files(args.design_file)

@@ -36,7 +36,7 @@ from emu.cpu.regs import (
 from emu.cpu.stops import FETCH_FAULTS, UC_ACCESS, Access, BadAccess, StopReason, stop_reason
 
 if TYPE_CHECKING:
-    from emu.vma import SharedPages
+    from emu.process.vma import SharedPages
 
 # Linux's selectors (arch/x86/include/asm/segment.h): STAR[63:48] = __USER32_CS, so SYSRET loads
 # SS = 0x2b (__USER_DS) and CS = 0x33 (__USER_CS) with RPL and DPL 3.
@@ -416,7 +416,7 @@ class Cpu:
         (Unicorn itself flushes the other way). Counting calls a hook at every instruction (a tight
         loop runs an order of magnitude slower), which is why single-threaded runs do not count, and
         why ``--json``, ``--max-insns``, the clock and long time slices count per translated block
-        instead (emu/icount.py) and use ``count`` only for the last few instructions before a limit.
+        instead (emu/process/icount.py) and use ``count`` only for the last few instructions before a limit.
 
         A fetch from an unmapped page goes to ``on_unmapped`` after the run stops (emu/cpu/pages.py:
         no hook hears of it); if that maps it, an uncounted run goes on from there. A counted run

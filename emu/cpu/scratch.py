@@ -21,7 +21,7 @@ from emu.cpu.state import RawState
 from emu.cpu.stops import Access, BadAccess, StopReason
 
 if TYPE_CHECKING:
-    from emu.memory import Memory
+    from emu.process.memory import Memory
 
 _PROBE_CODE, _PROBE_DATA = 0x10000, 0x20000
 

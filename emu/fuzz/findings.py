@@ -172,7 +172,7 @@ def replay(path: str, design: str | None = None, trust_design_file: bool = False
         if not trust_design_file:
             raise UsageError(f"{path}: its design {used!r} comes from {record.design_file}, which replay does not run "
                              f"on a finding's word: name it with --design-file (or pass --trust-design-file)")
-        from emu.design_file import load_design_file
+        from emu.designs.file import load_design_file
 
         load_design_file(record.design_file)  # the finding's own design, from the file that defined it
     return check_case(record.case, used, aslr=record.aslr), used

@@ -29,9 +29,9 @@ from emu.guestio import GuestIO
 from emu.kernel.exits import GuestExit
 from emu.kernel.uprobes.consumers import Consumer, Hit
 from emu.kernel.uprobes.sites import usdt_combo_site
-from emu.loading import reset_registers
 from emu.machine import Machine, RunOptions
 from emu.probes import ResolvedProbe, parse_spec
+from emu.process.loading import reset_registers
 from emu.verify.session import VerifySession
 
 STACK_WINDOW = 0x800  # zeroed below the entry sp before each run (frames, red zones, kernel pushes)

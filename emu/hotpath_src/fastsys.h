@@ -54,7 +54,7 @@ typedef struct {
     int open;               /* nothing in Python needs to see a hit */
     uint64_t generation;    /* of the tables below */
     int ids[REG_IDS];
-    /* the design's Handler (designs.py); handler_nr < 0: no sys_uprobe */
+    /* the design's Handler (emu/designs/); handler_nr < 0: no sys_uprobe */
     long long handler_nr;
     int by_slot, exit_kind, path, saved_count;
     int saved_ids[MAX_SAVED];

@@ -199,7 +199,7 @@ static PyObject *fastsys_set_tables(FastSys *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* set_clock(address): the instruction counter's state (emu/icount.py) each kernel entry is charged to; 0: none */
+/* set_clock(address): the instruction counter's state (emu/process/icount.py) each kernel entry is charged to; 0: none */
 static PyObject *fastsys_set_clock(FastSys *self, PyObject *address)
 {
     void *state = address_of(address);
@@ -317,7 +317,7 @@ static PyMethodDef fastsys_methods[] = {
      "set_handler(nr, by_slot, exit, path, saved ids, saved_offset, sp_skip, branch_end, patch length, "
      "syscall_return): the design's sys_uprobe"},
     {"set_clock", (PyCFunction)fastsys_set_clock, METH_O,
-     "set_clock(state): the instruction counter each kernel entry is charged to (emu/icount.py; 0: none)"},
+     "set_clock(state): the instruction counter each kernel entry is charged to (emu/process/icount.py; 0: none)"},
     {"set_tables", (PyCFunction)fastsys_set_tables, METH_VARARGS,
      "set_tables(probes, trampoline pages, slots): the counting-only probes, current from now on"},
     {"set_uretprobe", (PyCFunction)fastsys_set_uretprobe, METH_VARARGS,

@@ -1,4 +1,4 @@
-/* Instruction counting per translated block; emu/icount.py explains the scheme and is the Python side.
+/* Instruction counting per translated block; emu/process/icount.py explains the scheme and is the Python side.
  *
  * icount_translated (UC_HOOK_EDGE_GENERATED: Unicorn calls it for each block it has just translated)
  * writes the block's instruction count into a table keyed by (address, size); icount_block
@@ -34,10 +34,10 @@ struct icount_entry {
 
 typedef uint32_t (*icount_decode_fn)(uint64_t address, uint32_t size);
 
-#define ICOUNT_FRONT_LOG2 10 /* FRONT_CAPACITY_LOG2 in emu/icount.py */
+#define ICOUNT_FRONT_LOG2 10 /* FRONT_CAPACITY_LOG2 in emu/process/icount.py */
 #define ICOUNT_FRONT (1 << ICOUNT_FRONT_LOG2)
 
-/* The counter; emu/icount.py mirrors this layout with ctypes (keep the two in step). */
+/* The counter; emu/process/icount.py mirrors this layout with ctypes (keep the two in step). */
 struct icount_state {
     uint64_t total;       /* instructions of the blocks let run */
     uint64_t stop_at;     /* stop before a block that would take total past this */

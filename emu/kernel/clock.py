@@ -5,8 +5,8 @@ at fixed rates (``work`` below, in instructions), plus what they waited for or r
 and time slices the clock jumps over, and a tick for each reading). The rates are those of a compiled
 C loop of loads and multiplies (elf_samples/cpu_bound, about 4 instructions a nanosecond natively) and
 of a getpid round trip (about 100 ns) on the machines this project runs on; the README has the figures.
-Each process's instructions come from its block counter (emu/icount.py, made for the purpose by
-emu/timekeeping.py), and are read when the time is: nothing is pushed as the CPU runs.
+Each process's instructions come from its block counter (emu/process/icount.py, made for the purpose by
+emu/process/timekeeping.py), and are read when the time is: nothing is pushed as the CPU runs.
 
 The clock counts instructions from the first time the guest looks at it (a reading, a file's time, a
 timer or a timeout armed): before that nothing in the guest can tell how long anything took, so a run
@@ -109,7 +109,7 @@ class VirtualClock:
 
     def changed(self) -> None:
         """Time moved with no instruction run, or a timer changed: the running process's stop for its
-        timers is set again (emu/timekeeping.py)."""
+        timers is set again (emu/process/timekeeping.py)."""
         if self.on_change is not None:
             self.on_change()
 

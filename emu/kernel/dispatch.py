@@ -28,8 +28,8 @@ from emu.kernel.sched import Scheduler
 from emu.kernel.state import Brk, CloneArgs, PerfAttach, SignalState, Timer, default_memory_limit, host_rlimits
 from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
-from emu.memory import Memory, UserFault
-from emu.vma import Vma
+from emu.process.memory import Memory, UserFault
+from emu.process.vma import Vma
 
 SYSCALL_INSN_LEN = 2
 REALTIME_START_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z

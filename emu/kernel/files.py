@@ -21,7 +21,7 @@ from emu.abi import O_ACCMODE, O_DIRECTORY
 from emu.kernel.errno_ import SyscallError
 
 if TYPE_CHECKING:
-    from emu.vma import SharedPages
+    from emu.process.vma import SharedPages
 
 
 ALLOWED_DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random"})

@@ -35,7 +35,7 @@ from emu.kernel.fs.mapped import fork_maps
 from emu.kernel.state import SIG_IGN, Brk, CloneArgs, SignalState
 from emu.kernel.uprobes.records import UprobeTask
 from emu.kernel.uprobes.sites import TRAMPOLINE_NAME
-from emu.vma import Vma
+from emu.process.vma import Vma
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

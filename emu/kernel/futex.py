@@ -22,7 +22,7 @@ from emu.kernel.exits import WouldBlock
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.vma import SharedPages
+    from emu.process.vma import SharedPages
 
 FUTEX_WAIT, FUTEX_WAKE, FUTEX_REQUEUE, FUTEX_CMP_REQUEUE = 0, 1, 3, 4
 FUTEX_WAIT_BITSET, FUTEX_WAKE_BITSET = 9, 10

@@ -19,7 +19,7 @@ from emu.kernel.errno_ import SyscallError
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.memory import Memory
+    from emu.process.memory import Memory
 
 RLIMIT_NPROC = 6
 PROCESS_COST = 8 << 20  # a process's host CPU, translation cache and kernel state, charged as memory

@@ -1,7 +1,7 @@
 """Memory syscalls: mmap, munmap, mprotect, mremap, madvise, brk, mseal.
 
 Sealed VMAs (mseal, Linux 6.10+) refuse munmap, mprotect, mremap and a MAP_FIXED mapping over them
-with EPERM; the kernel's own special mappings (emu.memory.SPECIAL) refuse growing (EFAULT), moving
+with EPERM; the kernel's own special mappings (emu.process.memory.SPECIAL) refuse growing (EFAULT), moving
 where their vm_special_mapping says so (EPERM) and an mprotect beyond their VM_MAY* bits (EACCES).
 """
 
@@ -17,8 +17,8 @@ from emu.errors import MapFailed
 from emu.kernel import limits
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fs.mapped import mapped, write_back
-from emu.memory import SPECIAL
-from emu.vma import SharedPages
+from emu.process.memory import SPECIAL
+from emu.process.vma import SharedPages
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

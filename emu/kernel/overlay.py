@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import DT_TYPES, StatInfo
-from emu.vma import SharedPages
+from emu.process.vma import SharedPages
 
 if TYPE_CHECKING:
-    from emu.memory import Memory
+    from emu.process.memory import Memory
 
 FIRST_INO = 0x7E00_0000  # far above the inode numbers of the test trees; no clash with a host file
 BLOCK = 512

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import HostFile, OpenFile, StatInfo
 from emu.kernel.overlay import Inode, SharedMap
-from emu.vma import SharedPages
+from emu.process.vma import SharedPages
 
 if TYPE_CHECKING:
-    from emu.memory import Memory
+    from emu.process.memory import Memory
 
 
 class OverlayFile(OpenFile):

@@ -15,7 +15,7 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from emu import abi, layout
+from emu import abi
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import (
     DT_TYPES,
@@ -28,11 +28,12 @@ from emu.kernel.files import (
     kernel_made_file,
     synthetic_stat,
 )
-from emu.memory import SPECIAL
+from emu.process import layout
+from emu.process.memory import SPECIAL
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
-    from emu.vma import Vma
+    from emu.process.vma import Vma
 
 _SELF = re.compile(r"^/proc/(self|thread-self|\d+)(/.*)?$")
 _DIRS = ("", "/fd")

@@ -9,7 +9,7 @@ setitimer(ITIMER_REAL) share one, on the virtual clock; ITIMER_VIRTUAL counts th
 time (the instructions it runs) and ITIMER_PROF its user and system time (its kernel entries too), as
 do POSIX timers on a CPU clock (cputime.py); the other POSIX timers (timer_create with SIGEV_SIGNAL)
 run on the virtual clock. A timer expires when its clock passes the expiry, busy or not: the running
-process's CPU stops there (emu/timekeeping.py) and the signal comes as at any return to user mode. An
+process's CPU stops there (emu/process/timekeeping.py) and the signal comes as at any return to user mode. An
 interval timer goes on from its expiry; a signal not yet delivered takes the later expiries in (one
 SIGALRM pending at a time), and a POSIX timer counts them as overruns, which timer_getoverrun reports
 for the signal delivered last.

@@ -24,7 +24,7 @@ from emu.kernel import fpu
 from emu.kernel.altstack import DISABLED, SS_AUTODISARM, STACK_T, changed
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.hostframe import host_frame
-from emu.memory import UserFault
+from emu.process.memory import UserFault
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

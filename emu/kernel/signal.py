@@ -18,7 +18,7 @@ from emu.kernel.altstack import STACK_T, changed
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.exits import GuestKilled
 from emu.kernel.state import SIG_DFL, SIG_IGN
-from emu.memory import UserFault
+from emu.process.memory import UserFault
 
 if TYPE_CHECKING:  # sigframe.py loads when a signal is first delivered (most runs deliver none)
     from emu.kernel.dispatch import Kernel

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 from emu import abi
 from emu.kernel.errno_ import errno_name, errno_text
-from emu.memory import Memory
+from emu.process.memory import Memory
 
 MAX_STRING = 32
 O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE; O_TMPFILE is this | O_DIRECTORY

@@ -20,7 +20,7 @@ from emu.kernel.exits import GuestExit
 from emu.kernel.futex import FUTEX_BITSET_MATCH_ANY, futex_wake
 from emu.kernel.state import CloneArgs, SignalState
 from emu.kernel.tasks import Task
-from emu.memory import UserFault
+from emu.process.memory import UserFault
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -2,7 +2,7 @@
 
 The image (emu/data/vdso.so, from fixtures/vdso/) exports clock_gettime, gettimeofday, time,
 getcpu and clock_getres; they read the virtual clock from the first [vvar] page. Every reading goes
-through one routine of the image, ``reading``; a code hook there (emu/timekeeping.py) writes the
+through one routine of the image, ``reading``; a code hook there (emu/process/timekeeping.py) writes the
 clock's time, with the reading's tick, into the page just before the routine reads it, so the vDSO
 sees the instructions run so far as a clock_gettime syscall does (to a translated block: the counter
 counts a block as it starts). The page's tick is 0: the routine's own count of readings adds nothing.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from emu.abi import PAGE_SIZE, Prot
 from emu.kernel.clock import VirtualClock
-from emu.layout import (
+from emu.process.layout import (
     VDSO_BLOCK,
     VDSO_NAME,
     VVAR_NAME,
@@ -26,7 +26,7 @@ from emu.layout import (
     VVAR_VCLOCK_NAME,
     VVAR_VCLOCK_PAGES,
 )
-from emu.memory import Memory
+from emu.process.memory import Memory
 
 IMAGE = Path(__file__).resolve().parent.parent / "data" / "vdso.so"
 # [vvar] (fixtures/vdso/vdso.S): the start times, the elapsed ns, the routine's count of readings, the

@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from emu import published
+from emu.bench import published
 from emu.report import svg
 from emu.report.html import Page
 
 if TYPE_CHECKING:
-    from emu.bench import BenchResult
+    from emu.bench.workloads import BenchResult
 
 EVENTS = (("traps", "traps"), ("syscalls", "syscalls"), ("sysret", "SYSRET"), ("iret", "IRET"), ("calls", "calls"),
           ("rets", "rets"), ("rsb_mispredicts", "RSB misses"))
@@ -22,7 +22,7 @@ def _rates(cpu: str) -> dict[str, float]:
     return {f.label: f.mps for f in published.figures_of(cpu)}
 
 
-# The published native figures beside the counts (emu/published.py): the 6.18 commit's rates (the
+# The published native figures beside the counts (emu/bench/published.py): the 6.18 commit's rates (the
 # linux-6.18 design), the uretprobe syscall RFC on an i7-1165G7 as (INT3 return, with the syscall)
 # (int3, uretprobe-rfc), and the red-zone fix's usdt table per CPU as (usdt-nop, nop5-base, nop5-fix)
 # (int3, linux-6.18, jmp-slots).

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 from emu.disasm import cs64
 from emu.kernel.uprobes.consumers import EntryPath
-from emu.vma import KERNEL_SIDE
+from emu.process.vma import KERNEL_SIDE
 
 if TYPE_CHECKING:
     from emu.cpu import HookHandle
     from emu.kernel.uprobes.records import Uprobe
     from emu.kernel.uprobes.regs import PtRegs
     from emu.machine import Machine
-    from emu.vma import Vma
+    from emu.process.vma import Vma
 
 MAX_HITS = 2  # hits followed per site: the designs that optimize do it on the first hit
 MAX_STEPS = 64  # instructions kept per hit (a design that loops in its slot is cut short)

@@ -22,12 +22,12 @@ from emu.survey.corpus import Entry, file_sha256, run_options
 if TYPE_CHECKING:
     from emu.check import DesignReport
     from emu.machine import Machine
+    from emu.process.vma import Vma
     from emu.runtypes import RunOptions
     from emu.survey.libraries import Reached
     from emu.verify.records import Transaction
     from emu.verify.session import VerifySession
     from emu.violations import Violation
-    from emu.vma import Vma
 
 LibrarySites = tuple[tuple[str, tuple[int, ...]], ...]  # (a mapped file's path, its sites' link-time addresses)
 DYNAMIC_VERSION = 8  # bump when a dynamic verdict could change: stored runs of older versions are redone
@@ -116,7 +116,7 @@ class _Space:
     def __init__(self, machine: Machine, confirmed: set[tuple[int, int]],
                  marked: dict[int, tuple[int, int]] | None = None) -> None:
         from emu.hotpath.mem_filter import FilteredMemHooks
-        from emu.vma import WatchedBackend
+        from emu.process.vma import WatchedBackend
 
         self.cpu, self.mem = machine.cpu, machine.mem
         self.marked: dict[int, tuple[int, int]] = {} if marked is None else marked
@@ -171,7 +171,7 @@ class _Space:
 
     def _kernel_side(self) -> bool:
         from emu.cpu import Reg
-        from emu.vma import KERNEL_SIDE
+        from emu.process.vma import KERNEL_SIDE
 
         vma = self.mem.find(self.cpu.read(Reg.RIP))
         return vma is not None and vma.name in KERNEL_SIDE

@@ -18,9 +18,9 @@ from emu.survey.corpus import Entry, run_options
 from emu.survey.native import Output
 
 if TYPE_CHECKING:
-    from emu.elf import LoadPlan
     from emu.machine import Machine
-    from emu.vma import Vma
+    from emu.process.elf import LoadPlan
+    from emu.process.vma import Vma
 
 
 Reached = dict[str, tuple[tuple[int, int], ...]]  # a file (real path) -> [start, end) link-time ranges that ran
@@ -47,8 +47,8 @@ class _Coverage:
         machine.cpu.hooks.add_translation(translated)
 
     def _bias(self, vma: Vma) -> int | None:
-        from emu.elf import load_plan
         from emu.libprobes import library_bias
+        from emu.process.elf import load_plan
 
         key = (vma.name, vma.start, vma.offset)
         if key not in self._biases:

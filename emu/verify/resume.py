@@ -14,7 +14,7 @@ from emu.abi import RED_ZONE, U64
 from emu.cpu.state import RAW_RIP, RAW_RSP
 from emu.disasm import STRAIGHT_LINE_SCAN, cs64, straight_line_end
 from emu.kernel.uprobes.regs import ExitPath
-from emu.vma import KERNEL_SIDE
+from emu.process.vma import KERNEL_SIDE
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from emu.cpu import RawState
     from emu.kernel.uprobes.records import Uprobe
     from emu.machine import Machine
-    from emu.vma import Vma
+    from emu.process.vma import Vma
 
 _QWORD = struct.Struct("<Q")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from emu.callret_models import CallRetModels
+from emu.callret.models import CallRetModels
 from emu.cpu.effects import Prepared, ReferenceCache
 from emu.cpu.scratch import ScratchCpu
 from emu.disasm import insn_text

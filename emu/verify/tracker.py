@@ -1,7 +1,7 @@
 """The transaction tracker: it follows each probe hit from the moment execution reaches a patched
 site until the guest resumes (emu/verify/resume.py says when), with a code hook per site, the write
 log (emu/hotpath/write_log.py), a memory backend that sees the fake kernel's writes before they land
-(emu/vma.py's WatchedBackend) and an observer of the handler chain. With the C extension the site,
+(emu/process/vma.py's WatchedBackend) and an observer of the handler chain. With the C extension the site,
 write and ``ret`` hooks are C (emu/hotpath/edges.py says what they settle without Python).
 """
 
@@ -39,12 +39,12 @@ from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.records import XOL_NAME, Uprobe
 from emu.kernel.uprobes.regs import PtRegs
+from emu.process.vma import KERNEL_SIDE, Vma, WatchedBackend
 from emu.verify.checks.memory import outside_the_hits_share
 from emu.verify.records import Finished, Prepare, ProbeSite, Transaction
 from emu.verify.resume import ResumeWatch
 from emu.verify.signals import SignalWatch
 from emu.verify.threads import ThreadWatch
-from emu.vma import KERNEL_SIDE, Vma, WatchedBackend
 
 if TYPE_CHECKING:
     from emu.machine import Attachment, Machine

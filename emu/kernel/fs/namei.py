@@ -13,7 +13,7 @@ from emu.abi import signed32
 from emu.kernel import cpufs, procfs, sysfs
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.files import StatInfo
-from emu.memory import StringTooLong
+from emu.process.memory import StringTooLong
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel

@@ -13,7 +13,7 @@ from emu.designs import Branch
 from emu.kernel.uprobes.regs import PtRegs
 
 if TYPE_CHECKING:
-    from emu.memory import Memory
+    from emu.process.memory import Memory
 
 UPROBE_HANDLER_REMOVE = 1  # include/linux/uprobes.h [HDR]
 UPROBE_HANDLER_IGNORE = 2

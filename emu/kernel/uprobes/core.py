@@ -34,7 +34,7 @@ from emu.kernel.uprobes.records import (
 )
 from emu.kernel.uprobes.regs import PtRegs, regs_from_cpu, regs_to_cpu
 from emu.kernel.uprobes.sites import INT3, SitePatcher
-from emu.memory import Memory, UserFault
+from emu.process.memory import Memory, UserFault
 
 DeferFn = Callable[[Callable[[], None]], None]
 # (probe, regs, path, after_consumers); regs None: the fast path, where no consumer can change them

@@ -35,7 +35,7 @@ from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer, EntryPath, bran
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.records import ReturnInstance, Uprobe
-from emu.memory import UserFault
+from emu.process.memory import UserFault
 
 SAVED_REG = {name: Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit() else name.upper()]
              for name in ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14",

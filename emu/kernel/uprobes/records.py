@@ -13,14 +13,14 @@ from emu.designs import XOL_SLOT_BYTES, ReturnTrampoline
 from emu.kernel.exits import GuestKilled
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.insn import Analysis
-from emu.memory import Memory
+from emu.process.memory import Memory
 
 MAX_URETPROBE_DEPTH = 64  # [HDR]
 XOL_NAME = "[uprobes]"
 
 
 class ShadowStackHooks(Protocol):
-    """The task's user shadow stack, when the harness models one (spec 3.7; emu/shstk.py)."""
+    """The task's user shadow stack, when the harness models one (spec 3.7; emu/callret/shstk.py)."""
 
     def push(self, addr: int) -> None: ...  # shstk_push
     def pop(self) -> int | None: ...  # shstk_pop; None: nothing to pop (-EFAULT)

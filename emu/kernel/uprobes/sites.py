@@ -3,7 +3,7 @@
 Every write goes through Memory.patch, which checks the expected bytes first (the
 kernel's verify_insn, spec 3.5). Trampoline pages are mapped on the nearest free
 page within rel32 reach (spec 3.4) and never unmapped. What is written comes from
-the design (emu/designs.py): its Patch, Trampoline and their parameters.
+the design (emu/designs/__init__.py): its Patch, Trampoline and their parameters.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from emu.abi import PAGE_SIZE, TASK_SIZE, Prot
 from emu.designs import BRANCH_OPCODE, Design, Detach, Layout, Patch, SiteForm, Trampoline, WriteOrder
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.uprobes.insn import analyze, decode
-from emu.memory import Memory
+from emu.process.memory import Memory
 
 INT3 = b"\xcc"
 JMP8 = 0xEB

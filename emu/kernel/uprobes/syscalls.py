@@ -18,7 +18,7 @@ from emu.kernel.uprobes.consumers import branch_path
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.fastpath import FastPaths
 from emu.kernel.uprobes.regs import ExitPath, PtRegs, return_from_syscall, syscall_entry_regs
-from emu.memory import UserFault
+from emu.process.memory import UserFault
 
 
 def _leave(up: Uprobes, regs: PtRegs, held: list[int], force_iret: bool = False) -> None:

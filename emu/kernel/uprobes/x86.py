@@ -21,7 +21,7 @@ from emu.kernel.exits import GuestKilled
 from emu.kernel.uprobes.insn import Analysis, Fixup, Kind, jcc_taken
 from emu.kernel.uprobes.records import ShadowStackHooks, Uprobe, UprobeStats, XolArea
 from emu.kernel.uprobes.regs import PtRegs, regs_from_cpu, regs_to_cpu
-from emu.memory import Memory, UserFault
+from emu.process.memory import Memory, UserFault
 
 
 class ProbedProcess(Protocol):

@@ -1,7 +1,7 @@
 """What a hit writes elsewhere (``memory``): a hit may write only below the red zone (the design's
 scratch, on the interrupted thread's own stack) and into the kernel's own pages; any other byte it
 leaves changed that the original instruction would not have is reported with its address, old and
-new bytes and writer. The fake kernel's writes are seen before they land (emu/vma.py's WatchedBackend)."""
+new bytes and writer. The fake kernel's writes are seen before they land (emu/process/vma.py's WatchedBackend)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 from emu.abi import RED_ZONE, Prot
 from emu.hotpath.write_log import classify
 from emu.hotpath.write_log import entries as log_entries
+from emu.process.vma import KERNEL_SIDE
 from emu.verify.expected import Expected
 from emu.verify.records import Transaction, path_name, violation
 from emu.violations import Check, Violation
-from emu.vma import KERNEL_SIDE
 
 if TYPE_CHECKING:
-    from emu.memory import Memory
+    from emu.process.memory import Memory
 
 Reader = Callable[[int, int], bytes | None]  # (address, size) -> the guest's bytes now (None: unmapped)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from emu.callret import CallRetTracker
+from emu.callret.tracker import CallRetTracker
 from emu.violations import Check, Violation
 
 if TYPE_CHECKING:

@@ -23,14 +23,14 @@ import re
 from dataclasses import dataclass, field
 
 from emu.abi import NR_UPROBE, NR_URETPROBE, NR_URETPROBE_RFC, PAGE_SIZE, RED_ZONE
-from emu.design_choices import Branch as Branch  # the choices are part of this API: re-exported
-from emu.design_choices import Detach as Detach
-from emu.design_choices import Exit as Exit
-from emu.design_choices import Layout as Layout
-from emu.design_choices import ProbeFrom as ProbeFrom
-from emu.design_choices import SiteForm as SiteForm
-from emu.design_choices import WriteOrder as WriteOrder
-from emu.design_choices import coerce_choices
+from emu.designs.choices import Branch as Branch  # the choices are part of this API: re-exported
+from emu.designs.choices import Detach as Detach
+from emu.designs.choices import Exit as Exit
+from emu.designs.choices import Layout as Layout
+from emu.designs.choices import ProbeFrom as ProbeFrom
+from emu.designs.choices import SiteForm as SiteForm
+from emu.designs.choices import WriteOrder as WriteOrder
+from emu.designs.choices import coerce_choices
 from emu.errors import UsageError
 
 Code = str | bytes

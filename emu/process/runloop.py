@@ -12,14 +12,14 @@ from emu.abi import SI_KERNEL, Signal
 from emu.cpu import Access, Reg, StopReason
 from emu.disasm import describe_insn
 from emu.errors import EXIT_INSN_LIMIT, EXIT_TIMEOUT, MemoryFault
-from emu.icount import InsnCounter
 from emu.kernel.dispatch import SYSCALL_INSN_LEN
 from emu.kernel.exits import GuestBlocked, GuestExit, GuestKilled, PollOthers, ProcessSuspended, WouldBlock
 from emu.kernel.fork import Family, wait_status
 from emu.kernel.signal import deliver, deliver_pending, handles
 from emu.kernel.uprobes.core import Uprobes
+from emu.process.icount import InsnCounter
+from emu.process.timekeeping import TimeKeeper
 from emu.runtypes import LIMITS, Budget, Ending, Outcome, RunOptions
-from emu.timekeeping import TimeKeeper
 
 PROCESS_QUANTUM = 200_000  # instructions a process runs while another one is runnable
 PROCESS_SLICE_NS = 4_000_000  # virtual time one such slice takes: a tick of CONFIG_HZ=250 (Debian)
@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # for the type checker only: a Protocol class costs start-up 
     from typing import Protocol
 
     from emu.kernel.dispatch import Kernel
-    from emu.timekeeping import ClockedProcess
+    from emu.process.timekeeping import ClockedProcess
 
     class RunHost(ClockedProcess, Protocol):
         """The process a RunLoop runs (emu/machine.py's Machine); read at each use, since an execve
@@ -207,7 +207,7 @@ class RunLoop:
     def _run_slices(self, pc: int) -> StopReason:
         """Run the current thread until something other than a deferred kernel action (an XOL step) or
         the clock's first count stops the CPU; with several threads, for at most one scheduler slice of
-        instructions; and, with a timer armed, at most until it expires (emu/timekeeping.py).
+        instructions; and, with a timer armed, at most until it expires (emu/process/timekeeping.py).
 
         A slice is counted per block where a block counter exists (TimeKeeper.slice_counter): a
         process's while another process can run, and a thread's unless the scheduler wants exact slices.

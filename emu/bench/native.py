@@ -14,7 +14,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from emu.bench import TRIG, WORKLOADS, Workload, _machine
+from emu.bench.workloads import TRIG, WORKLOADS, Workload, _machine
 from emu.errors import UsageError
 from emu.native import NativeProbe, NativeUnavailable, available, run_native
 

@@ -1,4 +1,4 @@
-"""The choices a kernel design makes (emu/designs.py), one enum each.
+"""The choices a kernel design makes (emu/designs/__init__.py), one enum each.
 
 A design file writes a choice as its value (``exit="iret"``); each part of a design turns it into
 the member (coerce_choices), and the kernel's code compares members only. Each member's comment

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 from emu.abi import MMAP_BASE, PAGE_SIZE, TASK_SIZE, Prot, page_down, page_up
 from emu.errors import MapFailed, MemoryFault, PatchMismatch
-from emu.layout import RLIMIT_STACK as STACK_LIMIT
-from emu.layout import STACK_GUARD_GAP
-from emu.vma import SPECIAL as SPECIAL  # re-exported: the mm syscalls read it with the list
-from emu.vma import Backing, MemoryBackend, SharedPages, Vma
+from emu.process.layout import RLIMIT_STACK as STACK_LIMIT
+from emu.process.layout import STACK_GUARD_GAP
+from emu.process.vma import SPECIAL as SPECIAL  # re-exported: the mm syscalls read it with the list
+from emu.process.vma import Backing, MemoryBackend, SharedPages, Vma
 
 STACK_NAME = "[stack]"
 STACK_PIECES_MAX = 32

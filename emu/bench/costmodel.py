@@ -1,6 +1,6 @@
 """A linear cost model of a probe hit: time per hit = sum over counted events of count x cost.
 
-The counts are the emulator's exact per-hit accounting (emu/bench.py); the per-event costs are
+The counts are the emulator's exact per-hit accounting (emu/bench/workloads.py); the per-event costs are
 fitted per CPU from measured rows (native runs on this machine, published tables elsewhere) by
 weighted non-negative least squares. A CPU rarely has as many independent rows as there are
 events, so every per-CPU fit is regularised towards a *pooled* prior: the costs fitted on all
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emu.bench import Accounting
+from emu.bench.workloads import Accounting
 
 EVENTS: tuple[str, ...] = ("trap", "single_step", "syscall", "sysret", "iret", "hit", "uret_return", "insn",
                            "rsb_miss", "byte", "mmap_lock")

@@ -29,7 +29,7 @@ LOAD_TIMEOUT_S = 30.0  # a design file's run, by default (--timeout, where a com
 LOAD_MEMORY = 2 << 30  # bytes of address space the child may add to what it inherits from the fork
 _PICKLED_FROM = {  # what a design file's child may send back: the design API's records, nothing else
     "emu.designs": {"Design", "Patch", "Trampoline", "Handler", "ReturnTrampoline"},
-    "emu.design_choices": None,  # any of its enums
+    "emu.designs.choices": None,  # any of its enums
     "copyreg": {"_reconstructor", "__newobj__"},
     "builtins": {"tuple", "frozenset", "set", "object", "int", "str", "bytes", "list", "dict"},
 }

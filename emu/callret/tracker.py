@@ -1,5 +1,5 @@
 """Every ``call`` and ``ret`` the CPU executes, including those in the kernel's trampoline pages, told
-to the models that follow them: the shadow stack (emu/shstk.py) and the RSB model (emu/rsb.py).
+to the models that follow them: the shadow stack (emu/callret/shstk.py) and the RSB model (emu/callret/rsb.py).
 
 Calls and rets are seen with one block hook: the block's last instruction (every call and ret ends a
 translation block) is decoded once with capstone and cached; it is acted on when the next block

@@ -9,13 +9,11 @@ import os
 import stat
 from typing import NamedTuple
 
-from emu import abi, layout
+from emu import abi
 from emu.abi import AuxType, Prot
 from emu.cpu import Cpu, Reg
-from emu.elf import FileId, LoadPlan, load_plan, plan_from_bytes
 from emu.errors import EmuError, LoadError
 from emu.guestio import GuestIO
-from emu.initstack import build_stack
 from emu.kernel.dispatch import Identity, Kernel
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import exec_kernel_state
@@ -24,11 +22,14 @@ from emu.kernel.fs.layer import MAY_EXEC, permitted
 from emu.kernel.hostframe import host_frame
 from emu.kernel.overlay import Inode
 from emu.kernel.vdso import map_vdso
-from emu.layout import Layout
-from emu.loader import LoadedImage, choose_bias, map_image
-from emu.memory import Memory
+from emu.process import layout
+from emu.process.elf import FileId, LoadPlan, load_plan, plan_from_bytes
+from emu.process.initstack import build_stack
+from emu.process.layout import Layout
+from emu.process.loader import LoadedImage, choose_bias, map_image
+from emu.process.memory import Memory
+from emu.process.scripts import HEAD, host_head
 from emu.runtypes import RunOptions
-from emu.scripts import HEAD, host_head
 
 CLOCK_TICKS = 100
 RSEQ_FEATURE_SIZE, RSEQ_ALIGN = 28, 32  # offsetofend(struct rseq, mm_cid) and its alignment
@@ -135,7 +136,7 @@ def load_images(kernel: Kernel, mem: Memory, lay: Layout, path: str, plan: LoadP
         if image is not None and image.entry >= abi.TASK_SIZE:
             # load_elf_binary: BAD_ADDR(elf_entry) fails the execve with EINVAL
             raise LoadError(image.plan.file.path, f"entry point {image.entry:#x} is outside the user address space")
-    # load_elf_binary: a static PIE's brk moves out of the mmap area (emu/layout.py)
+    # load_elf_binary: a static PIE's brk moves out of the mmap area (emu/process/layout.py)
     moved = plan.is_dyn and interp is None
     brk = layout.MOVED_BRK if moved else abi.page_up(exe.end)
     if lay.randomized:  # a page's gap unless moved, then arch_randomize_brk
@@ -158,7 +159,7 @@ def interpreter(kernel: Kernel, plan: LoadPlan) -> tuple[LoadPlan, str]:
 
 
 def map_stack(mem: Memory, lay: Layout, path: str, argv: list[str], envp: list[str]) -> None:
-    """[stack] as setup_arg_pages leaves it: the strings' pages plus 128 KiB (emu/layout.py)."""
+    """[stack] as setup_arg_pages leaves it: the strings' pages plus 128 KiB (emu/process/layout.py)."""
     bottom = layout.strings_bottom([os.fsencode(a) for a in argv], [os.fsencode(e) for e in envp], os.fsencode(path))
     top = lay.stack_top
     shift = abi.STACK_TOP - top  # the strings are copied at STACK_TOP, then the stack moves down

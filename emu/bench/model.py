@@ -1,8 +1,8 @@
 """The published figures and this machine's native times as cost-model rows, per CPU, with the
 fits, predictions and validations the bench report and ``bench --predict`` show.
 
-Counts come from the emulator (emu/bench.py), figures from emu/published.py, native times from
-emu/bench_native.py; the model is emu/costmodel.py.
+Counts come from the emulator (emu/bench/workloads.py), figures from emu/bench/published.py, native times from
+emu/bench/native.py; the model is emu/bench/costmodel.py.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from emu import published as pub
-from emu.bench import WORKLOADS, Workload, account, supported, unprobed
-from emu.bench_native import NATIVE_DESIGN, NativeTime
-from emu.costmodel import BASELINE_SYSCALL, CpuRows, Fit, Row, ShareRow, counts_of, fit_cpu
+from emu.bench import published as pub
+from emu.bench.costmodel import BASELINE_SYSCALL, CpuRows, Fit, Row, ShareRow, counts_of, fit_cpu
+from emu.bench.native import NATIVE_DESIGN, NativeTime
+from emu.bench.workloads import WORKLOADS, Workload, account, supported, unprobed
 from emu.errors import UsageError
 
 NATIVE_CPU = "native"

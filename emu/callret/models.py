@@ -1,5 +1,5 @@
-"""The models that follow every ``call`` and ``ret`` of a checked run (a CET shadow stack, emu/shstk.py;
-an RSB, emu/rsb.py), fed by one CallRetTracker and told which probe hit last, so that what they find
+"""The models that follow every ``call`` and ``ret`` of a checked run (a CET shadow stack, emu/callret/shstk.py;
+an RSB, emu/callret/rsb.py), fed by one CallRetTracker and told which probe hit last, so that what they find
 is put down to the hit before it."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from emu.callret import CallRetTracker
-from emu.rsb import RsbModel
-from emu.shstk import ShadowStack
+from emu.callret.rsb import RsbModel
+from emu.callret.shstk import ShadowStack
+from emu.callret.tracker import CallRetTracker
 
 if TYPE_CHECKING:
     from emu.kernel.uprobes.consumers import EntryPath

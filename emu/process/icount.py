@@ -18,7 +18,7 @@ table is a dict and the hooks are Python (emu/hotpath/__init__.py chooses). Both
 Where a block does not run to its end (a fault in the middle, a thread's counted slice ending in it),
 it still counts whole, as with any block counter; single-threaded runs without faults count exactly.
 
-The counter is also the process's share of the virtual clock (emu/kernel/clock.py, emu/timekeeping.py):
+The counter is also the process's share of the virtual clock (emu/kernel/clock.py, emu/process/timekeeping.py):
 ``kernel`` adds what its kernel entries cost (``charge_entries``), and ``set_alarm`` makes it stop exactly
 where a timer expires, as it stops at ``--max-insns``. Stopping inside a block needs no flush of the
 translation cache: a code hook on the first instruction not to run stops the CPU there, and only the

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from emu import published as pub
-from emu.bench import RSB_DEPTH, TRIG, Workload, _Tally
-from emu.bench_model import (
+from emu.bench import published as pub
+from emu.bench.costmodel import EVENT_HELP, EVENTS, CpuRows, fit_cpu, pooled_costs
+from emu.bench.model import (
     NATIVE_CPU,
     ChangeCheck,
     Counts,
@@ -26,8 +26,8 @@ from emu.bench_model import (
     predict,
     with_shares,
 )
-from emu.bench_native import NativeTime
-from emu.costmodel import EVENT_HELP, EVENTS, CpuRows, fit_cpu, pooled_costs
+from emu.bench.native import NativeTime
+from emu.bench.workloads import RSB_DEPTH, TRIG, Workload, _Tally
 from emu.render import table
 
 SHAPES = str(Path(TRIG).parent / "rsb_shapes")
@@ -50,10 +50,10 @@ def verdict(c: ChangeCheck) -> str:
 
 def rsb_shapes() -> list[dict[str, Any]]:
     """Extra calls, rets and mispredicted returns per run of each rsb_shapes shape, against the plain one."""
-    from emu.callret import CallRetTracker
+    from emu.callret.rsb import RsbModel
+    from emu.callret.tracker import CallRetTracker
     from emu.guestio import GuestIO
     from emu.machine import Machine, RunOptions
-    from emu.rsb import RsbModel
 
     def tally(shape: str) -> tuple[int, int, int]:
         m = Machine(SHAPES, [SHAPES, shape, "1"], {}, RunOptions(), GuestIO.captured())

@@ -1,5 +1,5 @@
 """The pieces of an address space: a VMA, the bytes shared between processes behind one, and the
-mappings the kernel installs itself (emu/memory.py keeps the list)."""
+mappings the kernel installs itself (emu/process/memory.py keeps the list)."""
 
 from __future__ import annotations
 

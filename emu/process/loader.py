@@ -11,9 +11,9 @@ import os
 from dataclasses import dataclass
 
 from emu.abi import PAGE_SIZE, TASK_SIZE, Prot, page_down, page_up
-from emu.elf import LoadPlan, Segment
 from emu.errors import LoadError, MemoryFault
-from emu.memory import Memory
+from emu.process.elf import LoadPlan, Segment
+from emu.process.memory import Memory
 
 
 @dataclass(frozen=True, slots=True)

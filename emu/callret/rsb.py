@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from emu.callret import CallRetTracker
+from emu.callret.tracker import CallRetTracker
 from emu.errors import UsageError
 
 DEFAULT_RSB_DEPTH = 16

@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emu.callret import CallRetTracker
+from emu.callret.rsb import RsbModel
+from emu.callret.tracker import CallRetTracker
 from emu.disasm import cs64
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.consumers import Consumer
 from emu.machine import Machine, RunOptions
 from emu.render import table
-from emu.rsb import RsbModel
 
-TRIG = str(Path(__file__).resolve().parent.parent / "elf_samples" / "trig")
+TRIG = str(Path(__file__).resolve().parent.parent.parent / "elf_samples" / "trig")
 KERNEL_PAGES = frozenset({"[uprobes-trampoline]", "[uprobes]"})
 NR_UPROBE_SYSCALLS = (335, 336, 462)
 

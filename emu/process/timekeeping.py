@@ -5,7 +5,7 @@ expires (emu/kernel/procsig.py).
 Linux delivers an asynchronous signal at the next return to user mode; for a process that never
 enters the kernel, that is the timer interrupt, at an instruction boundary right after the expiry. So
 the counter stops the CPU at the very instruction where the process's work takes the clock past the
-expiry (emu/icount.py stops there as it does at --max-insns), and the run loop delivers the signal
+expiry (emu/process/icount.py stops there as it does at --max-insns), and the run loop delivers the signal
 with rip at the next instruction. An expiry that falls inside a kernel entry stops the CPU once the
 entry returns (rip after the syscall instruction). Nothing of this is armed while no timer is.
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from emu import hotpath
-from emu.icount import InsnCounter, make_counter
 from emu.kernel.clock import KERNEL_ENTRY_WORK, work_for
 from emu.kernel.vdso import reading_offset, write_elapsed
+from emu.process.icount import InsnCounter, make_counter
 
 if TYPE_CHECKING:  # for the type checker only: a Protocol class costs start-up time
     from collections.abc import Callable
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # for the type checker only: a Protocol class costs start-up 
 
     from emu.cpu import Cpu, HookHandle
     from emu.kernel.dispatch import Kernel
-    from emu.memory import Memory
+    from emu.process.memory import Memory
 
     class ClockedProcess(Protocol):
         """What the clock's side reads of a process (emu/machine.py's Machine, as its RunLoop has it)."""
