@@ -50,7 +50,7 @@ def page_up(x: int) -> int:
 
 
 def prime() -> unicorn.Uc:
-    """A throwaway Uc that has run code. Keep the returned object alive (notes section 1:
+    """A throwaway Uc that has run code. Keep the returned object alive (docs/unicorn.md section 1:
     the first Uc of a process runs hot code 2-3x slower; a live primer takes that hit)."""
     uc = unicorn.Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_64)
     uc.mem_map(0x1000, 0x1000)

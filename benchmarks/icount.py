@@ -7,7 +7,7 @@ without it, measured in one process (no assertions).
 For each CPU-bound guest, ``Machine.run()`` (after an untimed warm-up) with counting off, with
 ``count_insns`` (what ``run --json`` does) and with ``max_insns`` set past the end (what
 ``--max-insns`` does), interleaved, median of ``--reps``; a primed Unicorn engine stays alive for the
-whole run (the first engine of a process runs hot code 2-3x slower: notes/peers-and-unicorn.md 1).
+whole run (the first engine of a process runs hot code 2-3x slower: docs/unicorn.md section 1).
 The guests: a two-instruction loop (``dec rcx; jnz``, the worst case: one block every two
 instructions), elf_samples/cpu_bound (a C loop) and python3.11 running a loop. The target is
 counting at most 1.3x of the run without it ("met" compares the medians; "best" is the ratio of the

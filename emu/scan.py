@@ -3,7 +3,7 @@
 Pure Python over the file (pyelftools + capstone), no emulation: a static glibc binary takes well
 under a second. Addresses are link-time (a PIE's bias is not applied).
 
-Per design a site is one of (spec 1.2, 1.5, 4.1; notes/linux-6.18-observed.md section 8a):
+Per design a site is one of (spec 1.2, 1.5, 4.1; docs/linux-6.18-observed.md section 8a):
 - ``optimize``  the design patches it after the first hit (call / jmp slot / lea+call);
 - ``int3``      accepted, but it stays an INT3 probe (emulated or stepped out of line) forever;
 - ``refused (-ENOTSUPP)`` / ``refused (-ENOEXEC)``: the kernel's instruction analysis refuses to attach.

@@ -1,5 +1,5 @@
 """elf_samples/linux_facts probes itself through perf_event_open and prints what it sees of the
-kernel (notes/linux-6.18-observed.md sections 4, 8 and 10). Emulated under linux-6.18 it must
+kernel (docs/linux-6.18-observed.md sections 4, 8 and 10). Emulated under linux-6.18 it must
 print what the real kernel makes it print; the native half runs with ASLR off (personality
 ADDR_NO_RANDOMIZE, as `setarch -R`) and is skipped without root and the uprobe PMU.
 

@@ -1,6 +1,7 @@
 """The repository explains itself: every file a comment or a document names exists, every
 ``Class.attribute`` a comment or docstring names is one, and every section of the kernel's behaviour
-the code cites ("spec N.M", "docs/NAME.md section N") is in docs/; no module is over 500 lines.
+the code cites ("spec N.M", "docs/NAME.md section N") is in docs/, and nothing cites a document
+outside the repository; no module is over 500 lines.
 Each check also has its negative control: a made-up flaw that it reports."""
 
 from __future__ import annotations
@@ -135,3 +136,57 @@ def test_a_long_module_is_reported(tmp_path: Path) -> None:
     (tmp_path / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
     (tmp_path / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
     assert long_modules(["short.py", "long.py"], tmp_path) == {"long.py": MAX_MODULE_LINES + 1}
+
+
+# ------------------------------------------------------------------ the documents the code cites
+DOCS = REPO / "docs"
+SPEC = re.compile(r"\bspec (?:§ ?)?(\d+(?:\.\d+)?)")
+DOC_SECTION = re.compile(r"\bdocs/([\w.-]+\.md),? (?:section|§) ?(\d+[a-z]?(?:\.\d+)?)\b")
+GOTCHA = re.compile(r"\bdocs/unicorn\.md,? gotcha (?:G)?(\d+)")
+OUTSIDE = re.compile(r"(?:\.\./shared/|shared/notes/|\bnotes/[\w.-]+\.md|notes section)")
+CITING_FILES = ("emu/", "benchmarks/", "tests/", "fixtures/", "docs/", "README.md")
+
+
+def headings(document: str) -> set[str]:
+    """The section numbers a document's headings give: "2.1", "8a", "1/2"."""
+    return {match.group(1) for line in document.splitlines() if (match := re.match(r"#{2,4} (\d[\w/.]*?)\.? ", line))}
+
+
+def unresolved_citations(text: str, docs: Path = DOCS) -> list[str]:
+    """The citations in ``text`` of a section no document under ``docs`` has, and any of a file outside."""
+    spec = headings((docs / "kernel-uprobes.md").read_text())
+    bad = [f"spec {n}" for n in SPEC.findall(text) if n not in spec]
+    for name, number in DOC_SECTION.findall(text):
+        path = docs / name
+        if number not in (headings(path.read_text()) if path.is_file() else set()):
+            bad.append(f"docs/{name} section {number}")
+    gotchas = (docs / "unicorn.md").read_text()
+    bad += [f"docs/unicorn.md gotcha {n}" for n in GOTCHA.findall(text) if f"**G{n}." not in gotchas]
+    bad += OUTSIDE.findall(text)
+    return bad
+
+
+def test_every_section_the_code_cites_is_in_docs() -> None:
+    texts = {name: (REPO / name).read_text() for name in tracked(*CITING_FILES) if name != "tests/test_references.py"}
+    unresolved = {name: found for name, text in texts.items() if (found := unresolved_citations(text))}
+    assert unresolved == {}
+    cited = sum(len(SPEC.findall(text)) + len(DOC_SECTION.findall(text)) for text in texts.values())
+    assert cited > 100  # the code does cite them
+
+
+@pytest.mark.parametrize(("text", "bad"), [
+    ("as spec 2.1 step 8 says", []),
+    ("as spec 2.7 says", ["spec 2.7"]),
+    ("docs/observed.md section 8, fork", []),
+    ("docs/observed.md section 8a.", ["docs/observed.md section 8a"]),
+    ("docs/observed.md section 11.", ["docs/observed.md section 11"]),
+    ("docs/unicorn.md gotcha 4", []),
+    ("docs/unicorn.md gotcha 7", ["docs/unicorn.md gotcha 7"]),
+    ("see notes/peers-and-unicorn.md", ["notes/peers-and-unicorn.md"]),
+    ("see ../shared/DESIGN.md", ["../shared/"]),
+])
+def test_a_citation_of_a_missing_section_is_reported(tmp_path: Path, text: str, bad: list[str]) -> None:
+    (tmp_path / "kernel-uprobes.md").write_text("## 2. Syscalls\n### 2.1 `sys_uprobe`\n")
+    (tmp_path / "observed.md").write_text("## 8. Other behaviour\n### fork\n")
+    (tmp_path / "unicorn.md").write_text("## 2. Gotchas\n4. **G4. Snapshots crash.**\n")
+    assert unresolved_citations(text, tmp_path) == bad

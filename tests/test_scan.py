@@ -1,4 +1,4 @@
-"""`uprobe-emu scan`: sites and per-design verdicts from the file alone (notes/linux-6.18-observed.md 8a)."""
+"""`uprobe-emu scan`: sites and per-design verdicts from the file alone (docs/linux-6.18-observed.md section 8a)."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ NOT_OPTIMIZED = ["f_nop1", "f_nop2", "f_nop3", "f_nop4", "f_nop6", "f_nop7", "f_
 
 
 def test_which_nop_forms_linux_618_optimizes() -> None:
-    """notes/linux-6.18-observed.md 8a, encoding by encoding."""
+    """docs/linux-6.18-observed.md section 8a, encoding by encoding."""
     m, io = machine(TARGETS)
     atts = {name: m.attach(f"uprobe:{name}") for name in OPTIMIZED + NOT_OPTIMIZED}
     result = run(m)

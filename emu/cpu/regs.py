@@ -7,7 +7,7 @@ import enum
 
 import unicorn.x86_const as x86
 
-# User-mode rflags as Linux keeps them (notes/linux-6.18-observed.md section 10): bit 1 and IF always
+# User-mode rflags as Linux keeps them (docs/linux-6.18-observed.md section 10): bit 1 and IF always
 # set, IOPL 0 and no virtual-8086 bits; at CPL 3 the guest's popf/iret cannot change those, and a value
 # the fake kernel writes for user mode gets the same treatment (the kernel never returns to user mode
 # with interrupts off).

@@ -5,7 +5,7 @@ skeleton ELF of the fuzz layout once and, per run, writes the case's function an
 zeroes the stack below the entry sp, forgets the previous probes (Uprobes.reset) and runs
 from the driver. No Unicorn memory snapshot: the kernel maps trampoline pages on the first
 optimized hit, and mem_map inside a snapshot window crashes Unicorn 2.1.4
-(notes/peers-and-unicorn.md, gotcha 4); a case dirties only the stack, the data page and the
+(docs/unicorn.md gotcha 4); a case dirties only the stack, the data page and the
 function, all rewritten explicitly.
 """
 

@@ -54,7 +54,7 @@ WAITID_OPTIONS = WNOHANG | 2 | 8 | WEXITED | WNOWAIT | 0x40000000 | 0x80000000 |
 # ---------------------------------------------------------------------------- fork
 def inherited(design: Design) -> Callable[[Vma], bool]:
     """Which VMAs fork copies: all but the VM_DONTCOPY special mappings of the design. Linux 6.18 maps
-    its trampoline VM_DONTCOPY (notes/linux-6.18-observed.md, fork): a child that reaches an optimized
+    its trampoline VM_DONTCOPY (docs/linux-6.18-observed.md section 8, fork): a child that reaches an optimized
     site dies with SIGSEGV at the trampoline; a design says so with Trampoline.inherited_on_fork."""
     keep_trampolines = design.trampoline is None or design.trampoline.inherited_on_fork
 

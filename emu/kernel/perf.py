@@ -5,7 +5,7 @@ probe; config bits 32-63 = ref_ctr_offset (a USDT semaphore). The fd supports re
 hit count, the ENABLE / DISABLE / RESET ioctls, close() (detaches), and an mmap'ed ring buffer
 receiving PERF_RECORD_SAMPLE records with PERF_SAMPLE_IP and PERF_SAMPLE_REGS_USER.
 As on Linux 6.18 here: DISABLE leaves the probe installed (hits still run the trampoline and
-are not counted); the trampoline page stays after close (notes/linux-6.18-observed.md section 8).
+are not counted); the trampoline page stays after close (docs/linux-6.18-observed.md section 8).
 
 An event follows the process it was opened for (pid 0 or its own pid), and the children forked
 after it only with attr.inherit: a hit in any other process is not counted and takes the

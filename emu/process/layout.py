@@ -1,6 +1,6 @@
 """Where the kernel puts things in a new process, as Linux 6.18 does with ASLR off (`setarch -R`).
 
-notes/linux-6.18-observed.md section 9 records the real layout; this module holds its rules:
+docs/linux-6.18-observed.md section 9 records the real layout; this module holds its rules:
 
 - the executable: a non-PIE at its link address, a PIE at ELF_ET_DYN_BASE (0x555555554000),
   [heap] right after its bss;

@@ -170,7 +170,7 @@ def map_stack(mem: Memory, lay: Layout, path: str, argv: list[str], envp: list[s
 def build_initial_stack(kernel: Kernel, mem: Memory, lay: Layout, path: str, exe: LoadedImage,
                         interp: LoadedImage | None, vdso: int, argv: list[str], envp: list[str]) -> int:
     """argc, argv, envp, auxv and the strings written on [stack] (create_elf_tables); the stack pointer."""
-    # create_elf_tables' order (notes/linux-6.18-observed.md section 9): ARCH_DLINFO first
+    # create_elf_tables' order (docs/linux-6.18-observed.md section 9): ARCH_DLINFO first
     aux = [
         (AuxType.AT_SYSINFO_EHDR, vdso),
         (AuxType.AT_MINSIGSTKSZ, host_frame().minsigstksz),  # grows with the frame's XSAVE area

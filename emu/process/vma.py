@@ -141,7 +141,7 @@ class Vma:
 @dataclass(frozen=True, slots=True)
 class Special:
     """A mapping the kernel installs itself (_install_special_mapping): what the mm syscalls and
-    /proc/pid/mem may do to it (notes/linux-6.18-observed.md section 8, "Trampoline VMA operations")."""
+    /proc/pid/mem may do to it (docs/linux-6.18-observed.md section 8, "Trampoline VMA operations")."""
 
     may: Prot  # VM_MAYREAD/WRITE/EXEC: mprotect asking for more is EACCES
     movable: bool  # mremap may move it (the trampoline's vm_special_mapping.mremap refuses: EPERM)
