@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -28,6 +28,9 @@ from emu.guestio import GuestIO
 from emu.kernel.dispatch import KernelConfig
 from emu.kernel.uprobes.consumers import Consumer
 from emu.machine import Attachment, Machine, RunOptions, RunResult
+
+if TYPE_CHECKING:
+    from emu.survey.engine import Outcome as SurveyOutcome
 
 
 def built_extension(symbol: str) -> ModuleType | None:
@@ -320,7 +323,7 @@ def python_hot_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
-def survey_with_corpus(tmp_path: Path, binary: str, corpus: str, designs: Sequence[Any]) -> Any:
+def survey_with_corpus(tmp_path: Path, binary: str, corpus: str, designs: Sequence[Any]) -> SurveyOutcome:
     """The static survey of ``binary`` (a sample) and the runs of ``corpus`` (a fixtures/ TOML file) under
     ``designs``, in a fresh database, held against the corpus's native record: the survey's Outcome."""
     from emu.dist import InlinePool

@@ -79,7 +79,8 @@ def test_the_elf_runs_natively_with_the_emulated_unprobed_result(tmp_path: Path,
 def _call1(case: Case) -> dict[str, object]:
     from emu.fuzz.oracle import decode
 
-    return decode(reference_outcome(case, "int3"), case)["calls"][0]
+    call: dict[str, object] = decode(reference_outcome(case, "int3"), case)["calls"][0]
+    return call
 
 
 def test_the_unprobed_reference_plays_the_consumer_action_at_the_site() -> None:

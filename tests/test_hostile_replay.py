@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ def assert_one_line_error(status: int, out: str, err: str) -> None:
     assert err.count("\n") == 1 and err.startswith("uprobe-emu: ") and "Traceback" not in err, err
 
 
-HOSTILE_TEXTS = {
+HOSTILE_TEXTS: dict[str, Callable[[str], str]] = {
     "seed 1e999": lambda text: text.replace('"seed": 0', '"seed": 1e999'),
     "arrays 200,000 deep": lambda _text: "[" * 200_000 + "]" * 200_000,
     "a record of a string": lambda _text: '"case"',

@@ -25,7 +25,7 @@ def machine() -> Machine:
 def slot_of(m: Machine, att: Attachment) -> int:
     code = m.mem.read(att.address, 5)
     assert code[0] == 0xE9
-    return att.address + 5 + struct.unpack("<i", code[1:])[0]
+    return att.address + 5 + int(struct.unpack("<i", code[1:])[0])
 
 
 def test_a_slot_stays_with_its_first_probe_address() -> None:

@@ -25,7 +25,7 @@ O_LARGEFILE = 0o100000
 
 
 def _int_at(g: GuestKernel, addr: int) -> int:
-    return struct.unpack("<i", g.read(addr, 4))[0]
+    return int(struct.unpack("<i", g.read(addr, 4))[0])
 
 
 # ---------------------------------------------------------------------------------------------- fcntl

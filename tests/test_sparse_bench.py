@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import benchmark_script
@@ -68,7 +69,7 @@ def test_a_counted_hit_is_the_probed_run_s_growth_per_round_over_the_unprobed_on
               ("", first): 4_000, ("", last): 4_000 + 10 * 500}
     mapped: set[tuple[str, str]] = set()
 
-    def run(binary: str, design: str, mode: str, rounds: int, probe: str, verify: bool, pages: str = "") -> dict:
+    def run(binary: str, design: str, mode: str, rounds: int, probe: str, verify: bool, pages: str = "") -> dict[str, Any]:
         mapped.add((probe, pages))
         return {"Ir": growth[(probe, rounds)], "I1mr": 3 * rounds if probe else rounds}
 

@@ -167,7 +167,7 @@ def dask_cluster(tmp_path: Path) -> Iterator[str]:
                 time.sleep(0.2)
         procs += [subprocess.Popen([*cli, "distributed.cli.dask_worker", address, "--nthreads", "1",
                                     "--no-dashboard", "--name", f"w{i}"], stdout=log, stderr=log) for i in range(2)]
-        with Client(address, timeout="30s") as client:
+        with Client(address, timeout="30s") as client:  # type: ignore[no-untyped-call]  # (not annotated)
             client.wait_for_workers(2, timeout=60)
         yield address
     finally:

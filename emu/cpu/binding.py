@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import unicorn
-from unicorn.unicorn_py3.unicorn import uclib
+from unicorn.unicorn_py3.unicorn import Uc, uc_version, uclib
+from unicorn.unicorn_py3.unicorn import UcError as _UcError
 
 from emu.errors import EmuError
 
@@ -30,7 +31,7 @@ class UnsupportedUnicorn(EmuError):
 
 def unicorn_version() -> tuple[int, int, int]:
     """(major, minor, patch) of the Unicorn library loaded (not of its Python binding)."""
-    combined = int(unicorn.uc_version()[2])  # type: ignore[no-untyped-call]  # (the binding is untyped)
+    combined = int(uc_version()[2])
     return combined >> 24 & 0xFF, combined >> 16 & 0xFF, combined >> 8 & 0xFF
 
 
@@ -72,12 +73,12 @@ state_read_batch.restype = mem_read.restype = mem_write.restype = ctypes.c_int
 
 hook_add, hook_del, emu_stop, close = uclib.uc_hook_add, uclib.uc_hook_del, uclib.uc_emu_stop, uclib.uc_close
 OK = unicorn.UC_ERR_OK
-UcError: type[Exception] = unicorn.UcError  # (the binding is untyped: its errors and engines are typed here)
+UcError: type[Exception] = _UcError  # (the binding is untyped: its errors and engines are typed here)
 
 
 def new_engine() -> Any:
     """A Unicorn x86-64 engine (the binding's Uc, whose methods the engine calls for what is not hot)."""
-    return unicorn.Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_64)  # type: ignore[no-untyped-call]
+    return Uc(unicorn.UC_ARCH_X86, unicorn.UC_MODE_64)
 
 # Hook callback shapes (unicorn.h)
 SYSCALL_CB = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
