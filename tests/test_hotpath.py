@@ -68,7 +68,7 @@ def test_an_untested_unicorn_is_refused_in_one_line(version: tuple[int, int, int
 
 def test_the_command_line_says_so_and_exits_2() -> None:
     """A library the check refuses, faked in a fresh interpreter: one line, status 2, no traceback."""
-    code = ("import unicorn, sys; unicorn.uc_version = lambda: (2, 2, 0x02020000); "
+    code = ("import sys, unicorn.unicorn_py3.unicorn as binding; binding.uc_version = lambda: (2, 2, 0x02020000); "
             "from emu.cli import main; sys.exit(main(['run', 'elf_samples/hello_static']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 2
