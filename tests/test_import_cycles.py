@@ -1,6 +1,7 @@
 """The import graph of emu's own modules, read from the source with ``ast``: every import counts,
 those under ``if TYPE_CHECKING:`` and those inside functions included (a cycle hidden behind a
-function-local import is still a knot a reader has to untie)."""
+function-local import is still a knot a reader has to untie). It has no cycle, and no import goes
+from a lower layer up to a higher one (LAYERS)."""
 
 from __future__ import annotations
 
@@ -137,6 +138,62 @@ def test_machine_libprobes_edge_goes_one_way() -> None:
     graph = import_graph(EMU)
     assert "emu.machine" not in graph["emu.libprobes"]
     assert "emu.attach" not in graph["emu.libprobes"]
+
+
+# ------------------------------------------------------------------ layers
+# emu's layers, lowest first: a module may import from its own layer and the ones below, never from
+# one above. A module belongs to the layer of the longest prefix that names it ("emu.hotpath" is the
+# package's loader alone, "emu.hotpath." its modules).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", ("emu", "emu.errors", "emu.abi", "emu.asm", "emu.disasm", "emu.render", "emu.violations",
+                    "emu.designs", "emu.hotpath", "emu.kernel.errno_")),
+    ("engine", ("emu.cpu",)),
+    ("hot path", ("emu.hotpath.",)),
+    ("process image", ("emu.cpumodel", "emu.process.elf", "emu.process.layout", "emu.process.memory", "emu.process.vma",
+                       "emu.process.loader", "emu.process.initstack", "emu.process.scripts", "emu.process.icount")),
+    ("kernel", ("emu.kernel",)),
+    ("process", ("emu.process", "emu.callret", "emu.guestio", "emu.runtypes", "emu.probes", "emu.libprobes", "emu.attach",
+                 "emu.machine", "emu.ifunc")),
+    ("analysis", ("emu.verify", "emu.lockstep", "emu.check", "emu.scan", "emu.diff", "emu.patchview", "emu.bench",
+                  "emu.fuzz", "emu.race", "emu.survey", "emu.mutation", "emu.report", "emu.native", "emu.dist")),
+    ("front", ("emu.cli", "emu.commands", "emu.pytest_plugin", "emu.__main__")),
+)
+
+
+def layer_of(module: str, layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> int | None:
+    """The index of ``module``'s layer (None: no layer names it)."""
+    best: tuple[int, int] | None = None
+    for index, (_name, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            named = module == prefix or module.startswith(prefix if prefix.endswith(".") else prefix + ".")
+            if named and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return best[0] if best else None
+
+
+def upward_edges(graph: Mapping[str, set[str]], layers: tuple[tuple[str, tuple[str, ...]], ...] = LAYERS) -> list[str]:
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            here, there = layer_of(module, layers), layer_of(target, layers)
+            if here is not None and there is not None and there > here:
+                found.append(f"{module} ({layers[here][0]}) -> {target} ({layers[there][0]})")
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    assert [module for module in import_graph(EMU) if layer_of(module) is None] == []
+
+
+def test_no_import_goes_up_a_layer() -> None:
+    assert upward_edges(import_graph(EMU)) == []
+
+
+def test_an_import_up_a_layer_is_found(tmp_path: Path) -> None:
+    root = write_package(tmp_path, {"__init__.py": "", "low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                    "    from pkg.high import H\n", "high.py": "import pkg.low\n"})
+    layers = (("low", ("pkg", "pkg.low")), ("high", ("pkg.high",)))
+    assert upward_edges(import_graph(root), layers) == ["pkg.low (low) -> pkg.high (high)"]
 
 
 # ----------------------------------------------------------- negative controls: the reader finds knots

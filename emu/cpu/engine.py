@@ -12,7 +12,7 @@ import struct
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import unicorn
 import unicorn.x86_const as x86
@@ -35,8 +35,11 @@ from emu.cpu.regs import (
 )
 from emu.cpu.stops import FETCH_FAULTS, UC_ACCESS, Access, BadAccess, StopReason, stop_reason
 
-if TYPE_CHECKING:
-    from emu.process.vma import SharedPages
+
+class HostPages(Protocol):
+    """Host memory mapped into engines (MAP_SHARED, emu/process/vma.py's HostPages): its address."""
+
+    address: int
 
 # Linux's selectors (arch/x86/include/asm/segment.h): STAR[63:48] = __USER32_CS, so SYSRET loads
 # SS = 0x2b (__USER_DS) and CS = 0x33 (__USER_CS) with RPL and DPL 3.
@@ -100,7 +103,7 @@ class Cpu:
 
     def __init__(self) -> None:
         self._uc = binding.new_engine()
-        self._shared_pages: dict[int, SharedPages] = {}
+        self._shared_pages: dict[int, HostPages] = {}
         _Engines.adopt(self, self._uc)
         self._uch = self._uc._uch
         self.hooks = Hooks(self._uch)
@@ -331,7 +334,7 @@ class Cpu:
         for observer in self.code_observers:
             observer(begin, end)
 
-    def mem_map_shared(self, addr: int, size: int, prot: Prot, pages: SharedPages, offset: int) -> None:
+    def mem_map_shared(self, addr: int, size: int, prot: Prot, pages: HostPages, offset: int) -> None:
         """Map host memory other engines map too (MAP_SHARED); guest stores still fire the write hooks."""
         self._uc.mem_map_ptr(addr, size, int(prot), pages.address + offset)
         self.pages.set(addr, addr + size, int(prot))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from emu.abi import PAGE_SIZE, U64, Prot, page_down
 from emu.cpu.engine import Cpu
@@ -20,8 +20,13 @@ from emu.cpu.regs import Reg
 from emu.cpu.state import RawState
 from emu.cpu.stops import Access, BadAccess, StopReason
 
-if TYPE_CHECKING:
-    from emu.process.memory import Memory
+
+class GuestPages(Protocol):
+    """The guest's memory as the scratch CPU copies it (emu/process/memory.py's Memory)."""
+
+    def find(self, addr: int) -> object | None: ...
+
+    def read(self, addr: int, size: int) -> bytes: ...
 
 _PROBE_CODE, _PROBE_DATA = 0x10000, 0x20000
 
@@ -91,7 +96,7 @@ class ScratchCpu:
     bytes changed, else only where the scratch's own stores changed it. The probe site gets its
     original bytes back (the guest's copy holds the patch)."""
 
-    def __init__(self, mem: Memory) -> None:
+    def __init__(self, mem: GuestPages) -> None:
         self.mem = mem
         self.cpu = Cpu()
         self.raw = RawState(self.cpu)
