@@ -18,6 +18,7 @@ from emu.designs import Design, get_design
 from emu.disasm import describe_insn
 from emu.errors import LoadError
 from emu.guestio import GuestIO
+from emu.hotpath.front import syscall_front
 from emu.kernel.dispatch import Kernel
 from emu.kernel.errno_ import SyscallError
 from emu.kernel.fork import Family, fork_kernel_state, inherited
@@ -103,6 +104,7 @@ class Machine:
         self.kernel.fork = self._fork
         self.kernel.exec = self._exec
         self.kernel.family = self.family
+        self.cpu.hooks.front = syscall_front(self.cpu)  # before the hooks it stands in front of
         self.cpu.hooks.add_syscall(self.kernel.on_syscall)
         self.cpu.hooks.add_interrupt(self.run_loop.on_interrupt)
         self.cpu.hooks.add_cpuid(self.kernel.cpu_model.cpuid)

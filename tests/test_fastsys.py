@@ -154,7 +154,8 @@ def test_a_change_makes_the_tables_stale_until_rebuilt() -> None:
     m = _machine("linux-6.18", "nop5", "uprobe:uprobe_target_nop5", consumer)
     assert m.uprobes.fast is not None
     m.uprobes.fast.sync()
-    front = m.cpu.hooks.fast_front
+    assert m.cpu.hooks.front is not None
+    front = m.cpu.hooks.front.handle
     assert front.open and front.current
     consumer.enabled = False  # a watched field: stale
     assert not front.current

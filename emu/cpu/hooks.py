@@ -5,9 +5,9 @@ An exception raised inside a hook stops the run and is re-raised by Cpu.run: a g
 catches it itself; a raw callback must catch its own and hand it to :meth:`Hooks.raised`.
 
 The syscall and interrupt hooks have observers that run before and after the handler, in the same
-frame (a raw hook of their own would cost a C callback per syscall), and, with the C extension, a
-C front (emu/hotpath_src/fastsys.c) that handles counting-only probe hits itself and calls the
-Python handler for everything else.
+frame (a raw hook of their own would cost a C callback per syscall), and may have a C front
+(:class:`NativeFront`, which the engine's owner installs before adding them) that handles what it
+can itself and calls the Python handler for everything else.
 """
 
 from __future__ import annotations
@@ -38,6 +38,24 @@ RawWriteHook = Callable[[object, int, int, int, int, object], bool]  # (uc, acce
 _EVERYWHERE = (1, 0)  # Unicorn's begin > end: the hook covers the whole address space
 
 
+@dataclass(slots=True)
+class NativeFront:
+    """C code in front of the syscall and interrupt hooks: Unicorn calls ``syscall_hook`` and
+    ``interrupt_hook`` (C functions) with ``handle.user_data``; they handle what they can and call
+    the Python handlers, whose C addresses ``handle.set_fallback`` gives them, for the rest. While
+    ``handle.pending``, the front holds state that Python must have first: ``take_over`` moves it."""
+
+    handle: Any
+    syscall_hook: int
+    interrupt_hook: int
+    take_over: Callable[[], None] | None = None
+
+    def before_python(self) -> None:
+        """Python is about to handle a syscall or interrupt while the front holds state (pending)."""
+        if self.take_over is not None:
+            self.take_over()
+
+
 class Hooks:
     def __init__(self, handle: Any) -> None:
         self._uch = handle
@@ -45,8 +63,7 @@ class Hooks:
         self._kinds: dict[int, int] = {}  # handle -> the UC_HOOK_* bits it was added with
         self._keep: list[object] = []  # what C hooks point into or call (python_address, keep)
         self.error: BaseException | None = None  # raised in a hook, for Cpu.run to re-raise
-        self.fast_front: Any = None  # the C syscall and interrupt front (_front), made with the first hook
-        self.fast_take_over: Callable[[], None] | None = None  # moves the front's state to Python (fastpath.py)
+        self.front: NativeFront | None = None  # in front of the syscall and interrupt hooks added after it is set
         # Run before and after the syscall and interrupt handlers (add_syscall); an exception from a
         # "before" observer stops the run as the handler's would, "after" ones catch their own.
         self.before_syscall: list[Callable[[], None]] = []
@@ -163,12 +180,13 @@ class Hooks:
         """``callback`` handles the syscall, with each of ``before_syscall`` run first and each of
         ``after_syscall`` after, whether it returned or raised."""
         before, after = self.before_syscall, self.after_syscall
-        front = self._front()
+        front = self.front
+        handle = front.handle if front is not None else None
 
         def on_syscall(_uc: object, _ud: object) -> None:  # one Python frame: the syscall hot path
             try:
-                if front is not None and front.pending:
-                    self._take_over()
+                if handle is not None and handle.pending:
+                    front.before_python()  # type: ignore[union-attr]  # (handle is front's)
                 for observer in before:
                     observer()
                 callback()
@@ -185,20 +203,21 @@ class Hooks:
         if front is None:
             return self.add(unicorn.UC_HOOK_INSN, cfunc, 1, 0, x86.UC_X86_INS_SYSCALL)
         after_cfunc = SYSCALL_CB(after_only)
-        front.set_fallback(callback_address(cfunc), 0, callback_address(after_cfunc), 0)
+        front.handle.set_fallback(callback_address(cfunc), 0, callback_address(after_cfunc), 0)
         self._keep += [cfunc, after_cfunc]
-        return self.add(unicorn.UC_HOOK_INSN, ctypes.c_void_p(native_hot_path().fastsys_syscall_hook), 1, 0,
-                        x86.UC_X86_INS_SYSCALL, user_data=front.user_data)
+        return self.add(unicorn.UC_HOOK_INSN, ctypes.c_void_p(front.syscall_hook), 1, 0,
+                        x86.UC_X86_INS_SYSCALL, user_data=front.handle.user_data)
 
     def add_interrupt(self, callback: Callable[[int], None]) -> HookHandle:
         """As add_syscall, with ``before_interrupt`` and ``after_interrupt``."""
         before, after = self.before_interrupt, self.after_interrupt
-        front = self._front()
+        front = self.front
+        handle = front.handle if front is not None else None
 
         def on_interrupt(_uc: object, intno: int, _ud: object) -> None:
             try:
-                if front is not None and front.pending:
-                    self._take_over()
+                if handle is not None and handle.pending:
+                    front.before_python()  # type: ignore[union-attr]  # (handle is front's)
                 for observer in before:
                     observer(intno)
                 callback(intno)
@@ -215,29 +234,10 @@ class Hooks:
         if front is None:
             return self.add(unicorn.UC_HOOK_INTR, cfunc, *_EVERYWHERE)
         after_cfunc = INTR_CB(after_only)
-        front.set_fallback(0, callback_address(cfunc), 0, callback_address(after_cfunc))
+        front.handle.set_fallback(0, callback_address(cfunc), 0, callback_address(after_cfunc))
         self._keep += [cfunc, after_cfunc]
-        return self.add(unicorn.UC_HOOK_INTR, ctypes.c_void_p(native_hot_path().fastsys_interrupt_hook), *_EVERYWHERE,
-                        user_data=front.user_data)
-
-    def _take_over(self) -> None:
-        """The C front holds state Python must have before it handles anything (return instances)."""
-        if self.fast_take_over is not None:
-            self.fast_take_over()
-
-    def _front(self) -> Any:
-        """The C hot path's FastSys in front of the syscall and interrupt hooks (one per engine), or
-        None with the pure-Python hot path. emu/kernel/uprobes/fastpath.py fills its tables."""
-        native = native_hot_path()
-        if native is None:
-            return None
-        if self.fast_front is None:
-            functions = tuple(binding.native_function(name) for name in (
-                "uc_reg_read_batch", "uc_reg_write_batch", "uc_reg_read", "uc_mem_read", "uc_mem_write"))
-            ids = (Reg.RAX, Reg.RIP, Reg.RFLAGS, Reg.RSP, Reg.RCX, Reg.R11)
-            self.fast_front = native.FastSys(ctypes.cast(self._uch, ctypes.c_void_p).value, functions,
-                                             tuple(int(i) for i in ids))
-        return self.fast_front
+        return self.add(unicorn.UC_HOOK_INTR, ctypes.c_void_p(front.interrupt_hook), *_EVERYWHERE,
+                        user_data=front.handle.user_data)
 
     # ------------------------------------------------------------------ raw hooks
     def add_raw_code(self, callback: RawCodeHook, begin: int, end: int) -> HookHandle:

@@ -197,8 +197,8 @@ class _Counter:
         """From now on each kernel entry (syscall, interrupt) costs ``cost`` instruction-equivalents,
         charged before the kernel handles it: by the C front when there is one, else by observers."""
         self.entry_cost = cost
-        front = self.cpu.hooks.fast_front
-        if front is not None and self._charge_in_front(front):
+        front = self.cpu.hooks.front
+        if front is not None and self._charge_in_front(front.handle):
             return
         self.cpu.hooks.before_syscall.append(self.charge_entry)
         self.cpu.hooks.before_interrupt.append(lambda _intno: self.charge_entry())

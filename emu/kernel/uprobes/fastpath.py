@@ -79,13 +79,18 @@ class FastPaths:
         self.write_direct = up.cpu.batch_writer(direct)
 
     # ------------------------------------------------------------ the C front
+    def _front(self) -> Any:
+        """The C front's FastSys (emu/hotpath/front.py), or None with the pure-Python hot path."""
+        front = self.up.cpu.hooks.front
+        return front.handle if front is not None else None
+
     def sync(self, traced: bool | None = None) -> None:
         """Let the C front take hits only while nothing in Python needs to see them, with tables of the
         current probes (rebuilt when a probe, consumer or site changed since). Called before each run
         slice and whenever the front hands a sys_uprobe over."""
         if traced is not None:
             self.traced = traced
-        front = self.up.cpu.hooks.fast_front
+        front = self._front()
         if front is None:
             return
         if not self._configured:
@@ -110,7 +115,9 @@ class FastPaths:
     def _configure(self, front: Any) -> None:
         self._configured = True
         self._ret_configured = False
-        self.up.cpu.hooks.fast_take_over = self.take_over
+        hooks_front = self.up.cpu.hooks.front
+        if hooks_front is not None:
+            hooks_front.take_over = self.take_over
         self._set_handler(front)
 
     def _set_handler(self, front: Any) -> None:
@@ -162,7 +169,7 @@ class FastPaths:
 
     def returns_moved(self) -> None:
         """Tell the C front where the XOL page is and what return instances Python holds (it pushes over them)."""
-        front = self.up.cpu.hooks.fast_front
+        front = self._front()
         if front is None:
             return
         pending = self.up.return_instances
@@ -174,7 +181,7 @@ class FastPaths:
     def take_over(self) -> None:
         """The return instances the C front pushed, onto the task's list (oldest first), before Python
         looks at that list: any Python handling mid-slice, the end of a slice, a rebuild of the tables."""
-        front = self.up.cpu.hooks.fast_front
+        front = self._front()
         if front is None or not front.pending:
             return
         pending = self.up.return_instances
@@ -190,7 +197,7 @@ class FastPaths:
 
     def fold_stats(self, counts: Counter[int]) -> None:
         """As fold, leaving the return instances the C front pushed where they are (it may pop them)."""
-        front = self.up.cpu.hooks.fast_front
+        front = self._front()
         if front is None:
             return
         calls, locks, copied, sysret, iret, traps, emulated, ret_calls, ret_hits = front.take_stats()
@@ -235,7 +242,7 @@ class FastPaths:
         """sys_uprobe on the fast path. ``entry``: the dispatcher's register snapshot (rip, flags, sp at 7-9)."""
         if not self.enabled:
             return False
-        front = self.up.cpu.hooks.fast_front
+        front = self._front()
         if front is not None and not front.current:
             self.sync()  # the C front handed it over for stale tables: this hit here, the next ones there
         up, handler, words = self.up, self.handler, self.words
