@@ -2,9 +2,9 @@
 
 Round-robin over runnable threads in creation order; a thread runs a slice of ``quantum``
 instructions unless it blocks, exits or yields first (a long unseeded slice ends at the first block
-boundary past it, see EXACT_SLICES_BELOW). With a seed, each
-slice length is drawn from 1..quantum and the next thread from the runnable ones, by one seeded
-generator: the same seed gives the same interleaving. A single live thread runs uncounted (no
+boundary past it, see EXACT_SLICES_BELOW). With a seed, each slice length is drawn from 1..quantum
+and the next thread from the runnable ones, by one seeded generator: the same seed gives the same
+interleaving. A single live thread runs uncounted (no
 slices), at full speed. Blocked threads (futex) never run; when none is runnable the earliest
 futex timeout fires (the virtual clock jumps to it); with no timeout left it is a deadlock.
 """
