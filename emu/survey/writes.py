@@ -14,6 +14,7 @@ import functools
 
 from emu.abi import RED_ZONE
 from emu.designs import Branch, Design, Exit
+from emu.kernel.uprobes.plan import uprobe_plan
 from emu.survey.redzone import spans
 from emu.survey.stack import RSP, Range, decode, effect
 
@@ -23,7 +24,8 @@ Spans = tuple[tuple[int, int], ...]
 @functools.cache
 def red_zone_writes(design: Design) -> Spans | None:
     """Inclusive rsp offsets in [-128, -1] the design writes on an optimized hit; None: not knowable."""
-    if design.patch is None or design.trampoline is None or design.handler is None:
+    plan = uprobe_plan(design)
+    if design.patch is None or design.trampoline is None or plan is None:
         return ()
     regs = {RSP: 0}
     stores: list[Range] = []
@@ -46,9 +48,9 @@ def red_zone_writes(design: Design) -> Spans | None:
         regs = eff.regs
     else:
         return None  # no syscall: the design's validation refuses it, nothing to judge
-    if design.handler.exit is Exit.TRAMPOLINE:
-        first = regs[RSP] + design.handler.saved_offset
-        stores += [(first + 8 * i, first + 8 * i + 8) for i in range(len(design.handler.saved))]
+    if plan.exit is Exit.TRAMPOLINE:  # sys_uprobe writes the saved words back for the trampoline's pops
+        first = regs[RSP] + plan.saved_offset
+        stores += [(first + 8 * i, first + 8 * i + 8) for i in range(len(plan.saved))]
     bits = 0
     for lo, hi in stores:
         lo, hi = max(lo, -RED_ZONE), min(hi, 0)

@@ -22,6 +22,7 @@ from emu.kernel.uprobes.consumers import (
     count_return,
 )
 from emu.kernel.uprobes.insn import Kind, analyze
+from emu.kernel.uprobes.plan import uprobe_plan, uretprobe_plan
 from emu.kernel.uprobes.records import (
     MAX_URETPROBE_DEPTH,
     FastHits,
@@ -49,6 +50,8 @@ class Uprobes:
         self.cpu = cpu
         self.mem = mem
         self.design = design
+        self.plan = uprobe_plan(design)  # what sys_uprobe does under it (None: it never optimizes)
+        self.ret_plan = uretprobe_plan(design)
         self.sites = SitePatcher(mem, design)
         self.probes: dict[int, Uprobe] = {}
         self.xol: XolArea | None = None
@@ -157,7 +160,7 @@ class Uprobes:
     def handle_int3(self) -> bool:
         """#BP from user mode: True if a uprobe (or the INT3 uretprobe trampoline) owned it."""
         bp = self.cpu.read(Reg.RIP) - 1
-        if self.xol is not None and bp == self.xol.vaddr and self.design.uretprobe.nr is None:
+        if self.xol is not None and bp == self.xol.vaddr and self.ret_plan.nr is None:
             self.stats.traps += 1  # the INT3 return trampoline's #BP (spec 5.2) costs a trap like a probe's
             regs = regs_from_cpu(self.cpu)
             self.handle_trampoline(regs)

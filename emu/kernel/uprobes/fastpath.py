@@ -30,17 +30,12 @@ from typing import Any, Protocol
 from emu import hotpath
 from emu.abi import PAGE_SIZE, U64
 from emu.cpu import Reg
-from emu.designs import Exit, ProbeFrom
-from emu.kernel.uprobes.consumers import NATIVE_PATHS, Consumer, EntryPath, branch_path
+from emu.designs import Exit
+from emu.kernel.uprobes.consumers import Consumer, EntryPath
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.records import ReturnInstance, Uprobe
 from emu.process.memory import UserFault
-
-SAVED_REG = {name: Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit() else name.upper()]
-             for name in ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14",
-                          "r15")}
-EXIT_KINDS = (Exit.TRAMPOLINE, Exit.IRET, Exit.SYSRET)  # fastsys.c's EXIT_* order
 
 
 class NativeVerifier(Protocol):
@@ -62,19 +57,15 @@ class FastPaths:
         self._entries: list[list[tuple[Consumer, object]]] = []  # each published probe's return consumers
         self.verifier: NativeVerifier | None = None  # set by the verifiers' tracker
         hotpath.touch()  # a new registry (a new process, or exec): the front's tables are of the old one
-        handler, patch = up.design.handler, up.design.patch
-        self.enabled = handler is not None and patch is not None and "flags" not in handler.saved
-        if handler is None or patch is None or not self.enabled:
+        plan = up.plan
+        self.enabled = plan is not None and plan.direct
+        if plan is None or not self.enabled:
             return
-        self.handler, self.patch = handler, patch
-        self.saved_fmt = f"<{len(handler.saved)}Q"
-        self.path = branch_path(patch.branch)
-        self.branch_end = patch.branch_end
-        self.by_slot = handler.probe_from is ProbeFrom.SLOT
-        self.words = len(handler.saved) + (0 if self.by_slot else 1)  # + the call's return address
+        self.plan = plan
+        self.saved_fmt = f"<{len(plan.saved)}Q"
         # SYSCALL itself left rcx = ip and r11 = flags; the saved words then override what the design restores
-        direct = [Reg.RCX, Reg.R11] + [SAVED_REG[n] for n in handler.saved] + [Reg.RSP, Reg.RIP]
-        if handler.exit is Exit.SYSRET:
+        direct = [Reg.RCX, Reg.R11, *plan.saved_regs, Reg.RSP, Reg.RIP]
+        if plan.exit is Exit.SYSRET:
             direct += [Reg.RCX, Reg.R11]  # written last: SYSRET's rcx and r11 win over the restored ones
         self.write_direct = up.cpu.batch_writer(direct)
 
@@ -125,17 +116,15 @@ class FastPaths:
         (a plain run assembles nothing), so its syscall's offset is told when they come (_publish)."""
         if not self.enabled:
             return  # INT3 hits only
-        h, sites = self.handler, self.up.sites
-        front.set_handler(h.nr, int(self.by_slot), EXIT_KINDS.index(Exit(h.exit)), NATIVE_PATHS.index(self.path.value),
-                          tuple(int(SAVED_REG[n]) for n in h.saved), h.saved_offset, h.sp_skip, self.branch_end,
-                          self.patch.length, sites.trampoline.syscall_return if sites.slot_pages else 0)
+        sites = self.up.sites
+        front.set_handler(*self.plan.native_fields(), sites.trampoline.syscall_return if sites.slot_pages else 0)
 
     def _set_uretprobe(self, front: Any) -> None:
         """The design's sys_uretprobe, once the XOL page (and so its assembled trampoline) exists."""
         self._ret_configured = True
-        ret = self.up.design.uretprobe
+        ret = self.up.ret_plan
         if ret.nr is not None and ret.exit is Exit.TRAMPOLINE:
-            front.set_uretprobe(ret.nr, tuple(int(SAVED_REG[n]) for n in ret.saved), ret.syscall_return)
+            front.set_uretprobe(ret.nr, tuple(int(r) for r in ret.saved_regs), ret.syscall_return)
 
     def _publish(self, front: Any) -> None:
         up = self.up
@@ -154,7 +143,7 @@ class FastPaths:
         sites = up.sites
         pages = [(page, page + PAGE_SIZE) for page in sites.trampolines]
         slots: list[tuple[int, int]] = []
-        if sites.slot_pages and self.by_slot:
+        if sites.slot_pages and self.plan.by_slot:
             self._set_handler(front)
             size = sites.trampoline.slot_size
             slots = [(page.start + i * size, owner) for page in sites.slot_pages
@@ -203,9 +192,9 @@ class FastPaths:
         calls, locks, copied, sysret, iret, traps, emulated, ret_calls, ret_hits = front.take_stats()
         stats = self.up.stats
         if calls:
-            counts[self.handler.nr] += calls
+            counts[self.plan.nr] += calls
         if ret_calls:
-            ret_nr = self.up.design.uretprobe.nr
+            ret_nr = self.up.ret_plan.nr
             assert ret_nr is not None
             counts[ret_nr] += ret_calls
         stats.ret_hits += ret_hits
@@ -245,33 +234,33 @@ class FastPaths:
         front = self._front()
         if front is not None and not front.current:
             self.sync()  # the C front handed it over for stale tables: this hit here, the next ones there
-        up, handler, words = self.up, self.handler, self.words
+        up, plan = self.up, self.plan
         rip, flags, sp = entry[7], entry[8], entry[9]
         ip = rip + 2
-        vaddr = up.sites.probe_of_slot(ip) if self.by_slot else None
-        if vaddr is None if self.by_slot else not up.sites.in_trampoline(ip):
+        vaddr = up.sites.probe_of_slot(ip) if plan.by_slot else None
+        if vaddr is None if plan.by_slot else not up.sites.in_trampoline(ip):
             return False
         try:
-            raw = up.mem.read_user(sp + handler.saved_offset, 8 * words)
+            raw = up.mem.read_user(sp + plan.saved_offset, 8 * plan.words)
         except UserFault:
             return False
         if vaddr is None:
-            vaddr = (struct.unpack_from("<Q", raw, 8 * len(handler.saved))[0] - self.branch_end) & U64
-        if not self._counting_only(vaddr, self.path):
+            vaddr = (struct.unpack_from("<Q", raw, 8 * len(plan.saved))[0] - plan.branch_end) & U64
+        if not self._counting_only(vaddr, plan.path):
             return False  # the full path looks the trampoline up again, and counts that lookup
-        if not self.by_slot:
+        if not plan.by_slot:
             up.stats.mmap_locks += 1  # the lookup Uprobes.in_trampoline counts on the full path
-        if handler.exit is Exit.TRAMPOLINE:
-            up.stats.copied += 16 * words  # the words are read and written back unchanged
+        if plan.exit is Exit.TRAMPOLINE:
+            up.stats.copied += 16 * plan.words  # the words are read and written back unchanged
             up.stats.exits["sysret"] += 1
             up.cpu.write_syscall_return(0, ip, flags)  # SYSRET: rcx <- ip, r11 <- flags; the trampoline pops the rest
             return True
-        up.stats.copied += 8 * words
-        next_ip = vaddr + self.patch.length
-        values = [ip, flags, *struct.unpack_from(self.saved_fmt, raw), sp + handler.saved_offset + 8 * words + handler.sp_skip,
+        up.stats.copied += 8 * plan.words
+        next_ip = vaddr + plan.patch_length
+        values = [ip, flags, *struct.unpack_from(self.saved_fmt, raw), sp + plan.popped(from_call=not plan.by_slot),
                   next_ip - 2]
-        if handler.exit is Exit.SYSRET:
+        if plan.exit is Exit.SYSRET:
             values += [next_ip, flags]
-        up.stats.exits["iret" if handler.exit is Exit.IRET else "sysret"] += 1
+        up.stats.exits["iret" if plan.exit is Exit.IRET else "sysret"] += 1
         self.write_direct(values)  # Unicorn adds 2 to rip once the syscall hook returns
         return True

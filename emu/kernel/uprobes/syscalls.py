@@ -11,12 +11,12 @@ import struct
 from collections.abc import Callable
 
 from emu.abi import U64, Signal
-from emu.designs import Exit, Handler, ProbeFrom
+from emu.designs import Exit
 from emu.kernel.exits import GuestKilled
 from emu.kernel.rows import Row
-from emu.kernel.uprobes.consumers import branch_path
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.fastpath import FastPaths
+from emu.kernel.uprobes.plan import UprobePlan
 from emu.kernel.uprobes.regs import ExitPath, PtRegs, return_from_syscall, syscall_entry_regs
 from emu.process.memory import UserFault
 
@@ -52,36 +52,34 @@ def _write_words(up: Uprobes, regs: PtRegs, addr: int, words: list[int]) -> None
         raise _sigill(regs, "cannot write the trampoline's saved registers") from None
 
 
-def _locate(up: Uprobes, regs: PtRegs, handler: Handler) -> tuple[int, list[int], int | None] | None:
+def _locate(up: Uprobes, regs: PtRegs, plan: UprobePlan) -> tuple[int, list[int], int | None] | None:
     """Spec 2.1 steps 1-2: (probe address, the saved words, the call's return address), read in one copy;
     None if the call came from anywhere but a trampoline or slot."""
-    by_slot = handler.probe_from is ProbeFrom.SLOT
-    vaddr = up.sites.probe_of_slot(regs.ip) if by_slot else None
-    if vaddr is None if by_slot else not up.in_trampoline(regs.ip):
+    vaddr = up.sites.probe_of_slot(regs.ip) if plan.by_slot else None
+    if vaddr is None if plan.by_slot else not up.in_trampoline(regs.ip):
         return None
-    words = _read_words(up, regs, regs.sp + handler.saved_offset, len(handler.saved) + (0 if by_slot else 1))
+    words = _read_words(up, regs, regs.sp + plan.saved_offset, plan.words)
     if vaddr is not None:
         return vaddr, words, None
-    assert up.design.patch is not None
     retaddr = words.pop()
-    return (retaddr - up.design.patch.branch_end) & U64, words, retaddr
+    return (retaddr - plan.branch_end) & U64, words, retaddr
 
 
 def sys_uprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
-    """sys_uprobe: restore what the trampoline saved, run the consumers, return as the design says."""
+    """sys_uprobe: restore what the trampoline saved, run the consumers, return as the design's plan says."""
     if entry is not None and up.fast is not None and up.fast.uprobe(entry):
         return
-    handler, patch = up.design.handler, up.design.patch
-    assert handler is not None and patch is not None
+    plan = up.plan
+    assert plan is not None
     regs, held = syscall_entry_regs(up.cpu, nr)
-    located = _locate(up, regs, handler)
+    located = _locate(up, regs, plan)
     if located is None:
-        return _fail(up, regs, held, handler.outside_errno)
+        return _fail(up, regs, held, plan.outside_errno)
     vaddr, saved, retaddr = located
     trampoline_ip = regs.ip
-    for name, word in zip(handler.saved, saved, strict=True):
+    for name, word in zip(plan.saved, saved, strict=True):
         setattr(regs, name, word)
-    popped = handler.saved_offset + 8 * len(handler.saved) + (8 if retaddr is not None else 0) + handler.sp_skip
+    popped = plan.popped(from_call=retaddr is not None)
     regs.sp = (regs.sp + popped) & U64
     regs.ip = vaddr
     regs.orig_ax = U64
@@ -91,27 +89,27 @@ def sys_uprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
             up.shadow_stack.kernel_violation("sys_uprobe: shstk_pop does not match args.retaddr", sret, retaddr)
             raise _sigill(regs, "shadow stack does not match the trampoline's return address")
     sp = regs.sp
-    up.handle_syscall_uprobe(regs, vaddr, branch_path(patch.branch))
-    if handler.exit is Exit.TRAMPOLINE and regs.sp == sp and retaddr is not None:
+    up.handle_syscall_uprobe(regs, vaddr, plan.path)
+    if plan.exit is Exit.TRAMPOLINE and regs.sp == sp and retaddr is not None:
         return _back_into_trampoline(up, regs, held, vaddr, popped, trampoline_ip)
     if regs.ip == vaddr:  # no consumer redirected: skip the site, which is never emulated (spec 2.1)
-        regs.ip = (vaddr + patch.length) & U64
-    if handler.exit is Exit.SYSRET:
+        regs.ip = (vaddr + plan.patch_length) & U64
+    if plan.exit is Exit.SYSRET:
         regs.cx, regs.r11 = regs.ip, regs.flags  # make the exit SYSRET-able, losing the guest's rcx and r11
-    _leave(up, regs, held, force_iret=handler.exit is Exit.IRET)
+    _leave(up, regs, held, force_iret=plan.exit is Exit.IRET)
 
 
 def _back_into_trampoline(up: Uprobes, regs: PtRegs, held: list[int], vaddr: int, popped: int,
                           trampoline_ip: int) -> None:
     """Spec 2.1 steps 10-13: write the words back where they were and SYSRET into the trampoline,
     whose pops and ret restore them and return to the (possibly redirected) next instruction."""
-    handler, patch = up.design.handler, up.design.patch
-    assert handler is not None and patch is not None
-    retaddr = (vaddr + patch.branch_end) & U64 if regs.ip == vaddr else regs.ip
+    plan = up.plan
+    assert plan is not None
+    retaddr = (vaddr + plan.branch_end) & U64 if regs.ip == vaddr else regs.ip
     regs.sp = (regs.sp - popped) & U64
     if up.shadow_stack is not None:
         up.shadow_stack.push(retaddr)  # spec 2.1 step 12: for the trampoline's ret
-    _write_words(up, regs, regs.sp + handler.saved_offset, [getattr(regs, name) for name in handler.saved] + [retaddr])
+    _write_words(up, regs, regs.sp + plan.saved_offset, [getattr(regs, name) for name in plan.saved] + [retaddr])
     regs.ip = trampoline_ip
     regs.r11 = regs.flags  # "ensure sysret"; the trampoline pops the real values
     regs.cx = regs.ip
@@ -121,14 +119,14 @@ def _back_into_trampoline(up: Uprobes, regs: PtRegs, held: list[int], vaddr: int
 
 def sys_uretprobe(up: Uprobes, nr: int, entry: list[int] | None = None) -> None:
     """sys_uretprobe (335, spec 2.2; the RFC's 462 with exit='iret')."""
-    ret = up.design.uretprobe
+    ret = up.ret_plan
     regs, held = syscall_entry_regs(up.cpu, nr)
     # steps 1-4: only from the trampoline (else SIGILL); the saved words come back, sp moves past them
     if up.xol is None or regs.ip != up.xol.vaddr + ret.syscall_return:
         raise _sigill(regs, "uretprobe syscall from outside the uretprobe trampoline")
     for name, word in zip(ret.saved, _read_words(up, regs, regs.sp, len(ret.saved)), strict=True):
         setattr(regs, name, word)
-    popped = 8 * len(ret.saved)
+    popped = ret.popped
     regs.sp = (regs.sp + popped) & U64
     regs.orig_ax = U64
     ip, sp = regs.ip, regs.sp
@@ -150,11 +148,10 @@ def _row(nr: int, name: str, fn: Callable[[Uprobes, int, list[int] | None], None
 
 def uprobe_rows(up: Uprobes) -> tuple[Row, ...]:
     """The syscall rows a design adds to the table (absent numbers stay -ENOSYS)."""
-    design = up.design
     up.fast = FastPaths(up)
     rows: list[Row] = []
-    if design.handler is not None:
-        rows.append(_row(design.handler.nr, "uprobe", sys_uprobe, up))
-    if design.uretprobe.nr is not None:
-        rows.append(_row(design.uretprobe.nr, "uretprobe", sys_uretprobe, up))
+    if up.plan is not None:
+        rows.append(_row(up.plan.nr, "uprobe", sys_uprobe, up))
+    if up.ret_plan.nr is not None:
+        rows.append(_row(up.ret_plan.nr, "uretprobe", sys_uretprobe, up))
     return tuple(rows)

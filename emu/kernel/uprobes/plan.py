@@ -1,0 +1,105 @@
+"""A design compiled once into what an optimized hit does: the plan that sys_uprobe follows on the
+full path (syscalls.py), on the counting-only path in Python (fastpath.py) and in C (fastsys.c,
+which FastPaths hands the plan's fields), and that sys_uretprobe follows in the same three places.
+
+Everything here is derived from the design alone (spec 2.1 and 2.2): which words the trampoline
+saved and where, how the probe is found, how far rsp moves back, and how the kernel returns. What
+depends on the process (where the trampoline was assembled, its syscall's return address) is not.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from emu.cpu import Reg
+from emu.designs import Design, Exit, ProbeFrom, ReturnTrampoline
+from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath, branch_path
+
+EXIT_KINDS = (Exit.TRAMPOLINE, Exit.IRET, Exit.SYSRET)  # fastsys.h's EXIT_* order
+
+SAVED_REG = {name: Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit() else name.upper()]
+             for name in ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14",
+                          "r15")}
+
+
+@dataclass(frozen=True, slots=True)
+class UprobePlan:
+    """sys_uprobe under one design (spec 2.1)."""
+
+    nr: int
+    by_slot: bool  # the probe is the slot's owner (else the call's return address less branch_end)
+    saved: tuple[str, ...]  # pt_regs fields of the words the trampoline pushed, from rsp upward
+    saved_offset: int  # bytes between rsp at the syscall and the first saved word
+    sp_skip: int  # bytes the site or slot moved rsp down before the pushes
+    branch_end: int  # the site's call returns here, relative to the probe
+    patch_length: int  # the site's length: a hit resumes this far past the probe
+    exit: Exit
+    path: EntryPath  # how the consumers see the hit enter
+    outside_errno: int  # a call from anywhere but a trampoline or slot
+
+    @property
+    def words(self) -> int:
+        """Words read from the stack at the syscall: the saved ones, and the call's return address."""
+        return len(self.saved) + (0 if self.by_slot else 1)
+
+    def popped(self, from_call: bool) -> int:
+        """How far rsp moves back up: past the saved words, the return address if a call pushed one,
+        and what the site or slot moved it down first."""
+        return self.saved_offset + 8 * len(self.saved) + (8 if from_call else 0) + self.sp_skip
+
+    @property
+    def saved_regs(self) -> tuple[Reg, ...]:
+        return tuple(SAVED_REG[name] for name in self.saved)
+
+    @property
+    def direct(self) -> bool:
+        """Can a hit that changes no register leave by writing registers alone (no saved flags)?"""
+        return "flags" not in self.saved
+
+    def native_fields(self) -> tuple[int | tuple[int, ...], ...]:
+        """The plan as fastsys.c's set_handler takes it (all but the slot syscall's return address)."""
+        return (self.nr, int(self.by_slot), EXIT_KINDS.index(self.exit), NATIVE_PATHS.index(self.path.value),
+                tuple(int(r) for r in self.saved_regs), self.saved_offset, self.sp_skip, self.branch_end,
+                self.patch_length)
+
+
+@dataclass(frozen=True, slots=True)
+class UretprobePlan:
+    """sys_uretprobe under one design (spec 2.2): its number (None: no syscall, INT3 returns), the words
+    its trampoline saved, how it returns, and where in the trampoline its syscall returns to."""
+
+    nr: int | None
+    saved: tuple[str, ...]
+    exit: Exit
+    trampoline: ReturnTrampoline
+
+    @property
+    def syscall_return(self) -> int:
+        """Where in the trampoline its syscall returns to (0: no syscall); assembled on first use."""
+        return self.trampoline.syscall_return
+
+    @property
+    def popped(self) -> int:
+        return 8 * len(self.saved)
+
+    @property
+    def saved_regs(self) -> tuple[Reg, ...]:
+        return tuple(SAVED_REG[name] for name in self.saved)
+
+
+@functools.cache
+def uprobe_plan(design: Design) -> UprobePlan | None:
+    """The design's sys_uprobe plan; None for a design that never optimizes (no handler)."""
+    handler, patch = design.handler, design.patch
+    if handler is None or patch is None:
+        return None
+    return UprobePlan(handler.nr, handler.probe_from is ProbeFrom.SLOT, handler.saved, handler.saved_offset,
+                      handler.sp_skip, patch.branch_end, patch.length, Exit(handler.exit), branch_path(patch.branch),
+                      handler.outside_errno)
+
+
+@functools.cache
+def uretprobe_plan(design: Design) -> UretprobePlan:
+    ret = design.uretprobe
+    return UretprobePlan(ret.nr, tuple(ret.saved), Exit(ret.exit), ret)
