@@ -13,14 +13,14 @@ import functools
 from dataclasses import dataclass
 
 from emu.cpu import Reg
-from emu.designs import Design, Exit, ProbeFrom, ReturnTrampoline
+from emu.designs import SAVABLE, Design, Exit, ProbeFrom, ReturnTrampoline
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath, branch_path
 
 EXIT_KINDS = (Exit.TRAMPOLINE, Exit.IRET, Exit.SYSRET)  # fastsys.h's EXIT_* order
 
-SAVED_REG = {name: Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit() else name.upper()]
-             for name in ("ax", "bx", "cx", "dx", "si", "di", "bp", "r8", "r9", "r10", "r11", "r12", "r13", "r14",
-                          "r15")}
+# the register of each pt_regs field a trampoline may save (designs.SAVABLE)
+SAVED_REG = {name: Reg.RFLAGS if name == "flags" else Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit()
+                                                          else name.upper()] for name in SAVABLE}
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,20 +37,13 @@ class UprobePlan:
     exit: Exit
     path: EntryPath  # how the consumers see the hit enter
     outside_errno: int  # a call from anywhere but a trampoline or slot
-
-    @property
-    def words(self) -> int:
-        """Words read from the stack at the syscall: the saved ones, and the call's return address."""
-        return len(self.saved) + (0 if self.by_slot else 1)
+    words: int  # read from the stack at the syscall: the saved ones, and the call's return address if any
+    saved_regs: tuple[Reg, ...]  # the registers of ``saved`` (plain fields: the counting-only path reads them per hit)
 
     def popped(self, from_call: bool) -> int:
         """How far rsp moves back up: past the saved words, the return address if a call pushed one,
         and what the site or slot moved it down first."""
         return self.saved_offset + 8 * len(self.saved) + (8 if from_call else 0) + self.sp_skip
-
-    @property
-    def saved_regs(self) -> tuple[Reg, ...]:
-        return tuple(SAVED_REG[name] for name in self.saved)
 
     @property
     def direct(self) -> bool:
@@ -94,9 +87,11 @@ def uprobe_plan(design: Design) -> UprobePlan | None:
     handler, patch = design.handler, design.patch
     if handler is None or patch is None:
         return None
-    return UprobePlan(handler.nr, handler.probe_from is ProbeFrom.SLOT, handler.saved, handler.saved_offset,
-                      handler.sp_skip, patch.branch_end, patch.length, Exit(handler.exit), branch_path(patch.branch),
-                      handler.outside_errno)
+    by_slot = handler.probe_from is ProbeFrom.SLOT
+    return UprobePlan(handler.nr, by_slot, handler.saved, handler.saved_offset, handler.sp_skip, patch.branch_end,
+                      patch.length, Exit(handler.exit), branch_path(patch.branch), handler.outside_errno,
+                      words=len(handler.saved) + (0 if by_slot else 1),
+                      saved_regs=tuple(SAVED_REG[name] for name in handler.saved))
 
 
 @functools.cache
