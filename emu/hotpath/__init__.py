@@ -16,7 +16,7 @@ import importlib
 import os
 from types import ModuleType
 
-ABI = 10  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
+ABI = 11  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
 FORCE_PYTHON_VARIABLE = "UPROBE_EMU_PURE_PYTHON"
 
 
@@ -41,9 +41,3 @@ def implementation() -> str:
         return "hot path: C extension (emu._hotpath)"
     return f"hot path: pure Python ({why_python})"
 
-
-
-def touch() -> None:
-    """A probe, a consumer or a trampoline changed: the C hot path's tables are stale until rebuilt."""
-    if native is not None:
-        native.fastsys_touch()

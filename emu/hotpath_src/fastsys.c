@@ -29,14 +29,12 @@
  *   when Python has given it one (set_clock: the virtual clock counts the kernel's time, icount.c).
  *
  * The tables (probe addresses, each consumer's counters, trampoline pages, slots) are Python's to
- * keep: any change anywhere bumps one generation number, and a FastSys whose tables are of an older
- * generation hands every hit to Python until Python has rebuilt them.
+ * keep: any change anywhere bumps one generation count (a word Python owns, set_generation), and a
+ * FastSys whose tables are of an older generation hands every hit to Python until Python has rebuilt them.
  */
 #include "fastsys.h"
 
 #include <string.h>
-
-uint64_t fastsys_generation = 1;
 
 static const pair *find_pair(const pair *table, Py_ssize_t n, uint64_t key)
 {
@@ -264,7 +262,7 @@ static int fast_uprobe(FastSys *f, const uint64_t *v)
 
 static int usable(const FastSys *f)
 {
-    return f->open && f->generation == fastsys_generation;
+    return f->open && f->latest && f->generation == *f->latest;
 }
 
 void fastsys_on_syscall(uc_engine *uc, void *user_data)

@@ -53,6 +53,7 @@ typedef struct {
     struct icount_state *clock; /* charged for each kernel entry (NULL: the clock does not count) */
     int open;               /* nothing in Python needs to see a hit */
     uint64_t generation;    /* of the tables below */
+    const uint64_t *latest; /* the tables' generation now (emu/kernel/uprobes/generation.py; NULL: not told) */
     int ids[REG_IDS];
     /* the design's Handler (emu/designs/); handler_nr < 0: no sys_uprobe */
     long long handler_nr;
@@ -76,10 +77,6 @@ typedef struct {
     int return_count;
     uint64_t stats[ST_COUNT];
 } FastSys;
-
-/* Bumped by any change to probes, consumers or sites: a FastSys whose tables are of an older
- * generation hands every hit to Python until Python has rebuilt them. */
-extern uint64_t fastsys_generation;
 
 void fastsys_on_syscall(uc_engine *uc, void *user_data);
 void fastsys_on_interrupt(uc_engine *uc, uint32_t intno, void *user_data);

@@ -195,7 +195,7 @@ static PyObject *fastsys_set_tables(FastSys *self, PyObject *args)
     free(self->probes);
     free(self->counters);
     self->probes = table, self->counters = counters, self->probe_count = n;
-    self->generation = fastsys_generation;
+    self->generation = self->latest ? *self->latest : 0;
     Py_RETURN_NONE;
 }
 
@@ -283,9 +283,17 @@ static PyObject *fastsys_take_stats(FastSys *self, PyObject *unused)
     return out;
 }
 
+static PyObject *fastsys_set_generation(FastSys *self, PyObject *address)
+{
+    self->latest = (const uint64_t *)address_of(address);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *fastsys_get_current(FastSys *self, void *closure)
 {
-    return PyBool_FromLong(self->generation == fastsys_generation);
+    return PyBool_FromLong(self->latest && self->generation == *self->latest);
 }
 
 static PyObject *fastsys_get_open(FastSys *self, void *closure)
@@ -318,6 +326,8 @@ static PyMethodDef fastsys_methods[] = {
      "syscall_return): the design's sys_uprobe"},
     {"set_clock", (PyCFunction)fastsys_set_clock, METH_O,
      "set_clock(state): the instruction counter each kernel entry is charged to (emu/process/icount.py; 0: none)"},
+    {"set_generation", (PyCFunction)fastsys_set_generation, METH_O,
+     "set_generation(address): the word that counts changes to the tables (emu/kernel/uprobes/generation.py)"},
     {"set_tables", (PyCFunction)fastsys_set_tables, METH_VARARGS,
      "set_tables(probes, trampoline pages, slots): the counting-only probes, current from now on"},
     {"set_uretprobe", (PyCFunction)fastsys_set_uretprobe, METH_VARARGS,
@@ -354,22 +364,9 @@ static PyTypeObject FastSysType = {
     .tp_getset = fastsys_getset,
 };
 
-static PyObject *fastsys_touch(PyObject *module, PyObject *unused)
-{
-    fastsys_generation++;
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef module_functions[] = {
-    {"fastsys_touch", fastsys_touch, METH_NOARGS, "a probe, consumer or site changed: every FastSys table is stale"},
-    {NULL, NULL, 0, NULL},
-};
-
 int hotpath_add_fastsys(PyObject *module)
 {
     if (PyType_Ready(&FastSysType) < 0 || PyModule_AddObjectRef(module, "FastSys", (PyObject *)&FastSysType) < 0)
-        return -1;
-    if (PyModule_AddFunctions(module, module_functions) < 0)
         return -1;
     if (hotpath_add_address(module, "fastsys_syscall_hook", (void *)fastsys_on_syscall) < 0)
         return -1;

@@ -1,7 +1,7 @@
 /* The module emu._hotpath: each part of the hot path registers itself here. */
 #include "hotpath.h"
 
-#define HOTPATH_ABI 10 /* emu/hotpath/__init__.py refuses a module built for another interface */
+#define HOTPATH_ABI 11 /* emu/hotpath/__init__.py refuses a module built for another interface */
 
 int hotpath_add_base(PyObject *module)
 {

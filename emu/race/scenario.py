@@ -16,12 +16,12 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
-from emu import hotpath
 from emu.designs import Design
 from emu.errors import UsageError
 from emu.guestio import GuestIO
 from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobes
+from emu.kernel.uprobes.generation import TABLES
 from emu.kernel.uprobes.records import Uprobe
 from emu.kernel.uprobes.sites import SlotPage
 from emu.machine import Attachment, Machine, RunOptions
@@ -78,7 +78,7 @@ class Bookkeeping:
         for page, owners in self.slot_pages:
             page.owners = list(owners)
         sites.trampolines = list(self.trampolines)
-        hotpath.touch()  # the C hot path's tables (emu/kernel/uprobes/fastpath.py) follow the registry
+        TABLES.bump()  # the C hot path's tables (emu/kernel/uprobes/fastpath.py) follow the registry
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Protocol
 
-from emu import hotpath
 from emu.abi import RED_ZONE, U64
 from emu.cpu.state import RAW_RIP, RAW_RSP
 from emu.disasm import STRAIGHT_LINE_SCAN, cs64, straight_line_end
+from emu.kernel.uprobes.generation import TABLES
 from emu.kernel.uprobes.regs import ExitPath
 from emu.process.vma import KERNEL_SIDE
 
@@ -78,7 +78,7 @@ class ResumeWatch:
         """The guest resumed without any of the hooks here seeing it: watch blocks from now on."""
         self._sysret_watched.clear()
         self._armable.clear()
-        hotpath.touch()  # the C syscall front's copy of _armable
+        TABLES.bump()  # the C syscall front's copy of _armable
         self._watch_blocks()
 
     # ----------------------------------------------------------- the kernel's exits
@@ -110,7 +110,7 @@ class ResumeWatch:
                 ret = self._tail_ret[followed]
                 if ret in self._native_rets:
                     self._armable[tx.site] = ret
-                    hotpath.touch()  # the C syscall front may arm it from now on
+                    TABLES.bump()  # the C syscall front may arm it from now on
         except BaseException as exc:
             self.cpu.hooks.raised(exc)
 

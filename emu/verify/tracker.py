@@ -11,7 +11,6 @@ import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
-from emu import hotpath
 from emu.abi import RED_ZONE
 from emu.cpu import HookHandle, RawState
 from emu.cpu.effects import MAX_PLANS, Prepared
@@ -36,6 +35,7 @@ from emu.hotpath.edges import (
 from emu.hotpath.store_watch import StoreWatch
 from emu.hotpath.write_log import SCRATCH, WriteLog
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath
+from emu.kernel.uprobes.generation import TABLES
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.records import XOL_NAME, Uprobe
 from emu.kernel.uprobes.regs import PtRegs
@@ -105,7 +105,7 @@ class TransactionTracker:
             # the C syscall front does these observers' work itself for a hit it handles (fastsys.c)
             self._mirrored = [self._on_chain, self._before_step, self._before_kernel, *self.resume.observers]
             machine.uprobes.fast.verifier = self
-            hotpath.touch()
+            TABLES.bump()
 
     def _watch_kernel_code(self, vma: Vma) -> None:
         """The kernel's pages for uprobes hold the code a hit runs: the trampoline, the slots, the
@@ -282,7 +282,7 @@ class TransactionTracker:
             self.watch.watch(start, end)
         edges = self.edges
         self._counters = SiteCounters(len(self._by_site), 0 if edges is None else edges.address)
-        hotpath.touch()  # the C syscall front's site facts (site_facts) are of the old sites
+        TABLES.bump()  # the C syscall front's site facts (site_facts) are of the old sites
         if edges is None:
             self._site_hooks = [self.cpu.hooks.add_raw_code(self._on_site, site, site) for site in self._by_site]
             return

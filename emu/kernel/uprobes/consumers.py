@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from emu import hotpath
 from emu.designs import Branch
+from emu.kernel.uprobes.generation import TABLES
 from emu.kernel.uprobes.regs import PtRegs
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Consumer:
     ``hits``, ``paths`` and ``ret_hits`` count in Python, plus what the C hot path counted in ``native``
     (one word a path, in NATIVE_PATHS order, then the returns) when it handled hits itself: reading them
     is exact at any time. Setting a handler, ``enabled`` or ``filter`` tells the C hot path its tables
-    are stale (hotpath.touch)."""
+    are stale (generation.TABLES)."""
 
     def __init__(self, handler: Handler | None = None, ret_handler: Handler | None = None, session: bool = False,
                  enabled: bool = True, filter: Callable[[int], bool] | None = None) -> None:
@@ -128,7 +128,7 @@ class Consumer:
     @handler.setter
     def handler(self, value: Handler | None) -> None:
         self._handler = value
-        hotpath.touch()
+        TABLES.bump()
 
     @property
     def ret_handler(self) -> Handler | None:
@@ -137,7 +137,7 @@ class Consumer:
     @ret_handler.setter
     def ret_handler(self, value: Handler | None) -> None:
         self._ret_handler = value
-        hotpath.touch()
+        TABLES.bump()
 
     @property
     def enabled(self) -> bool:
@@ -146,7 +146,7 @@ class Consumer:
     @enabled.setter
     def enabled(self, value: bool) -> None:
         self._enabled = value
-        hotpath.touch()
+        TABLES.bump()
 
     # uprobe_consumer.filter: does this consumer want hits in the process with this pid? None: every
     # process (a probe attached from outside, like a system-wide one). A hit in a process no consumer
@@ -158,7 +158,7 @@ class Consumer:
     @filter.setter
     def filter(self, value: Callable[[int], bool] | None) -> None:
         self._filter = value
-        hotpath.touch()
+        TABLES.bump()
 
 
 NATIVE_PATHS = (EntryPath.INT3.value, EntryPath.CALL.value, EntryPath.JMP.value)  # fastsys.c's PATH_* order

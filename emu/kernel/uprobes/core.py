@@ -7,7 +7,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from emu import hotpath
 from emu.abi import Signal
 from emu.cpu import Cpu, Reg
 from emu.designs import Design
@@ -21,6 +20,7 @@ from emu.kernel.uprobes.consumers import (
     Hit,
     count_return,
 )
+from emu.kernel.uprobes.generation import TABLES
 from emu.kernel.uprobes.insn import Kind, analyze
 from emu.kernel.uprobes.plan import uprobe_plan, uretprobe_plan
 from emu.kernel.uprobes.records import (
@@ -94,7 +94,7 @@ class Uprobes:
         rewrites the code itself between runs of one process (the fuzzer)."""
         self.probes.clear()
         self.return_instances.clear()
-        hotpath.touch()
+        TABLES.bump()
         self._returns_moved()
         if self.xol is not None:
             self.xol.busy[1:] = [False] * (len(self.xol.busy) - 1)
@@ -113,13 +113,13 @@ class Uprobes:
             self.probes[vaddr] = probe
             self._install(probe)
         probe.consumers.append(consumer)
-        hotpath.touch()  # the C hot path's tables (fastpath.py) follow the registry
+        TABLES.bump()  # the C hot path's tables (fastpath.py) follow the registry
         return probe
 
     def detach(self, probe: Uprobe, consumer: Consumer) -> None:
         if consumer in probe.consumers:
             probe.consumers.remove(consumer)
-            hotpath.touch()
+            TABLES.bump()
         if not probe.consumers and self.probes.get(probe.vaddr) is probe:
             self._remove(probe)
 
@@ -138,7 +138,7 @@ class Uprobes:
             self.sites.set_orig(probe.vaddr, probe.insn.raw[0])
         self._ref_ctr(probe, -1)
         del self.probes[probe.vaddr]
-        hotpath.touch()
+        TABLES.bump()
 
     def _ref_ctr(self, probe: Uprobe, delta: int) -> None:
         if probe.ref_ctr is None:
@@ -202,7 +202,7 @@ class Uprobes:
         else:
             probe.optimize_failed = True
         if probe.optimize_failed or places != (len(sites.trampolines), len(sites.slot_of)):
-            hotpath.touch()  # a new trampoline page or slot, or a probe that stays on INT3 for good
+            TABLES.bump()  # a new trampoline page or slot, or a probe that stays on INT3 for good
 
     def get_xol_area(self) -> XolArea:
         if self.xol is None:

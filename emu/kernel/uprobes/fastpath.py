@@ -27,12 +27,12 @@ import struct
 from collections import Counter
 from typing import Any, Protocol
 
-from emu import hotpath
 from emu.abi import PAGE_SIZE, U64
 from emu.cpu import Reg
 from emu.designs import Exit
 from emu.kernel.uprobes.consumers import Consumer, EntryPath
 from emu.kernel.uprobes.core import Uprobes
+from emu.kernel.uprobes.generation import TABLES
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.records import ReturnInstance, Uprobe
 from emu.process.memory import UserFault
@@ -56,7 +56,7 @@ class FastPaths:
         self._ret_configured = False  # and its uretprobe trampoline
         self._entries: list[list[tuple[Consumer, object]]] = []  # each published probe's return consumers
         self.verifier: NativeVerifier | None = None  # set by the verifiers' tracker
-        hotpath.touch()  # a new registry (a new process, or exec): the front's tables are of the old one
+        TABLES.bump()  # a new registry (a new process, or exec): the front's tables are of the old one
         plan = up.plan
         self.enabled = plan is not None and plan.direct
         if plan is None or not self.enabled:
@@ -105,6 +105,7 @@ class FastPaths:
 
     def _configure(self, front: Any) -> None:
         self._configured = True
+        front.set_generation(TABLES.address)
         self._ret_configured = False
         hooks_front = self.up.cpu.hooks.front
         if hooks_front is not None:
