@@ -46,16 +46,19 @@ import unicorn
 
 from emu.abi import PAGE_SIZE
 from emu.cpu import binding
+from emu.hotpath import struct_layout, words
 
 if TYPE_CHECKING:
     from emu.cpu.hooks import Hooks
 
-# Header words (struct page_table in emu/hotpath_src/tlbfill.c)
-COUNT, CAPACITY, HOOK_ADD, FAULT_CALLBACK, FAULT_DATA, ARMED_COUNT, ARMED_CAPACITY, GRANTED, FILLS, LAST, \
-    CATCH_ALL, ARMS, RANGES, CTL, CTL_FLUSH, GROW_AT, GROW_STEP, GROWTHS = range(18)
-ARMED = 18  # then (page, hook handle) pairs
+# struct page_table in emu/hotpath_src/tlbfill.c: its header words, then (page, hook handle) pairs
+_HEADER = ("count capacity hook_add fault_callback fault_data armed_count armed_capacity granted fills last catch_all "
+           "arms ranges ctl ctl_flush grow_at grow_step growths")
 ARMED_WORDS = 64
-HEADER_WORDS = ARMED + ARMED_WORDS
+_LAYOUT = struct_layout("page_table", [(name, 8) for name in _HEADER.split()] + [("armed", 8 * ARMED_WORDS)])
+COUNT, CAPACITY, HOOK_ADD, FAULT_CALLBACK, FAULT_DATA, ARMED_COUNT, ARMED_CAPACITY, GRANTED, FILLS, LAST, \
+    CATCH_ALL, ARMS, RANGES, CTL, CTL_FLUSH, GROW_AT, GROW_STEP, GROWTHS, ARMED = words(_LAYOUT, _HEADER + " armed")
+HEADER_WORDS = _LAYOUT["sizeof"] // 8
 INITIAL_RANGES = 256  # (start, end, perms) triples, in an array of their own that grows
 # Unicorn's TLB (256 entries at first) changes size only when flushed: fills that go on flush it,
 # GROW_STEP_FIRST fills after the start, then after twice as many each time, up to GROW_STEP_MAX.

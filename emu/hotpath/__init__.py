@@ -12,11 +12,13 @@ assumes nothing of the host CPU.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import os
+from collections.abc import Sequence
 from types import ModuleType
 
-ABI = 11  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
+ABI = 12  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
 FORCE_PYTHON_VARIABLE = "UPROBE_EMU_PURE_PYTHON"
 
 
@@ -33,6 +35,61 @@ def _load() -> tuple[ModuleType | None, str]:
 
 
 native, why_python = _load()
+
+
+def _built() -> ModuleType | None:
+    """The extension if it is built for this interface, whether or not it runs (UPROBE_EMU_PURE_PYTHON)."""
+    try:
+        module = importlib.import_module("emu._hotpath")
+    except ImportError:
+        return None
+    return module if getattr(module, "ABI", None) == ABI else None
+
+
+_BUILT = _built()
+LAYOUTS: dict[str, dict[str, int]] = dict(getattr(_BUILT, "LAYOUTS", {}))
+
+
+class LayoutError(ImportError):
+    """Python names a field the extension's struct does not have: the extension is of another source."""
+
+
+def struct_layout(struct: str, fields: Sequence[tuple[str, int]]) -> dict[str, int]:
+    """The byte offset of each field of a struct C and Python share, and its size ("sizeof"): as the
+    extension exports them (offsetof: the C struct is their one declaration) whenever it is built, so
+    that a buffer Python lays out is one its C hooks can read even where Python runs the hot path; or,
+    with no extension, ``fields`` (name, bytes) one after the other, for Python alone."""
+    exported = LAYOUTS.get(struct)
+    if exported is not None:
+        missing = [name for name, _size in fields if name not in exported]
+        if missing:
+            raise LayoutError(f"struct {struct} of the C extension has no {', '.join(missing)}: reinstall the package")
+        return dict(exported)
+    offsets, at = {}, 0
+    for name, size in fields:
+        offsets[name] = at
+        at += size
+    offsets["sizeof"] = at
+    return offsets
+
+
+def check_ctypes_layout(struct: str, mirror: type[ctypes.Structure], renamed: dict[str, str] | None = None) -> None:
+    """A struct Python declares with ctypes (its fields typed) lies as the extension's, field by field
+    (``renamed``: a C name for a ctypes field whose name differs); LayoutError if not."""
+    exported = LAYOUTS.get(struct)
+    if exported is None:
+        return
+    names = renamed or {}
+    wrong = [name for name, *_ in mirror._fields_
+             if names.get(name, name) in exported and getattr(mirror, name).offset != exported[names.get(name, name)]]
+    if wrong or ctypes.sizeof(mirror) != exported["sizeof"]:
+        raise LayoutError(f"struct {struct} of the C extension is not laid out as {mirror.__name__} "
+                          f"({', '.join(wrong) or 'its size'}): reinstall the package")
+
+
+def words(layout: dict[str, int], names: str) -> tuple[int, ...]:
+    """The word index of each of the space-separated ``names`` in ``layout``."""
+    return tuple(layout[name] // 8 for name in names.split())
 
 
 def implementation() -> str:

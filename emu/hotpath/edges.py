@@ -62,6 +62,7 @@ from __future__ import annotations
 import ctypes
 from types import ModuleType
 
+from emu import hotpath
 from emu.cpu import (
     STATE_BYTES,
     STATE_OFFSETS,
@@ -78,13 +79,19 @@ from emu.cpu.state import RAW_KEPT, RAW_RIP, RAW_RSP
 from emu.hotpath.repeats import RepeatedVerdicts
 from emu.hotpath.write_log import WINDOW, WriteLog, native_hot_path
 
+# struct edges of verify.h, where the extension says its words lie; the buffers follow it
+_FIELDS = ("state site next finished reg_read_batch mem_read py_site py_ret log nregs ids start_ptrs end_ptrs word "
+           "ret_pc popped start_redzone_status seq start end redzone start_redzone state_bytes kept python_seq "
+           "kernel_seq kernel_path kernel_exit ctx_save ctx_reg_read ctx_reg_read_batch ctx_start ctx_end ctx_words "
+           "ctx_nwords ctx_rip ctx_rsp start_full start_flags_read start_flags flags_id hit repeats watch")
+_LAYOUT = hotpath.struct_layout("edges", [(name, 8) for name in _FIELDS.split()])
 (STATE, SITE, NEXT, FINISHED, REG_BATCH, MEM_READ, PY_SITE, PY_RET, LOG, NREGS, IDS, START_PTRS, END_PTRS,
  WORD, RET_PC, POPPED, START_REDZONE_STATUS, SEQ, START_AT, END_AT, REDZONE_AT, START_REDZONE_AT, STATE_LEN,
  KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT, CTX_SAVE, CTX_REG_READ, CTX_READ_BATCH,
  CTX_START, CTX_END, CTX_WORDS, CTX_NWORDS, CTX_RIP, CTX_RSP, START_FULL, START_FLAGS_READ, START_FLAGS,
- FLAGS_ID, HIT, REPEATS, WATCH) = range(44)
+ FLAGS_ID, HIT, REPEATS, WATCH) = hotpath.words(_LAYOUT, _FIELDS)
 KERNEL_EXITS = ("sysret", "iret", None)  # EDGES_EXIT_*: the exit counted in UprobeStats.exits (none for an INT3)
-START = 44 * 8  # byte offsets of the buffers
+START = _LAYOUT["sizeof"]  # byte offsets of the buffers
 END = START + STATE_BYTES
 REDZONE = END + STATE_BYTES
 START_REDZONE = REDZONE + WINDOW

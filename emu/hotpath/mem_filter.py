@@ -8,9 +8,9 @@ probed run went from 1.3 s to 12 s). With the C extension, ``memfilter_hook``
 access that overlaps a watched range; without it, the callbacks are hooked directly (they return at
 once while nothing is watched, which is all the pure-Python mode can do).
 
-Table layout (64-bit words; struct mem_filter in memfilter.c): 0 the ranges in use, 1 the ranges the
-table holds, 2 nonzero: pass every access (more ranges than it holds), 3, 4 the read and write
-callbacks, 5 accesses passed to Python, then the [start, end) pairs.
+The table is struct mem_filter of memfilter.c, in 64-bit words where the extension says they are:
+the ranges in use, the ranges the table holds, nonzero to pass every access (more ranges than it
+holds), the read and write callbacks, the accesses passed to Python, then the [start, end) pairs.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from emu import hotpath
 from emu.cpu.binding import MEM_CB
 from emu.cpu.hooks import Hooks, RawWriteHook
 
-COUNT, CAPACITY, EVERYTHING, READ_CALLBACK, WRITE_CALLBACK, PASSED = range(6)
-HEADER_WORDS = 6
+_HEADER = "count capacity everything read_callback write_callback passed"
+_LAYOUT = hotpath.struct_layout("mem_filter", [(name, 8) for name in _HEADER.split()] + [("ranges", 0)])
+COUNT, CAPACITY, EVERYTHING, READ_CALLBACK, WRITE_CALLBACK, PASSED, HEADER_WORDS = hotpath.words(_LAYOUT,
+                                                                                                _HEADER + " ranges")
 EVERYWHERE = (1, 0)  # begin > end: Unicorn's whole address space
 
 

@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import ctypes
 
-CANDIDATE_SEQ, CANDIDATE_SLOT, COUNT, CAPACITY = range(4)
+from emu import hotpath
+
 SLOTS = 16  # REPEAT_SLOTS in verify.h
-ARMED = 4  # the first slot's word
-REPEAT_ENTRIES, REDZONE_WORDS, CODE_BYTES = 16, 16, 16  # as in verify.h
-EVIDENCE_BYTES = 8 * (4 + 2 * REDZONE_WORDS + 4 * REPEAT_ENTRIES) + CODE_BYTES * REPEAT_ENTRIES
-CANDIDATE = 8 * (ARMED + SLOTS)
-MEMOS = CANDIDATE + EVIDENCE_BYTES
-HITS = (MEMOS + SLOTS * EVIDENCE_BYTES) // 8  # the word of the first held-back hit
+REPEAT_ENTRIES, REDZONE_WORDS, CODE_BYTES = 16, 16, 16  # as in verify.h: the evidence's size without the extension
+_HEADER = "candidate_seq candidate_slot count capacity"
+_EVIDENCE = 8 * (4 + 2 * REDZONE_WORDS + 4 * REPEAT_ENTRIES) + CODE_BYTES * REPEAT_ENTRIES
+_LAYOUT = hotpath.struct_layout("repeats", [(name, 8) for name in _HEADER.split()] + [
+    ("armed", 8 * SLOTS), ("candidate", _EVIDENCE), ("memo", SLOTS * _EVIDENCE), ("hits", 0)])
+CANDIDATE_SEQ, CANDIDATE_SLOT, COUNT, CAPACITY, ARMED, HITS = hotpath.words(_LAYOUT, _HEADER + " armed hits")
+CANDIDATE, MEMOS = _LAYOUT["candidate"], _LAYOUT["memo"]  # byte offsets
+EVIDENCE_BYTES = MEMOS - CANDIDATE  # one struct evidence
 HELD_BACK = 4096  # hits C holds back before a repeat goes to Python (which takes them first)
 
 

@@ -30,6 +30,7 @@ import ctypes
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
+from emu import hotpath
 from emu.cpu import Cpu, HookHandle, Reg, native_function
 from emu.cpu.memops import MemOp, Shape, Transfer, decode
 from emu.hotpath.write_log import WINDOW, MemReader, WriteLog, classify, native_hot_path
@@ -37,12 +38,22 @@ from emu.hotpath.write_log import WINDOW, MemReader, WriteLog, classify, native_
 if TYPE_CHECKING:
     from types import ModuleType
 
-LOG, REG_READ, MEM_READ, DECODE, TABLE, SHIFT, NRANGES, RANGES, DECODED, RCX = range(10)
-BLOCK_WORDS = 10
+OPS = 3  # two stores, then an indirect branch's memory operand (WATCH_OPS in verify.h)
+# struct store_watch, struct watch_record and struct watch_op of verify.h, where the extension says they lie
+_BLOCK = "log reg_read mem_read decode table shift nranges ranges decoded rcx"
+_BLOCK_LAYOUT = hotpath.struct_layout("store_watch", [(name, 8) for name in _BLOCK.split()])
+LOG, REG_READ, MEM_READ, DECODE, TABLE, SHIFT, NRANGES, RANGES, DECODED, RCX = hotpath.words(_BLOCK_LAYOUT, _BLOCK)
+BLOCK_WORDS = _BLOCK_LAYOUT["sizeof"] // 8
+_OP = "base index scale disp size segment flags"
+_OP_LAYOUT = hotpath.struct_layout("watch_op", [(name, 8) for name in _OP.split()])
+OP_FIELDS = hotpath.words(_OP_LAYOUT, _OP)
+OP_WORDS = _OP_LAYOUT["sizeof"] // 8
+_RECORD = "pc length flags transfer target nstores ops"
+_RECORD_LAYOUT = hotpath.struct_layout("watch_record", [(name, 8) for name in _RECORD.split()[:-1]]
+                                       + [("ops", 8 * OP_WORDS * OPS), ("pad", 8 * 5)])
+R_PC, R_LENGTH, R_FLAGS, R_TRANSFER, R_TARGET, R_NSTORES, R_OPS = hotpath.words(_RECORD_LAYOUT, _RECORD)
+RECORD_WORDS = _RECORD_LAYOUT["sizeof"] // 8
 TABLE_BITS = 9
-RECORD_WORDS = 32
-OP_WORDS = 7
-OPS = 3  # two stores, then an indirect branch's memory operand
 KNOWN, CONDITIONAL = 1, 2
 OP_REP, OP_ADDR32 = 1, 2
 NO_EXITS = 1  # a range whose transfers the kernel answers for: the out-of-line step runs there
@@ -56,24 +67,28 @@ def _slot(pc: int) -> int:
     return ((pc * 0x9E3779B97F4A7C15) & MASK64) >> (64 - TABLE_BITS)
 
 
-def _op_words(op: MemOp) -> list[int]:
-    return [op.base, op.index, op.scale, op.disp & MASK64, op.size, op.segment,
-            (OP_REP if op.rep else 0) | (OP_ADDR32 if op.addr32 else 0)]
+def _op_values(op: MemOp) -> tuple[int, ...]:
+    """struct watch_op's fields, in _OP's order."""
+    return (op.base, op.index, op.scale, op.disp & MASK64, op.size, op.segment,
+            (OP_REP if op.rep else 0) | (OP_ADDR32 if op.addr32 else 0))
 
 
 def record_words(pc: int, shape: Shape) -> list[int]:
     """``shape`` as struct watch_record's words."""
     ops = list(shape.stores[: OPS - 1])
     known = shape.known and len(shape.stores) <= len(ops)  # more than the record holds: unseen
-    words = [pc, shape.length, KNOWN * known | CONDITIONAL * shape.conditional, 0, 0, len(ops)]
+    words = [0] * RECORD_WORDS
+    words[R_PC], words[R_LENGTH], words[R_NSTORES] = pc, shape.length, len(ops)
+    words[R_FLAGS] = KNOWN * known | CONDITIONAL * shape.conditional
     if shape.transfer is Transfer.INDIRECT:
-        words[3], words[4] = (3, 0) if shape.target_op is not None else (2, shape.target_reg)
+        words[R_TRANSFER], words[R_TARGET] = (3, 0) if shape.target_op is not None else (2, shape.target_reg)
     else:
-        words[3], words[4] = _TRANSFER[shape.transfer], shape.target
+        words[R_TRANSFER], words[R_TARGET] = _TRANSFER[shape.transfer], shape.target
     padded = ops + [MemOp()] * (OPS - 1 - len(ops)) + [shape.target_op or MemOp()]
-    for op in padded:
-        words += _op_words(op)
-    return words + [0] * (RECORD_WORDS - len(words))
+    for i, op in enumerate(padded):
+        for field, value in zip(OP_FIELDS, _op_values(op), strict=True):
+            words[R_OPS + i * OP_WORDS + field] = value
+    return words
 
 
 class StoreWatch:
@@ -174,8 +189,8 @@ class StoreWatch:
         """The code in [begin, end) may have changed: its records go (the C table holds no bytes to check)."""
         for pc in [pc for pc in self._filled if begin <= pc < end]:
             slot = self._filled.pop(pc)
-            if self._table[RECORD_WORDS * slot] == pc:
-                self._table[RECORD_WORDS * slot] = 0
+            if self._table[RECORD_WORDS * slot + R_PC] == pc:
+                self._table[RECORD_WORDS * slot + R_PC] = 0
 
     # ------------------------------------------------------------ the Python twin
     def _python_hook(self, _uc: object, address: int, size: int, _ud: object) -> None:

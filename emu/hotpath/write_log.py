@@ -39,16 +39,20 @@ from emu import hotpath
 from emu.abi import RED_ZONE
 from emu.cpu import native_function
 
-COUNT, CAPACITY, BASE, LENGTH, MEM_READ, TAKEN, STATUS, OUTSIDE, OPEN, SCRATCH_WORD, PENDING, UNSEEN, UNSEEN_PC, \
-    LEFT_PC, LEFT_TO, BRANCH_PC, BRANCH_TO, BRANCH_NEXT = range(18)
-SNAPSHOT_OFFSET = 18 * 8
 WINDOW = RED_ZONE
-ENTRIES_OFFSET = SNAPSHOT_OFFSET + WINDOW
+# struct write_log of verify.h, where the extension says its fields lie: the header words, the snapshot, the entries
+_HEADER = ("count capacity base length mem_read taken status outside open scratch pending unseen unseen_pc left_pc "
+           "left_to branch_pc branch_to branch_next")
+_LAYOUT = hotpath.struct_layout("write_log", [(name, 8) for name in _HEADER.split()]
+                                + [("snapshot", WINDOW), ("entries", 0)])
+COUNT, CAPACITY, BASE, LENGTH, MEM_READ, TAKEN, STATUS, OUTSIDE, OPEN, SCRATCH_WORD, PENDING, UNSEEN, UNSEEN_PC, \
+    LEFT_PC, LEFT_TO, BRANCH_PC, BRANCH_TO, BRANCH_NEXT = hotpath.words(_LAYOUT, _HEADER)
+SNAPSHOT_OFFSET, ENTRIES_OFFSET = _LAYOUT["snapshot"], _LAYOUT["entries"]
 ENTRY = struct.Struct("=QQQqQ")  # pc, address, size, value (the bytes stored, little-endian), old (outside stores)
 CAPACITY_ENTRIES = 256
 SCRATCH = 4096  # bytes below the red zone a design may use without a log entry (deeper ones are logged, and
 # the memory check still lets through those on the interrupted thread's own stack mapping)
-assert WINDOW == 128  # the snapshot's room in struct write_log
+assert ENTRIES_OFFSET - SNAPSHOT_OFFSET == WINDOW  # the snapshot's room in struct write_log
 MemReader = Callable[[int, int], "bytes | None"]  # (address, size) -> the bytes, None if unmapped (RawState.mem)
 
 

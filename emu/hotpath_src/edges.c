@@ -315,9 +315,25 @@ static PyMethodDef edges_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
+#define EDGES_FIELDS(X) X(state) X(site) X(next) X(finished) X(reg_read_batch) X(mem_read) X(py_site) X(py_ret)  \
+    X(log) X(nregs) X(ids) X(start_ptrs) X(end_ptrs) X(word) X(ret_pc) X(popped) X(start_redzone_status) X(seq) \
+    X(start) X(end) X(redzone) X(start_redzone) X(state_bytes) X(kept) X(python_seq) X(kernel_seq)             \
+    X(kernel_path) X(kernel_exit) X(ctx_save) X(ctx_reg_read) X(ctx_reg_read_batch) X(ctx_start) X(ctx_end)  \
+    X(ctx_words) X(ctx_nwords) X(ctx_rip) X(ctx_rsp) X(start_full) X(start_flags_read) X(start_flags)         \
+    X(flags_id) X(hit) X(repeats) X(watch)
+#define REPEATS_FIELDS(X) X(candidate_seq) X(candidate_slot) X(count) X(capacity) X(armed) X(candidate) X(memo) X(hits)
+
 int hotpath_add_edges(PyObject *module)
 {
     hook_code_fn site = edges_site_hook, ret = edges_ret_hook;
+#define LAYOUT_OF(field) offsetof(struct edges, field)
+    if (HOTPATH_ADD_LAYOUT(module, "edges", struct edges, EDGES_FIELDS) < 0)
+        return -1;
+#undef LAYOUT_OF
+#define LAYOUT_OF(field) offsetof(struct repeats, field)
+    if (HOTPATH_ADD_LAYOUT(module, "repeats", struct repeats, REPEATS_FIELDS) < 0)
+        return -1;
+#undef LAYOUT_OF
     if (PyModule_AddFunctions(module, edges_functions) < 0)
         return -1;
     if (hotpath_add_address(module, "edges_site_hook", (void *)site) < 0)

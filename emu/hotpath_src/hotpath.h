@@ -9,6 +9,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct uc_struct uc_engine;      /* opaque */
@@ -51,5 +52,19 @@ static inline int hotpath_add_address(PyObject *module, const char *name, void *
     Py_DECREF(value);
     return status;
 }
+
+/* Helper for the parts: export where the fields of a struct Python reads and writes lie (byte offsets,
+ * and its size as "sizeof") into the module's LAYOUTS, so that Python takes them from here and the
+ * struct is declared once (emu/hotpath/__init__.py, struct_layout). A part lists the fields with an
+ * X-macro, FIELDS(X), and defines LAYOUT_OF(field) as offsetof(its struct, field) before the call. */
+#define HOTPATH_FIELD_NAME(field) #field,
+#define HOTPATH_FIELD_OFFSET(field) LAYOUT_OF(field),
+int hotpath_add_layout(PyObject *module, const char *name, const char *const *fields, const size_t *offsets,
+                       size_t count, size_t size);
+#define HOTPATH_ADD_LAYOUT(module, name, type, FIELDS)                                                   \
+    hotpath_add_layout(module, name, (const char *const[]){FIELDS(HOTPATH_FIELD_NAME)},                \
+                       (const size_t[]){FIELDS(HOTPATH_FIELD_OFFSET)},                                   \
+                       sizeof((const char *const[]){FIELDS(HOTPATH_FIELD_NAME)}) / sizeof(const char *), \
+                       sizeof(type))
 
 #endif

@@ -37,7 +37,7 @@ typedef uint32_t (*icount_decode_fn)(uint64_t address, uint32_t size);
 #define ICOUNT_FRONT_LOG2 10 /* FRONT_CAPACITY_LOG2 in emu/process/icount.py */
 #define ICOUNT_FRONT (1 << ICOUNT_FRONT_LOG2)
 
-/* The counter; emu/process/icount.py mirrors this layout with ctypes (keep the two in step). */
+/* The counter; emu/process/icount.py types its fields with ctypes and checks them against LAYOUTS. */
 struct icount_state {
     uint64_t total;       /* instructions of the blocks let run */
     uint64_t stop_at;     /* stop before a block that would take total past this */
@@ -153,8 +153,14 @@ void icount_charge(struct icount_state *state, uc_engine *uc)
         state->stop_at = state->alarm_at - state->kernel; /* user code now reaches the expiry sooner */
 }
 
+#define ICOUNT_STATE_FIELDS(X) X(total) X(stop_at) X(decoded) X(stopped) X(shift) X(table) X(emu_stop) X(decode) \
+    X(last) X(kernel) X(entry_cost) X(alarm_at) X(alarmed) X(front_shift) X(front)
+#define LAYOUT_OF(field) offsetof(struct icount_state, field)
+
 int hotpath_add_icount(PyObject *module)
 {
+    if (HOTPATH_ADD_LAYOUT(module, "icount_state", struct icount_state, ICOUNT_STATE_FIELDS) < 0)
+        return -1;
     if (hotpath_add_address(module, "icount_block", (void *)icount_block) < 0 ||
         hotpath_add_address(module, "icount_translated", (void *)icount_translated) < 0)
         return -1;

@@ -15,7 +15,7 @@ enum { UC_MEM_WRITE = 17 }; /* unicorn.h's uc_mem_type */
 
 typedef bool (*python_mem_fn)(uc_engine *uc, int type, uint64_t address, int size, int64_t value, void *user_data);
 
-/* The table; emu/hotpath/mem_filter.py lays it out as 64-bit words (keep the two in step). */
+/* The table; emu/hotpath/mem_filter.py reads and writes it as 64-bit words, where LAYOUTS says they are. */
 struct mem_filter {
     uint64_t count;          /* ranges in use */
     uint64_t capacity;       /* ranges the table holds */
@@ -44,7 +44,12 @@ static bool memfilter_hook(uc_engine *uc, int type, uint64_t address, int size, 
     return ((python_mem_fn)(uintptr_t)callback)(uc, type, address, size, value, NULL);
 }
 
+#define MEM_FILTER_FIELDS(X) X(count) X(capacity) X(everything) X(read_callback) X(write_callback) X(passed) X(ranges)
+#define LAYOUT_OF(field) offsetof(struct mem_filter, field)
+
 int hotpath_add_memfilter(PyObject *module)
 {
+    if (HOTPATH_ADD_LAYOUT(module, "mem_filter", struct mem_filter, MEM_FILTER_FIELDS) < 0)
+        return -1;
     return hotpath_add_address(module, "memfilter_hook", (void *)memfilter_hook);
 }

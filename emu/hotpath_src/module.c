@@ -1,11 +1,40 @@
 /* The module emu._hotpath: each part of the hot path registers itself here. */
 #include "hotpath.h"
 
-#define HOTPATH_ABI 11 /* emu/hotpath/__init__.py refuses a module built for another interface */
+#define HOTPATH_ABI 12 /* emu/hotpath/__init__.py refuses a module built for another interface */
 
 int hotpath_add_base(PyObject *module)
 {
+    PyObject *layouts = PyDict_New();
+    if (layouts == NULL || PyModule_AddObjectRef(module, "LAYOUTS", layouts) < 0) {
+        Py_XDECREF(layouts);
+        return -1;
+    }
+    Py_DECREF(layouts);
     return PyModule_AddIntConstant(module, "ABI", HOTPATH_ABI);
+}
+
+int hotpath_add_layout(PyObject *module, const char *name, const char *const *fields, const size_t *offsets,
+                       size_t count, size_t size)
+{
+    PyObject *layouts = PyObject_GetAttrString(module, "LAYOUTS");
+    PyObject *layout = PyDict_New();
+    int status = layouts != NULL && layout != NULL ? 0 : -1;
+    for (size_t i = 0; status == 0 && i < count; i++) {
+        PyObject *offset = PyLong_FromSize_t(offsets[i]);
+        status = offset != NULL ? PyDict_SetItemString(layout, fields[i], offset) : -1;
+        Py_XDECREF(offset);
+    }
+    if (status == 0) {
+        PyObject *bytes = PyLong_FromSize_t(size);
+        status = bytes != NULL ? PyDict_SetItemString(layout, "sizeof", bytes) : -1;
+        Py_XDECREF(bytes);
+    }
+    if (status == 0)
+        status = PyDict_SetItemString(layouts, name, layout);
+    Py_XDECREF(layout);
+    Py_XDECREF(layouts);
+    return status;
 }
 
 static struct PyModuleDef hotpath_module = {

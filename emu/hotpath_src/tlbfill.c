@@ -40,7 +40,7 @@ struct page_range {
     uint64_t start, end, perms; /* [start, end), page-aligned; perms: uc_prot */
 };
 
-/* The table; emu/cpu/pages.py lays it out as 64-bit words (keep the two in step). */
+/* The table; emu/cpu/pages.py reads and writes it as 64-bit words, where LAYOUTS says they are. */
 struct page_table {
     uint64_t count;          /* ranges in use, sorted by start, disjoint */
     uint64_t capacity;       /* ranges the buffer holds */
@@ -143,7 +143,14 @@ static int tlbfill_hook(uc_engine *uc, uint64_t vaddr, int type, struct uc_tlb_e
     return 1;
 }
 
+#define PAGE_TABLE_FIELDS(X) X(count) X(capacity) X(hook_add) X(fault_callback) X(fault_data) X(armed_count) \
+    X(armed_capacity) X(granted) X(fills) X(last) X(catch_all) X(arms) X(ranges) X(ctl) X(ctl_flush) X(grow_at) \
+    X(grow_step) X(growths) X(armed)
+#define LAYOUT_OF(field) offsetof(struct page_table, field)
+
 int hotpath_add_tlbfill(PyObject *module)
 {
+    if (HOTPATH_ADD_LAYOUT(module, "page_table", struct page_table, PAGE_TABLE_FIELDS) < 0)
+        return -1;
     return hotpath_add_address(module, "tlbfill_hook", (void *)tlbfill_hook);
 }

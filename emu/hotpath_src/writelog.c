@@ -257,9 +257,33 @@ static PyMethodDef writelog_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
+#define WRITE_LOG_FIELDS(X) X(count) X(capacity) X(base) X(length) X(mem_read) X(taken) X(status) X(outside) \
+    X(open) X(scratch) X(pending) X(unseen) X(unseen_pc) X(left_pc) X(left_to) X(branch_pc) X(branch_to)  \
+    X(branch_next) X(snapshot) X(entries)
+#define STORE_WATCH_FIELDS(X) X(log) X(reg_read) X(mem_read) X(decode) X(table) X(shift) X(nranges) X(ranges) \
+    X(decoded) X(rcx)
+#define WATCH_RECORD_FIELDS(X) X(pc) X(length) X(flags) X(transfer) X(target) X(nstores) X(ops) X(pad)
+#define WATCH_OP_FIELDS(X) X(base) X(index) X(scale) X(disp) X(size) X(segment) X(flags)
+
 int hotpath_add_writelog(PyObject *module)
 {
     hook_code_fn hook = watch_hook;
+#define LAYOUT_OF(field) offsetof(struct write_log, field)
+    if (HOTPATH_ADD_LAYOUT(module, "write_log", struct write_log, WRITE_LOG_FIELDS) < 0)
+        return -1;
+#undef LAYOUT_OF
+#define LAYOUT_OF(field) offsetof(struct store_watch, field)
+    if (HOTPATH_ADD_LAYOUT(module, "store_watch", struct store_watch, STORE_WATCH_FIELDS) < 0)
+        return -1;
+#undef LAYOUT_OF
+#define LAYOUT_OF(field) offsetof(struct watch_record, field)
+    if (HOTPATH_ADD_LAYOUT(module, "watch_record", struct watch_record, WATCH_RECORD_FIELDS) < 0)
+        return -1;
+#undef LAYOUT_OF
+#define LAYOUT_OF(field) offsetof(struct watch_op, field)
+    if (HOTPATH_ADD_LAYOUT(module, "watch_op", struct watch_op, WATCH_OP_FIELDS) < 0)
+        return -1;
+#undef LAYOUT_OF
     if (PyModule_AddFunctions(module, writelog_functions) < 0)
         return -1;
     return hotpath_add_address(module, "watch_hook", (void *)hook);

@@ -280,7 +280,8 @@ class _Entry(ctypes.Structure):
 
 
 class _State(ctypes.Structure):
-    """struct icount_state in emu/hotpath_src/icount.c (keep the two in step)."""
+    """struct icount_state in emu/hotpath_src/icount.c, its fields typed; checked against the layout the
+    extension exports when this module loads (hotpath.check_ctypes_layout)."""
 
     _fields_ = [
         ("total", ctypes.c_uint64),
@@ -303,6 +304,9 @@ class _State(ctypes.Structure):
     ]
 
 
+hotpath.check_ctypes_layout("icount_state", _State, {"last_pc": "last"})
+
+
 _DECODE_CB = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32)
 
 
@@ -311,7 +315,7 @@ class NativeCounter(_Counter):
 
     def __init__(self, cpu: Cpu, limit: int | None, track_translations: bool = True) -> None:
         native = hotpath.native
-        assert native is not None and ctypes.sizeof(_State) == native.ICOUNT_STATE_SIZE
+        assert native is not None
         self._table = (_Entry * (2 << TABLE_BUCKETS_LOG2))()
         self._decode = _DECODE_CB(lambda address, size: decode_count(cpu, address, size))
         assert 1 <= FRONT_LOG2 <= FRONT_CAPACITY_LOG2
