@@ -58,3 +58,33 @@ def test_a_ctypes_mirror_laid_out_otherwise_is_refused(monkeypatch: pytest.Monke
         hotpath.check_ctypes_layout("mirror", _Mirror)
     monkeypatch.setattr(hotpath, "LAYOUTS", {"mirror": {"first": 0, "sizeof": 16}})
     hotpath.check_ctypes_layout("mirror", _Mirror, {"a": "first"})
+
+
+# ------------------------------------------------------------------ enum values
+@needs_extension
+def test_the_enum_values_python_encodes_are_the_extension_s() -> None:
+    from emu.hotpath import store_watch as watch
+    from emu.kernel.uprobes.consumers import NATIVE_PATHS
+    from emu.kernel.uprobes.plan import EXIT_KINDS
+
+    assert EXTENSION is not None
+    enums = EXTENSION.ENUMS
+    assert NATIVE_PATHS.index("call") == enums["PATH_CALL"]
+    assert [kind.value for kind in EXIT_KINDS].index("iret") == enums["EXIT_IRET"]
+    assert edges.KERNEL_EXITS.index(None) == enums["EDGES_EXIT_NONE"] and enums["EDGES_ARMED"] == edges.ARMED
+    ours = (watch.KNOWN, watch.T_MEM, watch.NO_EXITS, repeats.SLOTS)
+    assert ours == (enums["WATCH_KNOWN"], enums["WATCH_T_MEM"], enums["WATCH_RANGE_NO_EXITS"], enums["REPEAT_SLOTS"])
+
+
+def test_constants_come_from_the_extension_and_a_missing_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hotpath, "_BUILT", object())
+    monkeypatch.setattr(hotpath, "ENUMS", {"B_FIRST": 0, "A_SECOND": 1})
+    assert hotpath.constant("A_SECOND", 7) == 1
+    assert hotpath.in_c_order({"a": "A_SECOND", "b": "B_FIRST"}) == ("b", "a")  # C's order, not the dict's
+    with pytest.raises(hotpath.LayoutError, match="no constant C_THIRD"):
+        hotpath.constant("C_THIRD", 2)
+    monkeypatch.setattr(hotpath, "ENUMS", {"B_FIRST": 0, "A_SECOND": 2})
+    with pytest.raises(hotpath.LayoutError, match="not 0..1"):
+        hotpath.in_c_order({"a": "A_SECOND", "b": "B_FIRST"})
+    monkeypatch.setattr(hotpath, "_BUILT", None)
+    assert hotpath.constant("C_THIRD", 2) == 2  # without the extension: Python's own value

@@ -17,8 +17,11 @@ import importlib
 import os
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TypeVar
 
-ABI = 12  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
+T = TypeVar("T")
+
+ABI = 13  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
 FORCE_PYTHON_VARIABLE = "UPROBE_EMU_PURE_PYTHON"
 
 
@@ -48,6 +51,7 @@ def _built() -> ModuleType | None:
 
 _BUILT = _built()
 LAYOUTS: dict[str, dict[str, int]] = dict(getattr(_BUILT, "LAYOUTS", {}))
+ENUMS: dict[str, int] = dict(getattr(_BUILT, "ENUMS", {}))
 
 
 class LayoutError(ImportError):
@@ -85,6 +89,25 @@ def check_ctypes_layout(struct: str, mirror: type[ctypes.Structure], renamed: di
     if wrong or ctypes.sizeof(mirror) != exported["sizeof"]:
         raise LayoutError(f"struct {struct} of the C extension is not laid out as {mirror.__name__} "
                           f"({', '.join(wrong) or 'its size'}): reinstall the package")
+
+
+def constant(name: str, default: int) -> int:
+    """The value of the C enum constant ``name``, as the extension exports it whenever it is built (the
+    enum is its one declaration); ``default``, Python's own value, without the extension."""
+    if _BUILT is None:
+        return default
+    if name not in ENUMS:
+        raise LayoutError(f"the C extension exports no constant {name}: reinstall the package")
+    return ENUMS[name]
+
+
+def in_c_order(values: dict[T, str]) -> tuple[T, ...]:
+    """The keys of ``values`` (each mapped to a C enum constant's name) ordered by the constants' values,
+    which must be 0, 1, 2 ...: a tuple a C index picks from."""
+    order = sorted(values, key=lambda key: constant(values[key], list(values).index(key)))
+    if sorted(constant(values[key], i) for i, key in enumerate(values)) != list(range(len(values))):
+        raise LayoutError(f"C constants {', '.join(values.values())} are not 0..{len(values) - 1}")
+    return tuple(order)
 
 
 def words(layout: dict[str, int], names: str) -> tuple[int, ...]:

@@ -90,7 +90,8 @@ _LAYOUT = hotpath.struct_layout("edges", [(name, 8) for name in _FIELDS.split()]
  KEPT, PY_SEQ, KERNEL_SEQ, KERNEL_PATH, KERNEL_EXIT, CTX_SAVE, CTX_REG_READ, CTX_READ_BATCH,
  CTX_START, CTX_END, CTX_WORDS, CTX_NWORDS, CTX_RIP, CTX_RSP, START_FULL, START_FLAGS_READ, START_FLAGS,
  FLAGS_ID, HIT, REPEATS, WATCH) = hotpath.words(_LAYOUT, _FIELDS)
-KERNEL_EXITS = ("sysret", "iret", None)  # EDGES_EXIT_*: the exit counted in UprobeStats.exits (none for an INT3)
+# EDGES_EXIT_* (verify.h): the exit counted in UprobeStats.exits (none for an INT3)
+KERNEL_EXITS = hotpath.in_c_order({"sysret": "EDGES_EXIT_SYSRET", "iret": "EDGES_EXIT_IRET", None: "EDGES_EXIT_NONE"})
 START = _LAYOUT["sizeof"]  # byte offsets of the buffers
 END = START + STATE_BYTES
 REDZONE = END + STATE_BYTES
@@ -105,14 +106,15 @@ assert RAW_RIP == 0 and RAW_RSP == 8  # where edges.c finds them
 
 
 # The state word (plain ints: the tracker compares it on every hit).
-IDLE = 0
-OPEN = 1  # a transaction is open (the site hook's, numbered SEQ, or one the tracker started)
-ARMED = 2  # ... and the ret hook may settle it
+IDLE = hotpath.constant("EDGES_IDLE", 0)
+OPEN = hotpath.constant("EDGES_OPEN", 1)  # a transaction is open (the site hook's, numbered SEQ, or one the tracker started)
+ARMED = hotpath.constant("EDGES_ARMED", 2)  # ... and the ret hook may settle it
 
 
 RECORD_WORDS = 3  # a site's record: the control block's address, the hit count, LAZY_REDZONE or 0
-LAZY_REDZONE = 1  # the site hook does not copy the red zone: the write log copies it before the first store
-REDZONE_LAZY = 0x10000  # START_REDZONE_STATUS then: not copied at the site (REDZONE_LAZY in verify.h)
+# the site hook does not copy the red zone: the write log copies it before the first store
+LAZY_REDZONE = hotpath.constant("SITE_LAZY_REDZONE", 1)
+REDZONE_LAZY = hotpath.constant("REDZONE_LAZY", 0x10000)  # START_REDZONE_STATUS then: not copied at the site
 
 
 class SiteCounters:

@@ -29,7 +29,7 @@ import ctypes
 
 from emu import hotpath
 
-SLOTS = 16  # REPEAT_SLOTS in verify.h
+SLOTS = hotpath.constant("REPEAT_SLOTS", 16)
 REPEAT_ENTRIES, REDZONE_WORDS, CODE_BYTES = 16, 16, 16  # as in verify.h: the evidence's size without the extension
 _HEADER = "candidate_seq candidate_slot count capacity"
 _EVIDENCE = 8 * (4 + 2 * REDZONE_WORDS + 4 * REPEAT_ENTRIES) + CODE_BYTES * REPEAT_ENTRIES

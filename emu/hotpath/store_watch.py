@@ -38,7 +38,7 @@ from emu.hotpath.write_log import WINDOW, MemReader, WriteLog, classify, native_
 if TYPE_CHECKING:
     from types import ModuleType
 
-OPS = 3  # two stores, then an indirect branch's memory operand (WATCH_OPS in verify.h)
+OPS = hotpath.constant("WATCH_OPS", 3)  # two stores, then an indirect branch's memory operand
 # struct store_watch, struct watch_record and struct watch_op of verify.h, where the extension says they lie
 _BLOCK = "log reg_read mem_read decode table shift nranges ranges decoded rcx"
 _BLOCK_LAYOUT = hotpath.struct_layout("store_watch", [(name, 8) for name in _BLOCK.split()])
@@ -54,10 +54,13 @@ _RECORD_LAYOUT = hotpath.struct_layout("watch_record", [(name, 8) for name in _R
 R_PC, R_LENGTH, R_FLAGS, R_TRANSFER, R_TARGET, R_NSTORES, R_OPS = hotpath.words(_RECORD_LAYOUT, _RECORD)
 RECORD_WORDS = _RECORD_LAYOUT["sizeof"] // 8
 TABLE_BITS = 9
-KNOWN, CONDITIONAL = 1, 2
-OP_REP, OP_ADDR32 = 1, 2
-NO_EXITS = 1  # a range whose transfers the kernel answers for: the out-of-line step runs there
-_TRANSFER = {Transfer.NONE: 0, Transfer.DIRECT: 1, Transfer.RETURN: 4, Transfer.KERNEL: 5}  # INDIRECT: 2 (reg) or 3 (mem)
+KNOWN, CONDITIONAL = hotpath.constant("WATCH_KNOWN", 1), hotpath.constant("WATCH_CONDITIONAL", 2)
+OP_REP, OP_ADDR32 = hotpath.constant("WATCH_OP_REP", 1), hotpath.constant("WATCH_OP_ADDR32", 2)
+# a range whose transfers the kernel answers for: the out-of-line step runs there
+NO_EXITS = hotpath.constant("WATCH_RANGE_NO_EXITS", 1)
+_TRANSFER = {Transfer.NONE: hotpath.constant("WATCH_T_NONE", 0), Transfer.DIRECT: hotpath.constant("WATCH_T_DIRECT", 1),
+             Transfer.RETURN: hotpath.constant("WATCH_T_RETURN", 4), Transfer.KERNEL: hotpath.constant("WATCH_T_KERNEL", 5)}
+T_REG, T_MEM = hotpath.constant("WATCH_T_REG", 2), hotpath.constant("WATCH_T_MEM", 3)  # INDIRECT: through either
 CHUNK = 8  # a log entry holds up to 8 bytes, as Unicorn reports a store
 MASK64 = (1 << 64) - 1
 
@@ -81,7 +84,7 @@ def record_words(pc: int, shape: Shape) -> list[int]:
     words[R_PC], words[R_LENGTH], words[R_NSTORES] = pc, shape.length, len(ops)
     words[R_FLAGS] = KNOWN * known | CONDITIONAL * shape.conditional
     if shape.transfer is Transfer.INDIRECT:
-        words[R_TRANSFER], words[R_TARGET] = (3, 0) if shape.target_op is not None else (2, shape.target_reg)
+        words[R_TRANSFER], words[R_TARGET] = (T_MEM, 0) if shape.target_op is not None else (T_REG, shape.target_reg)
     else:
         words[R_TRANSFER], words[R_TARGET] = _TRANSFER[shape.transfer], shape.target
     padded = ops + [MemOp()] * (OPS - 1 - len(ops)) + [shape.target_op or MemOp()]

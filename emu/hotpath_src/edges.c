@@ -323,9 +323,14 @@ static PyMethodDef edges_functions[] = {
     X(flags_id) X(hit) X(repeats) X(watch)
 #define REPEATS_FIELDS(X) X(candidate_seq) X(candidate_slot) X(count) X(capacity) X(armed) X(candidate) X(memo) X(hits)
 
+#define EDGES_CONSTANTS(X) X(EDGES_EXIT_SYSRET) X(EDGES_EXIT_IRET) X(EDGES_EXIT_NONE) X(EDGES_IDLE) X(EDGES_OPEN) \
+    X(EDGES_ARMED) X(SITE_LAZY_REDZONE) X(REDZONE_LAZY) X(REPEAT_SLOTS)
+
 int hotpath_add_edges(PyObject *module)
 {
     hook_code_fn site = edges_site_hook, ret = edges_ret_hook;
+    if (HOTPATH_ADD_CONSTANTS(module, EDGES_CONSTANTS) < 0)
+        return -1;
 #define LAYOUT_OF(field) offsetof(struct edges, field)
     if (HOTPATH_ADD_LAYOUT(module, "edges", struct edges, EDGES_FIELDS) < 0)
         return -1;

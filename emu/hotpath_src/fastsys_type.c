@@ -364,8 +364,12 @@ static PyTypeObject FastSysType = {
     .tp_getset = fastsys_getset,
 };
 
+#define FASTSYS_CONSTANTS(X) X(PATH_INT3) X(PATH_CALL) X(PATH_JMP) X(EXIT_TRAMPOLINE) X(EXIT_IRET) X(EXIT_SYSRET)
+
 int hotpath_add_fastsys(PyObject *module)
 {
+    if (HOTPATH_ADD_CONSTANTS(module, FASTSYS_CONSTANTS) < 0)
+        return -1;
     if (PyType_Ready(&FastSysType) < 0 || PyModule_AddObjectRef(module, "FastSys", (PyObject *)&FastSysType) < 0)
         return -1;
     if (hotpath_add_address(module, "fastsys_syscall_hook", (void *)fastsys_on_syscall) < 0)

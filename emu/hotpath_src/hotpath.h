@@ -61,6 +61,17 @@ static inline int hotpath_add_address(PyObject *module, const char *name, void *
 #define HOTPATH_FIELD_OFFSET(field) LAYOUT_OF(field),
 int hotpath_add_layout(PyObject *module, const char *name, const char *const *fields, const size_t *offsets,
                        size_t count, size_t size);
+/* ... and the values of enum constants Python encodes or decodes (the module's ENUMS, by name). */
+struct hotpath_constant {
+    const char *name;
+    long long value;
+};
+#define HOTPATH_CONSTANT(name) {#name, name},
+int hotpath_add_constants(PyObject *module, const struct hotpath_constant *constants, size_t count);
+#define HOTPATH_ADD_CONSTANTS(module, NAMES)                                                              \
+    hotpath_add_constants(module, (const struct hotpath_constant[]){NAMES(HOTPATH_CONSTANT)},           \
+                          sizeof((const struct hotpath_constant[]){NAMES(HOTPATH_CONSTANT)}) /            \
+                              sizeof(struct hotpath_constant))
 #define HOTPATH_ADD_LAYOUT(module, name, type, FIELDS)                                                   \
     hotpath_add_layout(module, name, (const char *const[]){FIELDS(HOTPATH_FIELD_NAME)},                \
                        (const size_t[]){FIELDS(HOTPATH_FIELD_OFFSET)},                                   \

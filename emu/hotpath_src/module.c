@@ -1,17 +1,34 @@
 /* The module emu._hotpath: each part of the hot path registers itself here. */
 #include "hotpath.h"
 
-#define HOTPATH_ABI 12 /* emu/hotpath/__init__.py refuses a module built for another interface */
+#define HOTPATH_ABI 13 /* emu/hotpath/__init__.py refuses a module built for another interface */
+
+static int add_dict(PyObject *module, const char *name)
+{
+    PyObject *dict = PyDict_New();
+    int status = dict != NULL ? PyModule_AddObjectRef(module, name, dict) : -1;
+    Py_XDECREF(dict);
+    return status;
+}
 
 int hotpath_add_base(PyObject *module)
 {
-    PyObject *layouts = PyDict_New();
-    if (layouts == NULL || PyModule_AddObjectRef(module, "LAYOUTS", layouts) < 0) {
-        Py_XDECREF(layouts);
+    if (add_dict(module, "LAYOUTS") < 0 || add_dict(module, "ENUMS") < 0)
         return -1;
-    }
-    Py_DECREF(layouts);
     return PyModule_AddIntConstant(module, "ABI", HOTPATH_ABI);
+}
+
+int hotpath_add_constants(PyObject *module, const struct hotpath_constant *constants, size_t count)
+{
+    PyObject *enums = PyObject_GetAttrString(module, "ENUMS");
+    int status = enums != NULL ? 0 : -1;
+    for (size_t i = 0; status == 0 && i < count; i++) {
+        PyObject *value = PyLong_FromLongLong(constants[i].value);
+        status = value != NULL ? PyDict_SetItemString(enums, constants[i].name, value) : -1;
+        Py_XDECREF(value);
+    }
+    Py_XDECREF(enums);
+    return status;
 }
 
 int hotpath_add_layout(PyObject *module, const char *name, const char *const *fields, const size_t *offsets,

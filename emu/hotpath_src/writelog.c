@@ -265,9 +265,15 @@ static PyMethodDef writelog_functions[] = {
 #define WATCH_RECORD_FIELDS(X) X(pc) X(length) X(flags) X(transfer) X(target) X(nstores) X(ops) X(pad)
 #define WATCH_OP_FIELDS(X) X(base) X(index) X(scale) X(disp) X(size) X(segment) X(flags)
 
+#define WATCH_CONSTANTS(X) X(WATCH_OP_REP) X(WATCH_OP_ADDR32) X(WATCH_OPS) X(WATCH_KNOWN) X(WATCH_CONDITIONAL) \
+    X(WATCH_T_NONE) X(WATCH_T_DIRECT) X(WATCH_T_REG) X(WATCH_T_MEM) X(WATCH_T_RETURN) X(WATCH_T_KERNEL)         \
+    X(WATCH_RANGE_NO_EXITS)
+
 int hotpath_add_writelog(PyObject *module)
 {
     hook_code_fn hook = watch_hook;
+    if (HOTPATH_ADD_CONSTANTS(module, WATCH_CONSTANTS) < 0)
+        return -1;
 #define LAYOUT_OF(field) offsetof(struct write_log, field)
     if (HOTPATH_ADD_LAYOUT(module, "write_log", struct write_log, WRITE_LOG_FIELDS) < 0)
         return -1;

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from emu import hotpath
 from emu.designs import Branch
 from emu.kernel.uprobes.generation import TABLES
 from emu.kernel.uprobes.regs import PtRegs
@@ -161,5 +162,7 @@ class Consumer:
         TABLES.bump()
 
 
-NATIVE_PATHS = (EntryPath.INT3.value, EntryPath.CALL.value, EntryPath.JMP.value)  # fastsys.c's PATH_* order
+# the paths in the order of fastsys.h's PATH_* (the C front counts by that index)
+NATIVE_PATHS = hotpath.in_c_order({EntryPath.INT3.value: "PATH_INT3", EntryPath.CALL.value: "PATH_CALL",
+                                   EntryPath.JMP.value: "PATH_JMP"})
 NATIVE_RETURN = len(NATIVE_PATHS)  # the word after them counts returns (PATH_RETURN)

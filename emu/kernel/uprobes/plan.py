@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from emu import hotpath
 from emu.cpu import Reg
 from emu.designs import SAVABLE, Design, Exit, ProbeFrom, ReturnTrampoline
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath, branch_path
 
-EXIT_KINDS = (Exit.TRAMPOLINE, Exit.IRET, Exit.SYSRET)  # fastsys.h's EXIT_* order
+# the exits in the order of fastsys.h's EXIT_* (set_handler takes the index)
+EXIT_KINDS = hotpath.in_c_order({Exit.TRAMPOLINE: "EXIT_TRAMPOLINE", Exit.IRET: "EXIT_IRET", Exit.SYSRET: "EXIT_SYSRET"})
 
 # the register of each pt_regs field a trampoline may save (designs.SAVABLE)
 SAVED_REG = {name: Reg.RFLAGS if name == "flags" else Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit()
