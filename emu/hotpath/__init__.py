@@ -8,6 +8,10 @@ both must give the same verdicts). ``uprobe-emu --version`` says which one runs.
 The extension calls Unicorn only through the public C API, by the addresses of the functions in the
 library the ``unicorn`` package loaded (emu.cpu.native_function); it generates no machine code and
 assumes nothing of the host CPU.
+
+It is also where the structs and enum values C and Python share are declared: it exports them
+(LAYOUTS, ENUMS) and the Python side reads them from here (struct_layout, constant), whichever hot
+path runs.
 """
 
 from __future__ import annotations
