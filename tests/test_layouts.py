@@ -72,6 +72,11 @@ def test_the_enum_values_python_encodes_are_the_extension_s() -> None:
     assert NATIVE_PATHS.index("call") == enums["PATH_CALL"]
     assert [kind.value for kind in EXIT_KINDS].index("iret") == enums["EXIT_IRET"]
     assert edges.KERNEL_EXITS.index(None) == enums["EDGES_EXIT_NONE"] and enums["EDGES_ARMED"] == edges.ARMED
+    from emu.cpu import Reg
+    from emu.hotpath.front import FRONT_REGS
+    from emu.kernel.uprobes.fastpath import STAT_ORDER
+
+    assert FRONT_REGS.index(Reg.RSP) == enums["REG_SP"] and STAT_ORDER[-1] == enums["ST_RET_HITS"]
     ours = (watch.KNOWN, watch.T_MEM, watch.NO_EXITS, repeats.SLOTS)
     assert ours == (enums["WATCH_KNOWN"], enums["WATCH_T_MEM"], enums["WATCH_RANGE_NO_EXITS"], enums["REPEAT_SLOTS"])
 

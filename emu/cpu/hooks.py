@@ -56,6 +56,14 @@ class NativeFront:
             self.take_over()
 
 
+def _front_parts(front: NativeFront | None) -> tuple[Any, Callable[[], None]]:
+    """What a syscall or interrupt hook checks on every entry: the front's handle (None: no front), and
+    what it calls while the handle says ``pending``."""
+    if front is None:
+        return None, lambda: None
+    return front.handle, front.before_python
+
+
 class Hooks:
     def __init__(self, handle: Any) -> None:
         self._uch = handle
@@ -181,12 +189,12 @@ class Hooks:
         ``after_syscall`` after, whether it returned or raised."""
         before, after = self.before_syscall, self.after_syscall
         front = self.front
-        handle = front.handle if front is not None else None
+        handle, take_over = _front_parts(front)
 
         def on_syscall(_uc: object, _ud: object) -> None:  # one Python frame: the syscall hot path
             try:
                 if handle is not None and handle.pending:
-                    front.before_python()  # type: ignore[union-attr]  # (handle is front's)
+                    take_over()
                 for observer in before:
                     observer()
                 callback()
@@ -212,12 +220,12 @@ class Hooks:
         """As add_syscall, with ``before_interrupt`` and ``after_interrupt``."""
         before, after = self.before_interrupt, self.after_interrupt
         front = self.front
-        handle = front.handle if front is not None else None
+        handle, take_over = _front_parts(front)
 
         def on_interrupt(_uc: object, intno: int, _ud: object) -> None:
             try:
                 if handle is not None and handle.pending:
-                    front.before_python()  # type: ignore[union-attr]  # (handle is front's)
+                    take_over()
                 for observer in before:
                     observer(intno)
                 callback(intno)

@@ -87,9 +87,8 @@ def check_ctypes_layout(struct: str, mirror: type[ctypes.Structure], renamed: di
     exported = LAYOUTS.get(struct)
     if exported is None:
         return
-    names = renamed or {}
-    wrong = [name for name, *_ in mirror._fields_
-             if names.get(name, name) in exported and getattr(mirror, name).offset != exported[names.get(name, name)]]
+    c_name = {name: (renamed or {}).get(name, name) for name, *_ in mirror._fields_}
+    wrong = [name for name, c in c_name.items() if c in exported and getattr(mirror, name).offset != exported[c]]
     if wrong or ctypes.sizeof(mirror) != exported["sizeof"]:
         raise LayoutError(f"struct {struct} of the C extension is not laid out as {mirror.__name__} "
                           f"({', '.join(wrong) or 'its size'}): reinstall the package")
@@ -107,11 +106,11 @@ def constant(name: str, default: int) -> int:
 
 def in_c_order(values: dict[T, str]) -> tuple[T, ...]:
     """The keys of ``values`` (each mapped to a C enum constant's name) ordered by the constants' values,
-    which must be 0, 1, 2 ...: a tuple a C index picks from."""
-    order = sorted(values, key=lambda key: constant(values[key], list(values).index(key)))
-    if sorted(constant(values[key], i) for i, key in enumerate(values)) != list(range(len(values))):
+    which must be 0, 1, 2 ...: a tuple a C index picks from. Without the extension, the dict's order."""
+    index = {key: constant(name, i) for i, (key, name) in enumerate(values.items())}
+    if sorted(index.values()) != list(range(len(index))):
         raise LayoutError(f"C constants {', '.join(values.values())} are not 0..{len(values) - 1}")
-    return tuple(order)
+    return tuple(sorted(index, key=index.__getitem__))
 
 
 def words(layout: dict[str, int], names: str) -> tuple[int, ...]:

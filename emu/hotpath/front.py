@@ -10,8 +10,9 @@ from emu import hotpath
 from emu.cpu import Cpu, Reg, native_function
 from emu.cpu.hooks import NativeFront
 
-# The registers the front reads and writes (REG_AX .. REG_R11 in fastsys.h)
-FRONT_REGS = (Reg.RAX, Reg.RIP, Reg.RFLAGS, Reg.RSP, Reg.RCX, Reg.R11)
+# The registers the front reads and writes, in the order of fastsys.h's REG_*
+FRONT_REGS = hotpath.in_c_order({Reg.RAX: "REG_AX", Reg.RIP: "REG_IP", Reg.RFLAGS: "REG_FLAGS", Reg.RSP: "REG_SP",
+                                 Reg.RCX: "REG_CX", Reg.R11: "REG_R11"})
 FRONT_FUNCTIONS = ("uc_reg_read_batch", "uc_reg_write_batch", "uc_reg_read", "uc_mem_read", "uc_mem_write")
 
 

@@ -322,6 +322,8 @@ static PyMethodDef edges_functions[] = {
     X(ctx_words) X(ctx_nwords) X(ctx_rip) X(ctx_rsp) X(start_full) X(start_flags_read) X(start_flags)         \
     X(flags_id) X(hit) X(repeats) X(watch)
 #define REPEATS_FIELDS(X) X(candidate_seq) X(candidate_slot) X(count) X(capacity) X(armed) X(candidate) X(memo) X(hits)
+#define EDGES_OFFSET(field) offsetof(struct edges, field),
+#define REPEATS_OFFSET(field) offsetof(struct repeats, field),
 
 #define EDGES_CONSTANTS(X) X(EDGES_EXIT_SYSRET) X(EDGES_EXIT_IRET) X(EDGES_EXIT_NONE) X(EDGES_IDLE) X(EDGES_OPEN) \
     X(EDGES_ARMED) X(SITE_LAZY_REDZONE) X(REDZONE_LAZY) X(REPEAT_SLOTS)
@@ -331,14 +333,9 @@ int hotpath_add_edges(PyObject *module)
     hook_code_fn site = edges_site_hook, ret = edges_ret_hook;
     if (HOTPATH_ADD_CONSTANTS(module, EDGES_CONSTANTS) < 0)
         return -1;
-#define LAYOUT_OF(field) offsetof(struct edges, field)
-    if (HOTPATH_ADD_LAYOUT(module, "edges", struct edges, EDGES_FIELDS) < 0)
+    if (HOTPATH_ADD_LAYOUT(module, "edges", struct edges, EDGES_FIELDS, EDGES_OFFSET) < 0 ||
+        HOTPATH_ADD_LAYOUT(module, "repeats", struct repeats, REPEATS_FIELDS, REPEATS_OFFSET) < 0)
         return -1;
-#undef LAYOUT_OF
-#define LAYOUT_OF(field) offsetof(struct repeats, field)
-    if (HOTPATH_ADD_LAYOUT(module, "repeats", struct repeats, REPEATS_FIELDS) < 0)
-        return -1;
-#undef LAYOUT_OF
     if (PyModule_AddFunctions(module, edges_functions) < 0)
         return -1;
     if (hotpath_add_address(module, "edges_site_hook", (void *)site) < 0)

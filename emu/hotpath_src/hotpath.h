@@ -56,9 +56,8 @@ static inline int hotpath_add_address(PyObject *module, const char *name, void *
 /* Helper for the parts: export where the fields of a struct Python reads and writes lie (byte offsets,
  * and its size as "sizeof") into the module's LAYOUTS, so that Python takes them from here and the
  * struct is declared once (emu/hotpath/__init__.py, struct_layout). A part lists the fields with an
- * X-macro, FIELDS(X), and defines LAYOUT_OF(field) as offsetof(its struct, field) before the call. */
+ * X-macro, FIELDS(X), and names a macro OFFSET(field) that expands to "offsetof(its struct, field),". */
 #define HOTPATH_FIELD_NAME(field) #field,
-#define HOTPATH_FIELD_OFFSET(field) LAYOUT_OF(field),
 int hotpath_add_layout(PyObject *module, const char *name, const char *const *fields, const size_t *offsets,
                        size_t count, size_t size);
 /* ... and the values of enum constants Python encodes or decodes (the module's ENUMS, by name). */
@@ -72,9 +71,9 @@ int hotpath_add_constants(PyObject *module, const struct hotpath_constant *const
     hotpath_add_constants(module, (const struct hotpath_constant[]){NAMES(HOTPATH_CONSTANT)},           \
                           sizeof((const struct hotpath_constant[]){NAMES(HOTPATH_CONSTANT)}) /            \
                               sizeof(struct hotpath_constant))
-#define HOTPATH_ADD_LAYOUT(module, name, type, FIELDS)                                                   \
+#define HOTPATH_ADD_LAYOUT(module, name, type, FIELDS, OFFSET)                                           \
     hotpath_add_layout(module, name, (const char *const[]){FIELDS(HOTPATH_FIELD_NAME)},                \
-                       (const size_t[]){FIELDS(HOTPATH_FIELD_OFFSET)},                                   \
+                       (const size_t[]){FIELDS(OFFSET)},                                                 \
                        sizeof((const char *const[]){FIELDS(HOTPATH_FIELD_NAME)}) / sizeof(const char *), \
                        sizeof(type))
 

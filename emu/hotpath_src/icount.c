@@ -155,11 +155,11 @@ void icount_charge(struct icount_state *state, uc_engine *uc)
 
 #define ICOUNT_STATE_FIELDS(X) X(total) X(stop_at) X(decoded) X(stopped) X(shift) X(table) X(emu_stop) X(decode) \
     X(last) X(kernel) X(entry_cost) X(alarm_at) X(alarmed) X(front_shift) X(front)
-#define LAYOUT_OF(field) offsetof(struct icount_state, field)
+#define ICOUNT_STATE_OFFSET(field) offsetof(struct icount_state, field),
 
 int hotpath_add_icount(PyObject *module)
 {
-    if (HOTPATH_ADD_LAYOUT(module, "icount_state", struct icount_state, ICOUNT_STATE_FIELDS) < 0)
+    if (HOTPATH_ADD_LAYOUT(module, "icount_state", struct icount_state, ICOUNT_STATE_FIELDS, ICOUNT_STATE_OFFSET) < 0)
         return -1;
     if (hotpath_add_address(module, "icount_block", (void *)icount_block) < 0 ||
         hotpath_add_address(module, "icount_translated", (void *)icount_translated) < 0)

@@ -45,11 +45,11 @@ static bool memfilter_hook(uc_engine *uc, int type, uint64_t address, int size, 
 }
 
 #define MEM_FILTER_FIELDS(X) X(count) X(capacity) X(everything) X(read_callback) X(write_callback) X(passed) X(ranges)
-#define LAYOUT_OF(field) offsetof(struct mem_filter, field)
+#define MEM_FILTER_OFFSET(field) offsetof(struct mem_filter, field),
 
 int hotpath_add_memfilter(PyObject *module)
 {
-    if (HOTPATH_ADD_LAYOUT(module, "mem_filter", struct mem_filter, MEM_FILTER_FIELDS) < 0)
+    if (HOTPATH_ADD_LAYOUT(module, "mem_filter", struct mem_filter, MEM_FILTER_FIELDS, MEM_FILTER_OFFSET) < 0)
         return -1;
     return hotpath_add_address(module, "memfilter_hook", (void *)memfilter_hook);
 }

@@ -146,11 +146,11 @@ static int tlbfill_hook(uc_engine *uc, uint64_t vaddr, int type, struct uc_tlb_e
 #define PAGE_TABLE_FIELDS(X) X(count) X(capacity) X(hook_add) X(fault_callback) X(fault_data) X(armed_count) \
     X(armed_capacity) X(granted) X(fills) X(last) X(catch_all) X(arms) X(ranges) X(ctl) X(ctl_flush) X(grow_at) \
     X(grow_step) X(growths) X(armed)
-#define LAYOUT_OF(field) offsetof(struct page_table, field)
+#define PAGE_TABLE_OFFSET(field) offsetof(struct page_table, field),
 
 int hotpath_add_tlbfill(PyObject *module)
 {
-    if (HOTPATH_ADD_LAYOUT(module, "page_table", struct page_table, PAGE_TABLE_FIELDS) < 0)
+    if (HOTPATH_ADD_LAYOUT(module, "page_table", struct page_table, PAGE_TABLE_FIELDS, PAGE_TABLE_OFFSET) < 0)
         return -1;
     return hotpath_add_address(module, "tlbfill_hook", (void *)tlbfill_hook);
 }

@@ -264,6 +264,10 @@ static PyMethodDef writelog_functions[] = {
     X(decoded) X(rcx)
 #define WATCH_RECORD_FIELDS(X) X(pc) X(length) X(flags) X(transfer) X(target) X(nstores) X(ops) X(pad)
 #define WATCH_OP_FIELDS(X) X(base) X(index) X(scale) X(disp) X(size) X(segment) X(flags)
+#define WRITE_LOG_OFFSET(field) offsetof(struct write_log, field),
+#define STORE_WATCH_OFFSET(field) offsetof(struct store_watch, field),
+#define WATCH_RECORD_OFFSET(field) offsetof(struct watch_record, field),
+#define WATCH_OP_OFFSET(field) offsetof(struct watch_op, field),
 
 #define WATCH_CONSTANTS(X) X(WATCH_OP_REP) X(WATCH_OP_ADDR32) X(WATCH_OPS) X(WATCH_KNOWN) X(WATCH_CONDITIONAL) \
     X(WATCH_T_NONE) X(WATCH_T_DIRECT) X(WATCH_T_REG) X(WATCH_T_MEM) X(WATCH_T_RETURN) X(WATCH_T_KERNEL)         \
@@ -274,22 +278,11 @@ int hotpath_add_writelog(PyObject *module)
     hook_code_fn hook = watch_hook;
     if (HOTPATH_ADD_CONSTANTS(module, WATCH_CONSTANTS) < 0)
         return -1;
-#define LAYOUT_OF(field) offsetof(struct write_log, field)
-    if (HOTPATH_ADD_LAYOUT(module, "write_log", struct write_log, WRITE_LOG_FIELDS) < 0)
+    if (HOTPATH_ADD_LAYOUT(module, "write_log", struct write_log, WRITE_LOG_FIELDS, WRITE_LOG_OFFSET) < 0 ||
+        HOTPATH_ADD_LAYOUT(module, "store_watch", struct store_watch, STORE_WATCH_FIELDS, STORE_WATCH_OFFSET) < 0 ||
+        HOTPATH_ADD_LAYOUT(module, "watch_record", struct watch_record, WATCH_RECORD_FIELDS, WATCH_RECORD_OFFSET) < 0 ||
+        HOTPATH_ADD_LAYOUT(module, "watch_op", struct watch_op, WATCH_OP_FIELDS, WATCH_OP_OFFSET) < 0)
         return -1;
-#undef LAYOUT_OF
-#define LAYOUT_OF(field) offsetof(struct store_watch, field)
-    if (HOTPATH_ADD_LAYOUT(module, "store_watch", struct store_watch, STORE_WATCH_FIELDS) < 0)
-        return -1;
-#undef LAYOUT_OF
-#define LAYOUT_OF(field) offsetof(struct watch_record, field)
-    if (HOTPATH_ADD_LAYOUT(module, "watch_record", struct watch_record, WATCH_RECORD_FIELDS) < 0)
-        return -1;
-#undef LAYOUT_OF
-#define LAYOUT_OF(field) offsetof(struct watch_op, field)
-    if (HOTPATH_ADD_LAYOUT(module, "watch_op", struct watch_op, WATCH_OP_FIELDS) < 0)
-        return -1;
-#undef LAYOUT_OF
     if (PyModule_AddFunctions(module, writelog_functions) < 0)
         return -1;
     return hotpath_add_address(module, "watch_hook", (void *)hook);

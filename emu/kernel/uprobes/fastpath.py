@@ -27,6 +27,7 @@ import struct
 from collections import Counter
 from typing import Any, Protocol
 
+from emu import hotpath
 from emu.abi import PAGE_SIZE, U64
 from emu.cpu import Reg
 from emu.designs import Exit
@@ -36,6 +37,11 @@ from emu.kernel.uprobes.generation import TABLES
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.records import ReturnInstance, Uprobe
 from emu.process.memory import UserFault
+
+# take_stats' tuple, by fastsys.h's ST_* index: what fold_stats unpacks, in its order
+STAT_ORDER = tuple(hotpath.constant(name, i) for i, name in enumerate(
+    ("ST_UPROBE_CALLS", "ST_MMAP_LOCKS", "ST_COPIED", "ST_EXIT_SYSRET", "ST_EXIT_IRET", "ST_TRAPS", "ST_EMULATED",
+     "ST_URETPROBE_CALLS", "ST_RET_HITS")))
 
 
 class NativeVerifier(Protocol):
@@ -190,7 +196,8 @@ class FastPaths:
         front = self._front()
         if front is None:
             return
-        calls, locks, copied, sysret, iret, traps, emulated, ret_calls, ret_hits = front.take_stats()
+        taken = front.take_stats()  # (it zeroes them)
+        calls, locks, copied, sysret, iret, traps, emulated, ret_calls, ret_hits = (taken[i] for i in STAT_ORDER)
         stats = self.up.stats
         if calls:
             counts[self.plan.nr] += calls
