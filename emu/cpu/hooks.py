@@ -20,6 +20,7 @@ from typing import Any
 import unicorn
 import unicorn.x86_const as x86
 
+from emu import hotpath
 from emu.cpu import binding
 from emu.cpu.binding import CODE_CB, CPUID_CB, EDGE_CB, INTR_CB, MEM_CB, SYSCALL_CB, callback_address
 from emu.cpu.regs import Reg
@@ -280,7 +281,6 @@ class Hooks:
 
 
 def native_hot_path() -> Any:
-    """The C extension, or None (UPROBE_EMU_PURE_PYTHON, or not built)."""
-    from emu import hotpath  # here, not at the top: emu.hotpath's package imports emu.cpu
-
+    """The C extension, or None (UPROBE_EMU_PURE_PYTHON, or not built); read at each call, as tests
+    switch it."""
     return hotpath.native

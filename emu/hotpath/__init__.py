@@ -29,31 +29,22 @@ ABI = 13  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_s
 FORCE_PYTHON_VARIABLE = "UPROBE_EMU_PURE_PYTHON"
 
 
-def _load() -> tuple[ModuleType | None, str]:
-    if os.environ.get(FORCE_PYTHON_VARIABLE, "") not in ("", "0"):
-        return None, f"{FORCE_PYTHON_VARIABLE} is set"
-    try:
-        _hotpath = importlib.import_module("emu._hotpath")
-    except ImportError as err:
-        return None, f"the C extension is not built ({err})"
-    if getattr(_hotpath, "ABI", None) != ABI:
-        return None, "the C extension was built for another version (reinstall the package)"
-    return _hotpath, ""
-
-
-native, why_python = _load()
-
-
-def _built() -> ModuleType | None:
-    """The extension if it is built for this interface, whether or not it runs (UPROBE_EMU_PURE_PYTHON)."""
+def _built() -> tuple[ModuleType | None, str]:
+    """The extension if it is built for this interface (whether or not it runs), else why not."""
     try:
         module = importlib.import_module("emu._hotpath")
-    except ImportError:
-        return None
-    return module if getattr(module, "ABI", None) == ABI else None
+    except ImportError as err:
+        return None, f"the C extension is not built ({err})"
+    if getattr(module, "ABI", None) != ABI:
+        return None, "the C extension was built for another version (reinstall the package)"
+    return module, ""
 
 
-_BUILT = _built()
+_BUILT, _NOT_BUILT = _built()
+if os.environ.get(FORCE_PYTHON_VARIABLE, "") not in ("", "0"):
+    native, why_python = None, f"{FORCE_PYTHON_VARIABLE} is set"
+else:
+    native, why_python = _BUILT, _NOT_BUILT
 LAYOUTS: dict[str, dict[str, int]] = dict(getattr(_BUILT, "LAYOUTS", {}))
 ENUMS: dict[str, int] = dict(getattr(_BUILT, "ENUMS", {}))
 
