@@ -46,7 +46,7 @@ import unicorn
 
 from emu.abi import PAGE_SIZE
 from emu.cpu import binding
-from emu.hotpath import struct_layout, words
+from emu.hotpath import constant, struct_layout, words
 
 if TYPE_CHECKING:
     from emu.cpu.hooks import Hooks
@@ -63,7 +63,7 @@ INITIAL_RANGES = 256  # (start, end, perms) triples, in an array of their own th
 # Unicorn's TLB (256 entries at first) changes size only when flushed: fills that go on flush it,
 # GROW_STEP_FIRST fills after the start, then after twice as many each time, up to GROW_STEP_MAX.
 GROW_STEP_FIRST = 2048
-GROW_STEP_MAX = 1 << 19  # GROW_STEP_MAX in emu/hotpath_src/tlbfill.c
+GROW_STEP_MAX = constant("GROW_STEP_MAX", 1 << 19)  # tlbfill.c's
 
 HOOK_MEM_INVALID = (
     unicorn.UC_HOOK_MEM_READ_UNMAPPED | unicorn.UC_HOOK_MEM_WRITE_UNMAPPED | unicorn.UC_HOOK_MEM_FETCH_UNMAPPED

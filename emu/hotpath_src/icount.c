@@ -161,8 +161,6 @@ int hotpath_add_icount(PyObject *module)
 {
     if (HOTPATH_ADD_LAYOUT(module, "icount_state", struct icount_state, ICOUNT_STATE_FIELDS, ICOUNT_STATE_OFFSET) < 0)
         return -1;
-    if (hotpath_add_address(module, "icount_block", (void *)icount_block) < 0 ||
-        hotpath_add_address(module, "icount_translated", (void *)icount_translated) < 0)
-        return -1;
-    return PyModule_AddIntConstant(module, "ICOUNT_STATE_SIZE", (long)sizeof(struct icount_state));
+    return hotpath_add_address(module, "icount_block", (void *)icount_block) < 0 ? -1
+           : hotpath_add_address(module, "icount_translated", (void *)icount_translated);
 }

@@ -26,7 +26,7 @@ enum { UC_PROT_READ = 1, UC_PROT_WRITE = 2, UC_PROT_EXEC = 4 };
 /* UC_HOOK_MEM_{READ,WRITE,FETCH}_UNMAPPED | UC_HOOK_MEM_{READ,WRITE,FETCH}_PROT */
 enum { HOOK_MEM_INVALID = (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) };
 enum { PAGE_MASK = 0xfff };
-#define GROW_STEP_MAX (1u << 19) /* emu/cpu/pages.py's GROW_STEP_MAX: about 9 growths, to 128k entries */
+#define GROW_STEP_MAX (1u << 19) /* about 9 growths, to 128k entries (emu/cpu/pages.py reads it) */
 
 struct uc_tlb_entry {
     uint64_t paddr;
@@ -150,7 +150,9 @@ static int tlbfill_hook(uc_engine *uc, uint64_t vaddr, int type, struct uc_tlb_e
 
 int hotpath_add_tlbfill(PyObject *module)
 {
-    if (HOTPATH_ADD_LAYOUT(module, "page_table", struct page_table, PAGE_TABLE_FIELDS, PAGE_TABLE_OFFSET) < 0)
+#define TLBFILL_CONSTANTS(X) X(GROW_STEP_MAX)
+    if (HOTPATH_ADD_LAYOUT(module, "page_table", struct page_table, PAGE_TABLE_FIELDS, PAGE_TABLE_OFFSET) < 0 ||
+        HOTPATH_ADD_CONSTANTS(module, TLBFILL_CONSTANTS) < 0)
         return -1;
     return hotpath_add_address(module, "tlbfill_hook", (void *)tlbfill_hook);
 }
