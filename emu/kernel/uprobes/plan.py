@@ -16,13 +16,12 @@ from emu import hotpath
 from emu.cpu import Reg
 from emu.designs import SAVABLE, Design, Exit, ProbeFrom, ReturnTrampoline
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath, branch_path
+from emu.kernel.uprobes.regs import FIELD_REG
 
 # the exits in the order of fastsys.h's EXIT_* (set_handler takes the index)
 EXIT_KINDS = hotpath.in_c_order({Exit.TRAMPOLINE: "EXIT_TRAMPOLINE", Exit.IRET: "EXIT_IRET", Exit.SYSRET: "EXIT_SYSRET"})
 
-# the register of each pt_regs field a trampoline may save (designs.SAVABLE)
-SAVED_REG = {name: Reg.RFLAGS if name == "flags" else Reg[f"R{name.upper()}" if len(name) == 2 and not name[1].isdigit()
-                                                          else name.upper()] for name in SAVABLE}
+SAVED_REG = {name: FIELD_REG[name] for name in SAVABLE}  # the register of each field a trampoline may save
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import operator
 import struct
 from dataclasses import dataclass, fields
 
-from emu.cpu import GPRS, Cpu
+from emu.cpu import GPRS, Cpu, Reg
 
 USER_CS = 0x33
 USER_SS = 0x2B
@@ -68,6 +68,7 @@ _STATE_FIELDS: tuple[str, ...] = (
 assert [f"r{f}" if len(f) == 2 and not f[1].isdigit() else f for f in _STATE_FIELDS[:16]] == [
     r.name.lower() for r in GPRS
 ]
+FIELD_REG: dict[str, Reg] = dict(zip(_STATE_FIELDS, (*GPRS, Reg.RIP, Reg.RFLAGS), strict=True))  # a field's register
 
 
 def regs_from_cpu(cpu: Cpu, state: list[int] | None = None) -> PtRegs:
