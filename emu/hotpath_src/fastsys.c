@@ -191,6 +191,8 @@ static int fast_uprobe(FastSys *f, const uint64_t *v)
     uint64_t ip = v[REG_IP] + 2, flags = v[REG_FLAGS], sp = v[REG_SP], vaddr = 0;
     uint64_t words[MAX_SAVED + 1];
     int count = f->saved_count + (f->by_slot ? 0 : 1); /* + the call's return address (2.1 step 2) */
+    if (flags & (FLAGS_TF | FLAGS_RF))
+        return 0; /* do_syscall_64 returns by IRET: Python's full path counts that exit */
     if (f->by_slot) {
         const pair *slot = find_pair(f->slots, f->slot_count, ip - f->syscall_return);
         if (slot == NULL)

@@ -461,7 +461,7 @@ class TransactionTracker:
             return
         tx.path = path
         if regs is None:
-            return  # the counting-only fast path: the consumers changed nothing
+            return  # a hit that changes nothing: pt_regs was never built
         if after and tx.chain is not None:
             tx.chain = (tx.chain[0], regs.copy())
         elif not after and _has_handler(probe):  # else counting consumers only: nothing can change a register

@@ -65,17 +65,30 @@ class Consumer:
 
     ``hits``, ``paths`` and ``ret_hits`` count in Python, plus what the C hot path counted in ``native``
     (one word a path, in NATIVE_PATHS order, then the returns) when it handled hits itself: reading them
-    is exact at any time. Setting a handler, ``enabled`` or ``filter`` tells the C hot path its tables
-    are stale (generation.TABLES)."""
+    is exact at any time. Setting ``handler``, ``ret_handler``, ``enabled`` or ``filter`` tells the C hot
+    path its tables are stale (generation.TABLES); reading them is a plain attribute read, as every hit
+    does."""
+
+    handler: Handler | None
+    ret_handler: Handler | None
+    enabled: bool
+    # uprobe_consumer.filter: does this consumer want hits in the process with this pid? None: every
+    # process (a probe attached from outside, like a system-wide one). A hit in a process no consumer
+    # wants takes the breakpoint out of that process only (spec 2.3, handler_chain + filter_chain).
+    filter: Callable[[int], bool] | None
 
     def __init__(self, handler: Handler | None = None, ret_handler: Handler | None = None, session: bool = False,
                  enabled: bool = True, filter: Callable[[int], bool] | None = None) -> None:
-        self._handler, self._ret_handler, self._enabled, self._filter = handler, ret_handler, enabled, filter
+        self.handler, self.ret_handler, self.enabled, self.filter = handler, ret_handler, enabled, filter
         self.session = session
-        self._hits = 0
-        self._ret_hits = 0
-        self._paths: dict[str, int] = {}
+        self._counts: dict[str, int] = {}  # Python's hits by EntryPath value, and returns under "return"
+        self._adjust = [0, 0]  # what the hits and ret_hits setters added
         self.native: ctypes.Array[ctypes.c_uint64] | None = None  # made by the C hot path's tables (fastpath.py)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        object.__setattr__(self, name, value)
+        if name in WATCHED:
+            TABLES.bump()
 
     def _native_paths(self) -> dict[str, int]:
         native = self.native
@@ -83,32 +96,33 @@ class Consumer:
 
     @property
     def ret_hits(self) -> int:
-        return self._ret_hits + (self.native[NATIVE_RETURN] if self.native is not None else 0)
+        native = self.native[NATIVE_RETURN] if self.native is not None else 0
+        return self._counts.get(RETURN, 0) + native + self._adjust[1]
 
     @ret_hits.setter
     def ret_hits(self, value: int) -> None:
-        self._ret_hits = value - (self.native[NATIVE_RETURN] if self.native is not None else 0)
+        self._adjust[1] += value - self.ret_hits
 
     @property
     def hits(self) -> int:
-        return self._hits + (sum(self.native[:NATIVE_RETURN]) if self.native is not None else 0)
+        return sum(self.paths.values()) + self._adjust[0]
 
     @hits.setter
     def hits(self, value: int) -> None:
-        self._hits = value - (sum(self.native[:NATIVE_RETURN]) if self.native is not None else 0)
+        self._adjust[0] += value - self.hits
 
     @property
     def paths(self) -> dict[str, int]:
         """Hits by EntryPath value (a copy: count() adds one)."""
-        merged = dict(self._paths)
+        merged = {name: n for name, n in self._counts.items() if name != RETURN}
         for name, n in self._native_paths().items():
             merged[name] = merged.get(name, 0) + n
         return merged
 
     def count(self, path: str) -> None:
-        """One more hit, reached by ``path`` (a EntryPath value)."""
-        self._hits += 1
-        self._paths[path] = self._paths.get(path, 0) + 1
+        """One more hit, reached by ``path`` (an EntryPath value; "return" for a return)."""
+        counts = self._counts
+        counts[path] = counts.get(path, 0) + 1
 
     def native_counters(self) -> int:
         """The address of the words the C hot path counts this consumer's hits in (made on first use)."""
@@ -120,46 +134,11 @@ class Consumer:
     def counts_only(self) -> bool:
         """No handler that looks at a hit, no filter: the hit (and the return, with count_return) can be
         counted without a Hit or pt_regs."""
-        return self._handler is None and self._ret_handler in (None, count_return) and self._filter is None
+        return self.handler is None and self.ret_handler in (None, count_return) and self.filter is None
 
-    @property
-    def handler(self) -> Handler | None:
-        return self._handler
 
-    @handler.setter
-    def handler(self, value: Handler | None) -> None:
-        self._handler = value
-        TABLES.bump()
-
-    @property
-    def ret_handler(self) -> Handler | None:
-        return self._ret_handler
-
-    @ret_handler.setter
-    def ret_handler(self, value: Handler | None) -> None:
-        self._ret_handler = value
-        TABLES.bump()
-
-    @property
-    def enabled(self) -> bool:
-        return self._enabled
-
-    @enabled.setter
-    def enabled(self, value: bool) -> None:
-        self._enabled = value
-        TABLES.bump()
-
-    # uprobe_consumer.filter: does this consumer want hits in the process with this pid? None: every
-    # process (a probe attached from outside, like a system-wide one). A hit in a process no consumer
-    # wants takes the breakpoint out of that process only (spec 2.3, handler_chain + filter_chain).
-    @property
-    def filter(self) -> Callable[[int], bool] | None:
-        return self._filter
-
-    @filter.setter
-    def filter(self, value: Callable[[int], bool] | None) -> None:
-        self._filter = value
-        TABLES.bump()
+WATCHED = frozenset({"handler", "ret_handler", "enabled", "filter"})  # what the C hot path's tables hold of a consumer
+RETURN = EntryPath.RETURN.value
 
 
 # the paths in the order of fastsys.h's PATH_* (the C front counts by that index)

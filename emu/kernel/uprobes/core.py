@@ -38,7 +38,7 @@ from emu.kernel.uprobes.sites import INT3, SitePatcher
 from emu.process.memory import Memory, UserFault
 
 DeferFn = Callable[[Callable[[], None]], None]
-# (probe, regs, path, after_consumers); regs None: the fast path, where no consumer can change them
+# (probe, regs, path, after_consumers); regs None: a hit that changes nothing (pt_regs never built)
 ChainObserver = Callable[["Uprobe", PtRegs | None, EntryPath, bool], None]
 StepObserver = Callable[["Uprobe", PtRegs], None]
 
@@ -52,6 +52,8 @@ class Uprobes:
         self.design = design
         self.plan = uprobe_plan(design)  # what sys_uprobe does under it (None: it never optimizes)
         self.ret_plan = uretprobe_plan(design)
+        # sys_uprobe's exit for a hit that changed nothing: the plan's resume_regs in one write (None: it restores rflags)
+        self.resume = cpu.batch_writer(self.plan.resume_regs) if self.plan is not None and self.plan.direct else None
         self.sites = SitePatcher(mem, design)
         self.probes: dict[int, Uprobe] = {}
         self.xol: XolArea | None = None
@@ -211,14 +213,16 @@ class Uprobes:
         return self.xol
 
     # ---------------------------------------------------------------- consumers
-    def handler_chain(self, probe: Uprobe, regs: PtRegs, path: EntryPath) -> None:
-        """Run the entry handlers; allocate a return instance if any consumer has a ret_handler (spec 2.3)."""
-        for observer in self.chain_observers:
+    def handler_chain(self, probe: Uprobe, regs: PtRegs | None, path: EntryPath) -> None:
+        """Run the entry handlers; allocate a return instance if any consumer has a ret_handler (spec 2.3).
+        ``regs`` None: the probe changes nothing (Uprobe.changes_nothing), pt_regs was never built."""
+        observers = self.chain_observers
+        for observer in observers:
             observer(probe, regs, path, False)
         remove = True
         entries: list[tuple[Consumer, object]] = []
         path_name = path.value
-        for consumer in list(probe.consumers):
+        for consumer in tuple(probe.consumers):  # (a REMOVE detaches)
             rc = 0
             cookie = None
             if consumer.filter is not None and not consumer.filter(self.pid):
@@ -226,15 +230,17 @@ class Uprobes:
             elif consumer.enabled:
                 consumer.count(path_name)
                 if consumer.handler is not None:  # a Hit only for consumers that look at it
+                    assert regs is not None
                     hit = Hit(regs, probe.vaddr, path, self.mem)
                     rc = consumer.handler(hit) or 0
                     cookie = hit.cookie
             if consumer.ret_handler is not None and rc not in (UPROBE_HANDLER_REMOVE, UPROBE_HANDLER_IGNORE):
                 entries.append((consumer, cookie if consumer.session else None))
             remove &= rc == UPROBE_HANDLER_REMOVE
-        for observer in self.chain_observers:
+        for observer in observers:
             observer(probe, regs, path, True)
         if entries:
+            assert regs is not None
             self.prepare_uretprobe(regs, entries)
         if remove and probe.consumers:
             if all(c.filter is not None for c in probe.consumers):  # filter_chain, then unapply_uprobe
@@ -344,7 +350,7 @@ class Uprobes:
         for consumer, cookie in ri.entries:
             if consumer.ret_handler is None or not consumer.enabled:
                 continue
-            consumer.ret_hits += 1
+            consumer.count(EntryPath.RETURN.value)
             consumer.ret_handler(Hit(regs, ri.func, EntryPath.RETURN, self.mem, func=ri.func, cookie=cookie))
 
 

@@ -1,42 +1,35 @@
-"""Probe hits when nothing can change a register: every consumer only counts, nothing in Python watches.
+"""The C front's side of probe hits: what the C extension may take without entering Python, and its tables.
 
-When every consumer of the probe only counts (no handler, no ret_handler, no filter) and no shadow
-stack is modelled, sys_uprobe's pt_regs round trip (spec 2.1) writes back exactly what it read.
-What remains observable is: the hit, the saved words read from the stack, and the exit: SYSRET into
-the trampoline (rax = 0, rcx = ip, r11 = flags) for the 'trampoline' exit, or straight to the site's
-next instruction with the saved registers and rsp restored (IRET; SYSRET also sets rcx and r11).
-An INT3 hit on a probed NOP that is never optimized is a count and ip += length (spec 4.2).
-A uretprobe whose return handlers only count (consumers.count_return) adds, on the syscall path,
-prepare_uretprobe at the entry (spec 5.1) and sys_uretprobe's 'trampoline' exit at the return (2.2).
+With the C extension, the CPU's syscall and interrupt hooks go through a FastSys
+(emu/hotpath_src/fastsys.c) that follows the same plan as syscalls.py (plan.py) for the hits that
+change nothing: every consumer of the probe only counts (no handler, no filter; a return handler at
+most consumers.count_return) and no shadow stack is modelled. Those are sys_uprobe with the
+design's exit, INT3 on a probed NOP that is never optimized (a count and ip += length, spec 4.2),
+and, for a uretprobe that only counts, prepare_uretprobe at the entry (spec 5.1) and sys_uretprobe's
+'trampoline' exit at the return (2.2). Anything else it hands to Python's dispatcher unchanged.
 
-Two implementations of the same thing. With the C extension, the CPU's syscall and interrupt hooks
-go through a FastSys (emu/hotpath_src/fastsys.c) that handles these hits without entering Python;
-this module keeps its tables (sync), adds what it counted to the statistics (fold) and moves the
-return instances it pushed to the task's list before Python handles anything (take_over). Without it,
-or whenever the C side hands a hit over, :meth:`FastPaths.uprobe` does the same in Python, and
-returns False whenever the full path is needed (an error, a fault, a consumer that looks at registers).
-Nothing in Python may need to see the hit for the C side to take it: no chain or step observer (the
+This module keeps the front's tables (sync), adds what it counted to the statistics (fold) and moves
+the return instances it pushed to the task's list before Python handles anything (take_over).
+Nothing in Python may need to see a hit for the front to take it: no chain or step observer (the
 hit-path report), no syscall or interrupt observer, no strace, no shadow stack, except the verifiers'
-transaction tracker (emu/verify/tracker.py), whose observers' work the C side does itself for the
-hits it takes (a NOP-class site: FastSys's WATCH_OPEN).
+transaction tracker (emu/verify/tracker.py), whose observers' work the front does itself for the
+hits it takes (a NOP-class site: FastSys's WATCH_OPEN). Without the extension every hit takes
+syscalls.py's path, whose hits that change nothing skip pt_regs in the same way.
 """
 
 from __future__ import annotations
 
-import struct
 from collections import Counter
 from typing import Any, Protocol
 
 from emu import hotpath
-from emu.abi import PAGE_SIZE, U64
-from emu.cpu import Reg
+from emu.abi import PAGE_SIZE
 from emu.designs import Exit
-from emu.kernel.uprobes.consumers import Consumer, EntryPath
+from emu.kernel.uprobes.consumers import Consumer
 from emu.kernel.uprobes.core import Uprobes
 from emu.kernel.uprobes.generation import TABLES
 from emu.kernel.uprobes.insn import Kind
 from emu.kernel.uprobes.records import ReturnInstance, Uprobe
-from emu.process.memory import UserFault
 
 # take_stats' tuple, by fastsys.h's ST_* index: what fold_stats unpacks, in its order
 STAT_ORDER = tuple(hotpath.constant(name, i) for i, name in enumerate(
@@ -63,23 +56,20 @@ class FastPaths:
         self._entries: list[list[tuple[Consumer, object]]] = []  # each published probe's return consumers
         self.verifier: NativeVerifier | None = None  # set by the verifiers' tracker
         TABLES.bump()  # a new registry (a new process, or exec): the front's tables are of the old one
-        plan = up.plan
-        self.enabled = plan is not None and plan.direct
-        if plan is None or not self.enabled:
-            return
-        self.plan = plan
-        self.saved_fmt = f"<{len(plan.saved)}Q"
-        # SYSCALL itself left rcx = ip and r11 = flags; the saved words then override what the design restores
-        direct = [Reg.RCX, Reg.R11, *plan.saved_regs, Reg.RSP, Reg.RIP]
-        if plan.exit is Exit.SYSRET:
-            direct += [Reg.RCX, Reg.R11]  # written last: SYSRET's rcx and r11 win over the restored ones
-        self.write_direct = up.cpu.batch_writer(direct)
+        self.plan = up.plan if up.plan is not None and up.plan.direct else None  # the C front's sys_uprobe (else INT3 only)
 
     # ------------------------------------------------------------ the C front
     def _front(self) -> Any:
         """The C front's FastSys (emu/hotpath/front.py), or None with the pure-Python hot path."""
         front = self.up.cpu.hooks.front
         return front.handle if front is not None else None
+
+    def handed_over(self) -> None:
+        """The C front gave a sys_uprobe to Python because its tables were stale: rebuild them, so that
+        the next hits are its own."""
+        front = self._front()
+        if front is not None and not front.current:
+            self.sync()
 
     def sync(self, traced: bool | None = None) -> None:
         """Let the C front take hits only while nothing in Python needs to see them, with tables of the
@@ -121,7 +111,7 @@ class FastPaths:
     def _set_handler(self, front: Any) -> None:
         """The design's sys_uprobe. A slot design's slot code is assembled only once there are slots
         (a plain run assembles nothing), so its syscall's offset is told when they come (_publish)."""
-        if not self.enabled:
+        if self.plan is None:
             return  # INT3 hits only
         sites = self.up.sites
         front.set_handler(*self.plan.native_fields(), sites.trampoline.syscall_return if sites.slot_pages else 0)
@@ -150,7 +140,7 @@ class FastPaths:
         sites = up.sites
         pages = [(page, page + PAGE_SIZE) for page in sites.trampolines]
         slots: list[tuple[int, int]] = []
-        if sites.slot_pages and self.plan.by_slot:
+        if sites.slot_pages and self.plan is not None and self.plan.by_slot:
             self._set_handler(front)
             size = sites.trampoline.slot_size
             slots = [(page.start + i * size, owner) for page in sites.slot_pages
@@ -200,6 +190,7 @@ class FastPaths:
         calls, locks, copied, sysret, iret, traps, emulated, ret_calls, ret_hits = (taken[i] for i in STAT_ORDER)
         stats = self.up.stats
         if calls:
+            assert self.plan is not None
             counts[self.plan.nr] += calls
         if ret_calls:
             ret_nr = self.up.ret_plan.nr
@@ -213,62 +204,3 @@ class FastPaths:
         for name, n in (("sysret", sysret), ("iret", iret)):
             if n:  # no zero entries: the exits dict is reported as it is
                 stats.exits[name] += n
-
-    # --------------------------------------------------------- the Python path
-    def _counting_only(self, vaddr: int, path: EntryPath) -> bool:
-        """Count the hit if no consumer can change a register; observers hear of it with regs=None
-        (nothing changed). False: the full path must run."""
-        up = self.up
-        if up.shadow_stack is not None:
-            return False
-        probe = up.probes.get(vaddr)
-        if probe is None:
-            return True  # no uprobe there any more: the trampoline just returns (spec 3.6)
-        if not all(c.counts_only and c.ret_handler is None for c in probe.consumers):
-            return False  # a return handler needs prepare_uretprobe: the full path
-        for observer in up.chain_observers:
-            observer(probe, None, path, False)
-        for consumer in probe.consumers:
-            if consumer.enabled:
-                consumer.count(path.value)
-        for observer in up.chain_observers:
-            observer(probe, None, path, True)
-        return True
-
-    def uprobe(self, entry: list[int]) -> bool:
-        """sys_uprobe on the fast path. ``entry``: the dispatcher's register snapshot (rip, flags, sp at 7-9)."""
-        if not self.enabled:
-            return False
-        front = self._front()
-        if front is not None and not front.current:
-            self.sync()  # the C front handed it over for stale tables: this hit here, the next ones there
-        up, plan = self.up, self.plan
-        rip, flags, sp = entry[7], entry[8], entry[9]
-        ip = rip + 2
-        vaddr = up.sites.probe_of_slot(ip) if plan.by_slot else None
-        if vaddr is None if plan.by_slot else not up.sites.in_trampoline(ip):
-            return False
-        try:
-            raw = up.mem.read_user(sp + plan.saved_offset, 8 * plan.words)
-        except UserFault:
-            return False
-        if vaddr is None:
-            vaddr = (struct.unpack_from("<Q", raw, 8 * len(plan.saved))[0] - plan.branch_end) & U64
-        if not self._counting_only(vaddr, plan.path):
-            return False  # the full path looks the trampoline up again, and counts that lookup
-        if not plan.by_slot:
-            up.stats.mmap_locks += 1  # the lookup Uprobes.in_trampoline counts on the full path
-        if plan.exit is Exit.TRAMPOLINE:
-            up.stats.copied += 16 * plan.words  # the words are read and written back unchanged
-            up.stats.exits["sysret"] += 1
-            up.cpu.write_syscall_return(0, ip, flags)  # SYSRET: rcx <- ip, r11 <- flags; the trampoline pops the rest
-            return True
-        up.stats.copied += 8 * plan.words
-        next_ip = vaddr + plan.patch_length
-        values = [ip, flags, *struct.unpack_from(self.saved_fmt, raw), sp + plan.popped(from_call=not plan.by_slot),
-                  next_ip - 2]
-        if plan.exit is Exit.SYSRET:
-            values += [next_ip, flags]
-        up.stats.exits["iret" if plan.exit is Exit.IRET else "sysret"] += 1
-        self.write_direct(values)  # Unicorn adds 2 to rip once the syscall hook returns
-        return True

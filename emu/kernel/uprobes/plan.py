@@ -1,6 +1,6 @@
-"""A design compiled once into what an optimized hit does: the plan that sys_uprobe follows on the
-full path (syscalls.py), on the counting-only path in Python (fastpath.py) and in C (fastsys.c,
-which FastPaths hands the plan's fields), and that sys_uretprobe follows in the same three places.
+"""A design compiled once into what an optimized hit does: the plan that sys_uprobe and sys_uretprobe
+follow in Python (syscalls.py) and in C (fastsys.c, which fastpath.py hands the plan's fields), and
+that the survey's red-zone writes are read from (emu/survey/writes.py).
 
 Everything here is derived from the design alone (spec 2.1 and 2.2): which words the trampoline
 saved and where, how the probe is found, how far rsp moves back, and how the kernel returns. What
@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass
 
 from emu import hotpath
+from emu.abi import U64
 from emu.cpu import Reg
 from emu.designs import SAVABLE, Design, Exit, ProbeFrom, ReturnTrampoline
 from emu.kernel.uprobes.consumers import NATIVE_PATHS, EntryPath, branch_path
@@ -39,7 +40,7 @@ class UprobePlan:
     path: EntryPath  # how the consumers see the hit enter
     outside_errno: int  # a call from anywhere but a trampoline or slot
     words: int  # read from the stack at the syscall: the saved ones, and the call's return address if any
-    saved_regs: tuple[Reg, ...]  # the registers of ``saved`` (plain fields: the counting-only path reads them per hit)
+    saved_regs: tuple[Reg, ...]  # the registers of ``saved`` (plain fields: read for every hit that changes nothing)
 
     def popped(self, from_call: bool) -> int:
         """How far rsp moves back up: past the saved words, the return address if a call pushed one,
@@ -50,6 +51,20 @@ class UprobePlan:
     def direct(self) -> bool:
         """Can a hit that changes no register leave by writing registers alone (no saved flags)?"""
         return "flags" not in self.saved
+
+    @property
+    def resume_regs(self) -> tuple[Reg, ...]:
+        """What a hit that changed nothing writes as it leaves straight past the site, in order: the
+        syscall's own rcx and r11, the restored words, rsp, rip, and last SYSRET's rcx and r11."""
+        regs = (Reg.RCX, Reg.R11, *self.saved_regs, Reg.RSP, Reg.RIP)
+        return regs + ((Reg.RCX, Reg.R11) if self.exit is Exit.SYSRET else ())
+
+    def resume_values(self, vaddr: int, saved: list[int], ip: int, flags: int, sp: int, from_call: bool) -> list[int]:
+        """The values of ``resume_regs`` for a hit at ``vaddr`` entered with ``flags`` and ``sp`` whose
+        syscall returns to ``ip``; rip is 2 short, as Unicorn adds 2 once a syscall hook returns."""
+        next_ip = (vaddr + self.patch_length) & U64
+        values = [ip, flags, *saved, (sp + self.popped(from_call)) & U64, next_ip - 2]
+        return values + [next_ip, flags] if self.exit is Exit.SYSRET else values
 
     def native_fields(self) -> tuple[int | tuple[int, ...], ...]:
         """The plan as fastsys.c's set_handler takes it (all but the slot syscall's return address)."""

@@ -1,6 +1,6 @@
 """The records of the uprobe core (emu/kernel/uprobes/core.py) the x86 side and the counting-only
 path share with it: a probe, a pending return, a thread's uprobe state, the statistics, the XOL
-area, and the interfaces of the shadow-stack model and of the counting-only path."""
+area, and the interfaces of the shadow-stack model and of the C front's hit path."""
 
 from __future__ import annotations
 
@@ -38,6 +38,14 @@ class Uprobe:
     can_optimize: bool
     consumers: list[Consumer] = field(default_factory=list)
     optimize_failed: bool = False
+
+    @property
+    def changes_nothing(self) -> bool:
+        """Its consumers only count: a hit changes no register and takes no return instance."""
+        for c in self.consumers:  # (a loop, not all(): every optimized hit asks)  # noqa: SIM110
+            if c.handler is not None or c.ret_handler is not None or c.filter is not None:
+                return False
+        return True
 
 
 @dataclass(eq=False)
@@ -104,11 +112,11 @@ class XolArea:
 
 
 class FastHits(Protocol):
-    """The counting-only hit path of a process (emu/kernel/uprobes/fastpath.py: FastPaths)."""
+    """The C front's hit path of a process, as the core sees it (emu/kernel/uprobes/fastpath.py: FastPaths)."""
 
     verifier: Any  # the verifiers' tracker, whose observers the C front mirrors (fastpath.NativeVerifier)
 
-    def uprobe(self, entry: list[int]) -> bool: ...
+    def handed_over(self) -> None: ...
     def sync(self, traced: bool | None = None) -> None: ...
     def fold(self, counts: Counter[int]) -> None: ...
     def fold_stats(self, counts: Counter[int]) -> None: ...

@@ -119,15 +119,19 @@ def syscall_entry_regs(cpu: Cpu, nr: int, state: list[int] | None = None) -> tup
     return regs, held
 
 
+def sysret_allowed(ip: int, flags: int) -> bool:
+    """What do_syscall_64 asks of ip and rflags before it returns by SYSRET: canonical, no RF or TF."""
+    return ip < TASK_SIZE_MAX and not flags & (RF | TF)
+
+
 def exit_path(regs: PtRegs) -> ExitPath:
-    """do_syscall_64's rule: SYSRET only if cx == ip, r11 == flags, canonical ip, no RF/TF."""
+    """do_syscall_64's rule: SYSRET only if cx == ip, r11 == flags, the user segments, and sysret_allowed."""
     if (
         regs.cx == regs.ip
         and regs.r11 == regs.flags
         and regs.cs == USER_CS
         and regs.ss == USER_SS
-        and regs.ip < TASK_SIZE_MAX
-        and not regs.flags & (RF | TF)
+        and sysret_allowed(regs.ip, regs.flags)
     ):
         return ExitPath.SYSRET
     return ExitPath.IRET
