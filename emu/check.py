@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,7 +118,7 @@ def designs_from(text: str) -> tuple[str, ...]:
 
 def _observe(request: CheckRequest, design: str) -> tuple[Machine, GuestIO]:
     io = GuestIO.captured(request.stdin)
-    options = RunOptions(**{**_fields(request.options), "design": design})
+    options = dataclasses.replace(request.options, design=design)
     machine = Machine(request.binary, request.argv, request.env, options, io)
     arity = {row.name: len(row.args) for row in machine.kernel.table.values()}
     machine.kernel.syscall_log = SyscallLog(machine.kernel.sched, machine.mem, lambda name: arity.get(name, 6),
@@ -130,10 +131,6 @@ def _lists_mappings(machine: Machine, fd: int) -> bool:
 
     entry = machine.kernel.files.entries.get(fd)
     return entry is not None and isinstance(entry.file, MapsFile)
-
-
-def _fields(options: RunOptions) -> dict[str, Any]:
-    return {name: getattr(options, name) for name in options.__dataclass_fields__}
 
 
 def _observed(machine: Machine, io: GuestIO, result: RunResult) -> Observed:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from emu import abi
 from emu.abi import Prot
 from emu.cpu import Cpu, Reg
-from emu.designs import Design, get_design
+from emu.designs import Design
 from emu.disasm import describe_insn
 from emu.errors import LoadError
 from emu.guestio import GuestIO
@@ -87,7 +87,7 @@ class Machine:
         install_stdio(self.kernel, self.io)
         self.counter: InsnCounter | None = self._new_counter()
         self.budget = Budget(self.options.timeout_s, self.options.max_insns)  # Machine.run starts it anew
-        self.design: Design = get_design(self.options.design)
+        self.design: Design = self.options.kernel_design
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.family = Family()
         self.fork_observers: list[Callable[[Machine], None]] = []  # each child forked, once built (and its own)

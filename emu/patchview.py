@@ -10,6 +10,7 @@ as arch_uprobe_optimize would); detach (spec 3.5, 3.8).
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -154,8 +155,7 @@ def record_patches(binary: str, specs: Sequence[str], design: str, argv: Sequenc
     """Attach ``specs`` under ``design``, run (or trigger directly), detach; every code write recorded."""
     if not specs:
         raise UsageError("no probe given (use -p SPEC)")
-    base = options or RunOptions()
-    opts = RunOptions(**{**{n: getattr(base, n) for n in base.__dataclass_fields__}, "design": design})
+    opts = dataclasses.replace(options or RunOptions(), design=design)
     machine = Machine(binary, list(argv or [binary]), env or {}, opts, GuestIO.captured())
     recorder = PatchRecorder(machine.mem)
     histories: list[SiteHistory] = []

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emu.abi import Signal
-from emu.designs import DEFAULT_DESIGN, Design
+from emu.designs import DEFAULT_DESIGN, Design, get_design
 from emu.kernel.dispatch import KernelConfig
 from emu.kernel.sched import DEFAULT_QUANTUM
 
@@ -65,10 +65,14 @@ class RunOptions:
     timeout_s: float | None = None
     count_insns: bool = False
     strace: Callable[[str], None] | None = None
-    design: str | Design = DEFAULT_DESIGN  # a name, or a Design object (validated when the machine is built)
+    design: str | Design = DEFAULT_DESIGN  # a name or a Design: resolved and checked once, into ``kernel_design``
     sched_quantum: int = DEFAULT_QUANTUM  # instructions a thread runs before the next one gets the CPU
     sched_seed: int | None = None  # random preemption: slice lengths and the next thread drawn from this seed
     aslr: int | None = None  # --aslr SEED: randomize the layout as Linux does (emu/process/layout.py); None: ASLR off
+    kernel_design: Design = field(init=False, repr=False, compare=False)  # the design the process is built under
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kernel_design", get_design(self.design))  # UsageError for an unknown name
 
     @property
     def timeout_us(self) -> int:
