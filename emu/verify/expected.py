@@ -8,11 +8,10 @@ from functools import cached_property
 from emu.cpu.effects import ReferenceCache, stored_into
 from emu.cpu.scratch import Reference
 from emu.cpu.state import RAW_KEPT, RAW_RIP, RAW_RSP, ExtendedState, decode_extended, decode_state, encode_state
+from emu.kernel.uprobes.regs import STATE_FIELDS
 from emu.verify.records import RIP_INDEX, Transaction
 
-# PtRegs field -> index in Cpu.read_user_state()
-STATE_INDEX = {name: i for i, name in enumerate(("ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "r8", "r9", "r10",
-                                                 "r11", "r12", "r13", "r14", "r15", "ip", "flags"))}
+STATE_INDEX = {name: i for i, name in enumerate(STATE_FIELDS)}  # PtRegs field -> index in Cpu.read_user_state()
 
 
 class Expected:

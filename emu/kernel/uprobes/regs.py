@@ -61,14 +61,14 @@ _get_all = operator.attrgetter(*PT_REGS_FIELDS)
 
 
 # PtRegs field for each slot of Cpu.read_user_state(): 16 GPRs in emu.cpu.GPRS order, rip, rflags.
-_STATE_FIELDS: tuple[str, ...] = (
+STATE_FIELDS: tuple[str, ...] = (
     "ax", "bx", "cx", "dx", "si", "di", "bp", "sp", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15",
     "ip", "flags",
 )
-assert [f"r{f}" if len(f) == 2 and not f[1].isdigit() else f for f in _STATE_FIELDS[:16]] == [
+assert [f"r{f}" if len(f) == 2 and not f[1].isdigit() else f for f in STATE_FIELDS[:16]] == [
     r.name.lower() for r in GPRS
 ]
-FIELD_REG: dict[str, Reg] = dict(zip(_STATE_FIELDS, (*GPRS, Reg.RIP, Reg.RFLAGS), strict=True))  # a field's register
+FIELD_REG: dict[str, Reg] = dict(zip(STATE_FIELDS, (*GPRS, Reg.RIP, Reg.RFLAGS), strict=True))  # a field's register
 
 
 def regs_from_cpu(cpu: Cpu, state: list[int] | None = None) -> PtRegs:
@@ -80,7 +80,7 @@ def regs_from_cpu(cpu: Cpu, state: list[int] | None = None) -> PtRegs:
     )
 
 
-_get_state = operator.attrgetter(*_STATE_FIELDS)
+_get_state = operator.attrgetter(*STATE_FIELDS)
 
 
 def _state(regs: PtRegs) -> list[int]:
