@@ -9,6 +9,7 @@ import dataclasses
 import errno
 import os
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from emu import abi
@@ -91,6 +92,8 @@ class Machine:
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self.family = Family()
         self.fork_observers: list[Callable[[Machine], None]] = []  # each child forked, once built (and its own)
+        self.exec_observers: list[Callable[[], None]] = []  # this process's new images, once their probes are in
+        self.forked: list[Machine] = []  # every process forked in the run (the list is the run's)
         self._wire(first=True)
 
     def _wire(self, first: bool) -> None:
@@ -172,7 +175,8 @@ class Machine:
         if self.kernel.task.uprobe.return_instances and parent.uprobes.xol is not None:
             self.uprobes.get_xol_area()  # dup_xol_work: the returns go through [uprobes] slot 0
         self._copy_registers(parent, args)
-        self.fork_observers = parent.fork_observers
+        self.fork_observers, self.exec_observers, self.forked = parent.fork_observers, [], parent.forked
+        self.forked.append(self)
         for observer in self.fork_observers:
             observer(self)
         return self
@@ -220,9 +224,11 @@ class Machine:
         self.execs += 1
         self.layout = layout.for_seed(self.options.aslr, self.execs)
         self.image = replace_image(self.kernel, self.mem, self.layout, host, plan, argv, envp, self.options)
-        self.run_loop.fold_fast()  # the old image's hits, before its statistics go
+        self.run_loop.fold_fast()  # the old image's hits, into the statistics the new image keeps
+        old = self.uprobes
         self.uprobes = Uprobes(self.cpu, self.mem, self.design, self.kernel.defer)
         self._wire_uprobes()
+        self.uprobes.follow(old)
         if self._attacher is not None:
             self._attacher.new_image()
         for vma in self.mem:  # uprobe_mmap on the new image's text: probes by spec on that file install
@@ -231,6 +237,8 @@ class Machine:
                     observer(vma)
         reset_registers(self.cpu, self.entry_sp)
         self.cpu.write(Reg.RIP, self.image.entry)
+        for new_image in self.exec_observers:
+            new_image()
 
     # family.Process: how the other processes of the run drive this one
     def resume(self) -> bool:
@@ -302,10 +310,17 @@ class Machine:
             unknown_syscalls=self.kernel.unknown_syscalls(),
             wall_s=time.perf_counter() - start,
             probes=self._attacher.summaries() if self._attacher is not None else (),
-            exits=dict(self.uprobes.stats.exits),
+            exits=self._exits(),
             threads=len(self.kernel.sched.tasks),
             switches=self.kernel.sched.switches,
         )
+
+    def _exits(self) -> dict[str, int]:
+        """How hits left the kernel, in every process of the run (each keeps its statistics through execve)."""
+        exits: Counter[str] = Counter()
+        for process in (self, *self.forked):
+            exits.update(process.uprobes.stats.exits)
+        return dict(exits)
 
     def run_from(self, pc: int, timeout_s: float = 0.0) -> Outcome:
         """Run from ``pc`` with the registers and memory as they are until the guest exits or dies, and

@@ -26,18 +26,25 @@ class Violation:  # treat it as immutable all the same
     address: int
     summary: str
     detail: dict[str, Any] = field(default_factory=dict)
-    hit: int = 0  # which hit of the probe (1-based)
+    hit: int = 0  # which hit of the probe (1-based), in its process
+    pid: int = 0  # the forked process it happened in; 0: the process the run started with
 
     def at_hit(self, hit: int) -> Violation:
         """The same violation, found at another hit of its probe."""
-        return Violation(self.kind, self.probe, self.address, self.summary, dict(self.detail), hit)
+        return Violation(self.kind, self.probe, self.address, self.summary, dict(self.detail), hit, self.pid)
+
+    def in_process(self, pid: int) -> Violation:
+        """The same violation, found in the forked process ``pid``."""
+        return Violation(self.kind, self.probe, self.address, self.summary, self.detail, self.hit, pid)
 
     def line(self) -> str:
-        return f"{self.kind.value}: {self.probe} at {self.address:#x} (hit {self.hit}): {self.summary}"
+        where = f"hit {self.hit}, pid {self.pid}" if self.pid else f"hit {self.hit}"
+        return f"{self.kind.value}: {self.probe} at {self.address:#x} ({where}): {self.summary}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "probe": self.probe, "address": self.address, "hit": self.hit,
-                "summary": self.summary, "detail": self.detail}
+        found = {"kind": self.kind.value, "probe": self.probe, "address": self.address, "hit": self.hit,
+                 "summary": self.summary, "detail": self.detail}
+        return found | {"pid": self.pid} if self.pid else found
 
     def details_text(self) -> str:
         lines = [self.line()]
@@ -54,16 +61,17 @@ class ViolationLog(Sequence[Violation]):
     """A run's violations in the order found, bounded: the first ``kept`` are kept whole, later ones
     are only counted (by kind, and the hits they flag at each site). A design that breaks something on
     every hit would otherwise grow memory with every hit of a long run. ``listeners`` see every one.
-    A source (pull_from) may hold violations back; they join before anything reads or adds to the log."""
+    Sources (pull_from) may hold violations back; they join before anything reads or adds to the log.
+    A run of several processes keeps them all here, each violation saying its process (Violation.pid)."""
 
     def __init__(self, kept: int | None = None) -> None:
         self.kept = KEPT if kept is None else kept
         self._dropped = 0
-        self._source: Callable[[], Repeats] | None = None
+        self._sources: list[Callable[[], Repeats]] = []
         self.listeners: list[Callable[[Violation], None]] = []
         self._items: list[Violation] = []
         self._kinds: Counter[Check] = Counter()
-        self._flagged: dict[tuple[Check, int], list[int]] = {}  # (kind, site) -> [hits flagged, last hit]
+        self._flagged: dict[tuple[Check, int, int], list[int]] = {}  # (kind, site, pid) -> [hits flagged, last hit]
 
     @classmethod
     def of(cls, violations: Iterable[Violation]) -> ViolationLog:
@@ -74,11 +82,11 @@ class ViolationLog(Sequence[Violation]):
     def pull_from(self, source: Callable[[], Repeats]) -> None:
         """``source`` returns the violations it holds back (found in C: emu/hotpath/repeats.py): runs
         of a hit's violations and the numbers of the later hits that had them too, in order."""
-        self._source = source
+        self._sources.append(source)
 
     def _pull(self) -> None:
-        if self._source is not None:
-            for template, hits in self._source():
+        for source in self._sources:
+            for template, hits in source():
                 self._add_repeats(template, hits)
 
     def _add_repeats(self, template: Sequence[Violation], hits: list[int]) -> None:
@@ -94,7 +102,7 @@ class ViolationLog(Sequence[Violation]):
         self._dropped += len(template) * len(rest)
         for v in template:
             self._kinds[v.kind] += len(rest)
-        for key in dict.fromkeys((v.kind, v.address) for v in template):
+        for key in dict.fromkeys((v.kind, v.address, v.pid) for v in template):
             flagged = self._flagged.setdefault(key, [0, 0])
             flagged[0] += len(rest) - (flagged[1] == rest[0])
             flagged[1] = rest[-1]
@@ -105,9 +113,10 @@ class ViolationLog(Sequence[Violation]):
 
     def _add(self, violation: Violation) -> None:
         self._kinds[violation.kind] += 1
-        flagged = self._flagged.get((violation.kind, violation.address))
+        key = (violation.kind, violation.address, violation.pid)
+        flagged = self._flagged.get(key)
         if flagged is None:
-            self._flagged[(violation.kind, violation.address)] = [1, violation.hit]
+            self._flagged[key] = [1, violation.hit]
         elif flagged[1] != violation.hit:
             flagged[0] += 1
             flagged[1] = violation.hit
@@ -129,8 +138,8 @@ class ViolationLog(Sequence[Violation]):
 
     def clear(self) -> None:
         """Forget every violation, those a source holds back included."""
-        if self._source is not None:
-            self._source()
+        for source in self._sources:
+            source()
         self._dropped = 0
         self._items.clear()
         self._kinds.clear()
@@ -155,7 +164,11 @@ class ViolationLog(Sequence[Violation]):
     def hits_flagged(self, kind: Check) -> Counter[int]:
         """site -> the hits there that ``kind`` flagged (a hit's violations come together)."""
         self._pull()
-        return Counter({site: flagged[0] for (k, site), flagged in self._flagged.items() if k is kind})
+        found: Counter[int] = Counter()
+        for (k, site, _pid), flagged in self._flagged.items():
+            if k is kind:
+                found[site] += flagged[0]
+        return found
 
     def __len__(self) -> int:
         self._pull()

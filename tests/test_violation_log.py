@@ -27,11 +27,11 @@ def _violation(kind: Check, site: int, hit: int) -> Violation:
 TEMPLATE = [_violation(Check.REDZONE, 0x10, 1), _violation(Check.REGS, 0x20, 1)]
 
 
-def _held_back(hits: list[int]) -> Repeats:
+def _held_back(hits: list[int], template: list[Violation] = TEMPLATE) -> Repeats:
     """A source's answer: hit 1's violations, and the hits held back since the last call."""
     taken = hits[:]
     hits.clear()
-    return [(TEMPLATE, taken)] if taken else []
+    return [(template, taken)] if taken else []
 
 
 def test_violations_held_back_join_before_anything_reads_or_adds() -> None:
@@ -47,6 +47,19 @@ def test_violations_held_back_join_before_anything_reads_or_adds() -> None:
     held.append(6)
     log.clear()
     assert list(log) == [] and held == []  # cleared with the log
+
+
+def test_processes_share_one_log_each_violation_saying_its_own() -> None:
+    """Each process's session holds its repeats back in a source of its own; a site's flagged hits are
+    counted per process (hit 2 of the first process and hit 2 of a child are two hits)."""
+    first, child = [2], [2, 3]
+    log = ViolationLog()
+    log.pull_from(lambda: _held_back(first))
+    log.pull_from(lambda: _held_back(child, [v.in_process(5000) for v in TEMPLATE]))
+    assert [(v.hit, v.pid) for v in log if v.kind is Check.REDZONE] == [(2, 0), (2, 5000), (3, 5000)]
+    assert log.hits_flagged(Check.REDZONE) == Counter({0x10: 3})
+    assert log[2].line() == "redzone: uprobe:f at 0x10 (hit 2, pid 5000): redzone at hit 1"
+    assert "pid" not in log[0].to_json() and log[2].to_json()["pid"] == 5000
 
 
 @pytest.mark.parametrize("listened", [False, True])

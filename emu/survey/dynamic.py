@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from emu.violations import Violation
 
 LibrarySites = tuple[tuple[str, tuple[int, ...]], ...]  # (a mapped file's path, its sites' link-time addresses)
-DYNAMIC_VERSION = 8  # bump when a dynamic verdict could change: stored runs of older versions are redone
+Owner = tuple[int, int, int]  # the hit that changed a byte: site, hit number, pid (0: the run's first process)
+DYNAMIC_VERSION = 9  # bump when a dynamic verdict could change: stored runs of older versions are redone
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +74,17 @@ class ReadBack:
     def __init__(self, machine: Machine, session: VerifySession) -> None:
         self.session = session
         self.bias = machine.resolver.image.bias  # runtime address - link-time address of the executable
-        self.confirmed: set[tuple[int, int]] = set()
-        self._first = _Space(machine, self.confirmed)  # the hits are the first process's
-        self._spaces = {machine.kernel.ident.pid: self._first}
+        self.confirmed: set[Owner] = set()
+        self._first_pid = machine.kernel.ident.pid  # (its violations say pid 0)
+        self._spaces = {self._first_pid: _Space(machine, self.confirmed)}
         self._new: list[Violation] = []  # found since the last finished hit (the log keeps only the first ones)
         session.violations.listeners.append(self._new.append)
+        self._watch(session)
+        session.child_observers.append(self._watch)  # a forked process's hits are verified too
+        machine.fork_observers.append(self._on_fork)
+
+    def _watch(self, session: VerifySession) -> None:
+        """Mark the bytes each hit of ``session``'s process changed, as the hit ends."""
         if session.tracker.edges is not None:
             session.tracker.edges.judge_every_hit()  # each hit's clobbered bytes are marked as it ends
         inner = session.tracker.on_finished
@@ -87,11 +94,10 @@ class ReadBack:
             self._mark(tx)
 
         session.tracker.on_finished = finished
-        machine.fork_observers.append(self._on_fork)
 
     def counts(self) -> Counter[int]:
         """site -> hits whose clobber was read back."""
-        return Counter(site for site, _hit in self.confirmed)
+        return Counter(site for site, _hit, _pid in self.confirmed)
 
     def _mark(self, tx: Transaction) -> None:
         from emu.violations import Check
@@ -100,7 +106,8 @@ class ReadBack:
         self._new.clear()  # in place: the log's listener appends to this list
         for v in new:
             if v.kind is Check.REDZONE and "offset" in v.detail:  # a run of changed bytes, rsp-relative
-                self._first.mark(tx.start_rsp + int(v.detail["offset"]), int(v.detail["size"]), (v.address, v.hit))
+                space = self._spaces[v.pid or self._first_pid]
+                space.mark(tx.start_rsp + int(v.detail["offset"]), int(v.detail["size"]), (v.address, v.hit, v.pid))
 
     def _on_fork(self, child: Machine) -> None:
         """A child's memory is a copy of its parent's: the changed bytes are there too, watched apart."""
@@ -113,13 +120,12 @@ class _Space:
     """One process's address space under the read-back watch: its changed red-zone bytes (address ->
     the site and hit that changed them) and the hooks that see them read or stored to."""
 
-    def __init__(self, machine: Machine, confirmed: set[tuple[int, int]],
-                 marked: dict[int, tuple[int, int]] | None = None) -> None:
+    def __init__(self, machine: Machine, confirmed: set[Owner], marked: dict[int, Owner] | None = None) -> None:
         from emu.hotpath.mem_filter import FilteredMemHooks
         from emu.process.vma import WatchedBackend
 
         self.cpu, self.mem = machine.cpu, machine.mem
-        self.marked: dict[int, tuple[int, int]] = {} if marked is None else marked
+        self.marked: dict[int, Owner] = {} if marked is None else marked
         self.confirmed = confirmed
         self._program_syscall = False  # a system call the program made (not the design's trampoline) runs
         machine.mem.backend = WatchedBackend(machine.mem.backend, self._on_kernel_write)  # the kernel's stores too
@@ -131,8 +137,8 @@ class _Space:
         self._hooks = FilteredMemHooks(self.cpu.hooks, self._on_read, self._on_raw_write)
         self._hooks.watch(self.marked)
 
-    def mark(self, first: int, size: int, owner: tuple[int, int]) -> None:
-        """Bytes [first, first + size) were changed by ``owner``'s hit (site, hit number)."""
+    def mark(self, first: int, size: int, owner: Owner) -> None:
+        """Bytes [first, first + size) were changed by ``owner``'s hit."""
         for addr in range(first, first + size):
             self.marked[addr] = owner
         self._hooks.watch(self.marked)

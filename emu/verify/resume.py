@@ -74,6 +74,15 @@ class ResumeWatch:
         ret = self._armable.get(site)
         return (0, 0) if ret is None else (ret, self._popped[ret])
 
+    def new_image(self) -> None:
+        """execve: the process's uprobes are the new image's, whose sites are new (the kernel pages' code
+        followed so far is the design's, the same in every image)."""
+        self.up = self.machine.uprobes
+        self._exits = self.up.stats.exits
+        self._sysret_watched.clear()
+        self._armable.clear()
+        TABLES.bump()  # the C syscall front's copy of _armable
+
     def lost_track(self) -> None:
         """The guest resumed without any of the hooks here seeing it: watch blocks from now on."""
         self._sysret_watched.clear()

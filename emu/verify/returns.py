@@ -76,6 +76,12 @@ class ReturnWatch:
         machine.uprobes.return_observers.append(self._on_handlers)
         machine.kernel.signal_frame_observers.append(self._on_signal_frame)
 
+    def new_image(self) -> None:
+        """execve: the process's uprobes are the new image's; the returns under way are gone with the old one."""
+        self._up = self.machine.uprobes
+        self._open.clear()
+        self._held.clear()
+
     def finish(self, ending: str) -> None:
         """The run is over: a return still open never reached its caller."""
         for returns in self._open.values():

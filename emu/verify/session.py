@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from emu.abi import Signal
 from emu.callret.models import CallRetModels
 from emu.cpu.effects import Prepared, ReferenceCache
 from emu.cpu.scratch import ScratchCpu
@@ -39,17 +40,25 @@ def parse_verifiers(text: str) -> tuple[Verifier, ...]:
 
 
 class VerifySession:
-    """Install before the run (after attaching probes); read ``violations`` after it."""
+    """Install before the run (after attaching probes); read ``violations`` after it.
+
+    Every process of the run is verified: each child forked gets a session of its own (``children``)
+    that adds to this one's ``violations``, each of its violations saying its pid. A process that
+    execs goes on being verified in its new image."""
 
     def __init__(self, machine: Machine, verifiers: Iterable[Verifier] = DEFAULT_VERIFIERS,
-                 shstk: bool = False, rsb: int | None = None) -> None:
-        """``shstk`` (or Verifier.SHSTK) adds a shadow stack; ``rsb`` an RSB model of that depth."""
-        self.machine = machine
+                 shstk: bool = False, rsb: int | None = None, parent: VerifySession | None = None) -> None:
+        """``shstk`` (or Verifier.SHSTK) adds a shadow stack; ``rsb`` an RSB model of that depth;
+        ``parent``: the run's first session, for a forked child's."""
+        self.machine, self._rsb_depth = machine, rsb
         self.enabled = frozenset(verifiers) | ({Verifier.SHSTK} if shstk else frozenset())
         # Looked at on every checked hit: plain bools (an Enum's hash is a Python call).
         self._redzone, self._regs, self._resume, self._memory = (
             v in self.enabled for v in (Verifier.REDZONE, Verifier.REGS, Verifier.RESUME, Verifier.MEMORY))
-        self.violations = ViolationLog()
+        self.pid = 0 if parent is None else machine.kernel.ident.pid  # what this session's violations say
+        self.violations: ViolationLog = ViolationLog() if parent is None else parent.violations
+        self.children: list[VerifySession] = []  # the run's first session's: one per process forked since
+        self.child_observers: list[Callable[[VerifySession], None]] = []  # each child's session, once made
         self.tracker = TransactionTracker(machine, machine.attachments, self._finished)
         self._rebind_due = False
         machine.attacher.library_observers.append(self._library_installed)
@@ -59,8 +68,18 @@ class VerifySession:
         self._judged: dict[int, list[Violation]] = {}  # slot -> the violations of the hit C compares hits with
         if self.tracker.edges is not None and self.tracker.edges.repeats is not None:
             self.violations.pull_from(self._repeated)
-        models = CallRetModels(machine, Verifier.SHSTK in self.enabled, rsb, self.violations.append)
+        models = CallRetModels(machine, Verifier.SHSTK in self.enabled, rsb, lambda v: self._report([v]))
         self.shadow_stack, self.rsb = models.shadow_stack, models.rsb
+        machine.exec_observers.append(self._new_image)
+        if parent is None:
+            machine.fork_observers.append(self._forked)  # (every process's forks: the list is the run's)
+
+    def _forked(self, child: Machine) -> None:
+        """A process of the run forked: its child is verified from its first instruction, as fork returns."""
+        session = VerifySession(child, self.enabled, rsb=self._rsb_depth, parent=self)
+        self.children.append(session)
+        for observer in self.child_observers:
+            observer(session)
 
     def _library_installed(self, _attachment: object) -> None:
         """A library probe installed as ld.so (or dlopen) maps the library: its sites are watched from
@@ -77,13 +96,21 @@ class VerifySession:
         """Forget the violations so far and watch the machine's current attachments (for a caller
         that re-attaches probes between runs of one process, like the fuzzer)."""
         self.violations.clear()
-        self.tracker.bind(self.machine.attachments)
+        self.tracker.bind(self.machine.attachments, forget_hits=True)
+
+    def _new_image(self) -> None:
+        """execve: the new image's probes are watched from its first instruction; returns under way in
+        the old image never come back (its stack is gone), which is the program's doing, not the design's."""
+        self.tracker.new_image()
+        self.returns.new_image()
 
     def finish(self, ending: str, killed: bool = False) -> None:
         """The run is over (``ending``: how, in words; ``killed``: by a signal). A hit still open,
         or the last one abandoned as a signal ended the run, never resumed, which the original
         instruction alone would have (a trampoline that traps, faults or exits): a ``resume``
         violation, never "no verdict, so clean"."""
+        for child in self.children:
+            child.finish(*_how_it_ended(child.machine, ending))
         if Verifier.RESUME not in self.enabled:
             return
         self.returns.finish(ending)
@@ -91,8 +118,8 @@ class VerifySession:
         tx = self.tracker.active if opened is not None else self.tracker.lost if killed else None
         if tx is None:
             return
-        self.violations.append(violation(Check.RESUME, tx, f"never resumed: the run ended inside the hit ({ending})",
-                                         ending=ending))
+        self._report([violation(Check.RESUME, tx, f"never resumed: the run ended inside the hit ({ending})",
+                                ending=ending)])
 
     @property
     def transactions(self) -> int:
@@ -126,10 +153,14 @@ class VerifySession:
         return runs
 
     def _report(self, found: list[Violation]) -> None:
-        self.violations += found
+        self.violations += self._tagged(found)
+
+    def _tagged(self, found: list[Violation]) -> list[Violation]:
+        """``found`` as a forked process's violations (each says its pid)."""
+        return [v.in_process(self.pid) for v in found] if self.pid and found else found
 
     def _finished(self, tx: Transaction) -> None:
-        found = self._judge(tx)
+        found = self._tagged(self._judge(tx))
         self.violations += found
         if found and all(v.kind is Check.REDZONE for v in found) and self.tracker.repeatable(tx):
             assert self.tracker.edges is not None and self.tracker.edges.repeats is not None
@@ -158,3 +189,14 @@ class VerifySession:
         if self._redzone:
             found += check_redzone(tx, exp, self._describe)
         return found
+
+
+def _how_it_ended(machine: Machine, run_ending: str) -> tuple[str, bool]:
+    """A forked process's ending in words, and whether a signal killed it; ``run_ending`` if it outlived the run."""
+    entry = machine.family.procs.get(machine.kernel.ident.pid)
+    status = None if entry is None else entry.status
+    if status is None:
+        return run_ending, False
+    if status & 0x7F:
+        return f"killed by {Signal(status & 0x7F).name}", True
+    return f"exited {status >> 8}", False

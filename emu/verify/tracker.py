@@ -260,8 +260,17 @@ class TransactionTracker:
             comparison = effect.compiled[base, rip_advance] = edges.comparison(effect.spans(base, RED_ZONE), rip_advance)
         return edges.settle_compared(base, cast(Comparison, comparison))
 
-    def bind(self, attachments: list[Attachment]) -> None:
-        """Watch these attachments' sites, forgetting earlier ones and their hit counts (the fuzzer's reuse)."""
+    def new_image(self) -> None:
+        """execve: the process's uprobes are the new image's; its sites are watched from its first instruction."""
+        self._up = self.machine.uprobes
+        self._exits = self._up.stats.exits
+        self.resume.new_image()
+        self.bind(self.machine.attachments)
+
+    def bind(self, attachments: list[Attachment], forget_hits: bool = False) -> None:
+        """Watch these attachments' sites, forgetting earlier ones; a site watched before goes on
+        counting its hits unless ``forget_hits`` (the fuzzer's reuse of one process)."""
+        hits = {} if forget_hits else {site: self._counters.hits(at.index) for site, at in self._by_site.items()}
         for hook in self._site_hooks:
             self.cpu.hooks.remove(hook)
         self._by_site, self._site_hooks, self.active = {}, [], None
@@ -282,6 +291,8 @@ class TransactionTracker:
             self.watch.watch(start, end)
         edges = self.edges
         self._counters = SiteCounters(len(self._by_site), 0 if edges is None else edges.address)
+        for site, at in self._by_site.items():
+            self._counters.count_hit(at.index, hits.get(site, 0))
         TABLES.bump()  # the C syscall front's site facts (site_facts) are of the old sites
         if edges is None:
             self._site_hooks = [self.cpu.hooks.add_raw_code(self._on_site, site, site) for site in self._by_site]

@@ -67,6 +67,14 @@ class Uprobes:
         self.return_observers: list[Callable[[PtRegs, PtRegs], None]] = []
         self.fast: FastHits | None = None  # set with the design's syscall rows (fastpath.py)
 
+    def follow(self, old: Uprobes) -> None:
+        """A new image's uprobes in place of ``old``'s (execve): what watches the process's hits and
+        their statistics belong to the process, not the image, and carry over."""
+        self.chain_observers, self.step_observers = old.chain_observers, old.step_observers
+        self.return_observers, self.stats = old.return_observers, old.stats
+        if self.fast is not None and old.fast is not None:
+            self.fast.verifier = old.fast.verifier
+
     # ------------------------------------------------------ the running thread's state
     @property
     def return_instances(self) -> list[ReturnInstance]:
