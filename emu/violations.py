@@ -7,6 +7,7 @@ import enum
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, overload
 
 
@@ -31,7 +32,7 @@ class Violation:  # treat it as immutable all the same
 
     def at_hit(self, hit: int) -> Violation:
         """The same violation, found at another hit of its probe."""
-        return Violation(self.kind, self.probe, self.address, self.summary, dict(self.detail), hit, self.pid)
+        return Violation(self.kind, self.probe, self.address, self.summary, self.detail, hit, self.pid)
 
     def in_process(self, pid: int) -> Violation:
         """The same violation, found in the forked process ``pid``."""
@@ -57,11 +58,25 @@ KEPT = 100_000  # violations a run keeps whole; past them each one is only count
 Repeats = list[tuple[Sequence[Violation], list[int]]]  # runs of a hit's violations and the later hits that had them too
 
 
+@dataclass(frozen=True, slots=True)
+class _Repeated:
+    """``template`` at each of ``hits``, of which the first ``kept`` violations are kept whole (made on reading)."""
+
+    template: Sequence[Violation]
+    hits: list[int]
+    kept: int
+
+    def made(self) -> Iterator[Violation]:
+        made = (v.at_hit(hit) for hit in self.hits for v in self.template)
+        return made if self.kept == len(self.hits) * len(self.template) else islice(made, self.kept)
+
+
 class ViolationLog(Sequence[Violation]):
     """A run's violations in the order found, bounded: the first ``kept`` are kept whole, later ones
     are only counted (by kind, and the hits they flag at each site). A design that breaks something on
     every hit would otherwise grow memory with every hit of a long run. ``listeners`` see every one.
-    Sources (pull_from) may hold violations back; they join before anything reads or adds to the log.
+    Sources (pull_from) may hold violations back; they join before anything reads or adds to the log,
+    as runs of repeats made whole only when read (nothing is made for a run that only counts them).
     A run of several processes keeps them all here, each violation saying its process (Violation.pid)."""
 
     def __init__(self, kept: int | None = None) -> None:
@@ -69,7 +84,8 @@ class ViolationLog(Sequence[Violation]):
         self._dropped = 0
         self._sources: list[Callable[[], Repeats]] = []
         self.listeners: list[Callable[[Violation], None]] = []
-        self._items: list[Violation] = []
+        self._parts: list[Violation | _Repeated] = []  # what is kept, in order: violations and runs of repeats
+        self._count = 0  # the whole violations in _parts
         self._kinds: Counter[Check] = Counter()
         self._flagged: dict[tuple[Check, int, int], list[int]] = {}  # (kind, site, pid) -> [hits flagged, last hit]
 
@@ -90,22 +106,27 @@ class ViolationLog(Sequence[Violation]):
                 self._add_repeats(template, hits)
 
     def _add_repeats(self, template: Sequence[Violation], hits: list[int]) -> None:
-        """``template`` again for each of ``hits``: made whole while kept or listened to, else only counted."""
-        made = 0
-        while made < len(hits) and (self.listeners or len(self._items) < self.kept):
-            for v in template:
-                self._add(v.at_hit(hits[made]))
-            made += 1
-        rest = hits[made:]
-        if not rest:
+        """``template`` again for each of ``hits``: one by one while listened to, else kept (as far as
+        there is room) as one run, counted as the whole violations would be."""
+        if not hits or not template:
             return
-        self._dropped += len(template) * len(rest)
+        if self.listeners:
+            for hit in hits:
+                for v in template:
+                    self._add(v.at_hit(hit))
+            return
+        whole = len(template) * len(hits)
+        kept = min(whole, max(0, self.kept - self._count))
+        if kept:
+            self._parts.append(_Repeated(template, hits, kept))
+            self._count += kept
+        self._dropped += whole - kept
         for v in template:
-            self._kinds[v.kind] += len(rest)
+            self._kinds[v.kind] += len(hits)
         for key in dict.fromkeys((v.kind, v.address, v.pid) for v in template):
             flagged = self._flagged.setdefault(key, [0, 0])
-            flagged[0] += len(rest) - (flagged[1] == rest[0])
-            flagged[1] = rest[-1]
+            flagged[0] += len(hits) - (flagged[1] == hits[0])
+            flagged[1] = hits[-1]
 
     def append(self, violation: Violation) -> None:
         self._pull()
@@ -122,8 +143,9 @@ class ViolationLog(Sequence[Violation]):
             flagged[1] = violation.hit
         for listener in self.listeners:
             listener(violation)
-        if len(self._items) < self.kept:
-            self._items.append(violation)
+        if self._count < self.kept:
+            self._parts.append(violation)
+            self._count += 1
         else:
             self._dropped += 1
 
@@ -140,8 +162,8 @@ class ViolationLog(Sequence[Violation]):
         """Forget every violation, those a source holds back included."""
         for source in self._sources:
             source()
-        self._dropped = 0
-        self._items.clear()
+        self._dropped = self._count = 0
+        self._parts.clear()
         self._kinds.clear()
         self._flagged.clear()
 
@@ -170,9 +192,23 @@ class ViolationLog(Sequence[Violation]):
                 found[site] += flagged[0]
         return found
 
+    def _whole(self) -> list[Violation]:
+        """Every kept violation made whole (the runs of repeats made once, here)."""
+        self._pull()
+        if any(isinstance(part, _Repeated) for part in self._parts):
+            self._parts = list(self._made())
+        return self._parts  # type: ignore[return-value]  # (no runs left)
+
+    def _made(self) -> Iterator[Violation]:
+        for part in self._parts:
+            if isinstance(part, _Repeated):
+                yield from part.made()
+            else:
+                yield part
+
     def __len__(self) -> int:
         self._pull()
-        return len(self._items)
+        return self._count
 
     @overload
     def __getitem__(self, index: int) -> Violation: ...
@@ -180,22 +216,22 @@ class ViolationLog(Sequence[Violation]):
     def __getitem__(self, index: slice) -> Sequence[Violation]: ...
 
     def __getitem__(self, index: int | slice) -> Violation | Sequence[Violation]:
-        self._pull()
-        return self._items[index]
+        if isinstance(index, slice) and index.start is None and index.step is None and index.stop is not None \
+                and index.stop >= 0:
+            self._pull()
+            return list(islice(self._made(), index.stop))  # the first few, as a report shows: no run made whole
+        return self._whole()[index]
 
     def __iter__(self) -> Iterator[Violation]:
-        self._pull()
-        return iter(self._items)
+        return iter(self._whole())
 
     def __bool__(self) -> bool:
         return self.total > 0
 
     def __eq__(self, other: object) -> bool:
         """Equal to a list of the same violations, or a log that kept and dropped the same."""
-        self._pull()
         if isinstance(other, ViolationLog):
-            other._pull()
-            return self._items == other._items and self._dropped == other._dropped
-        return isinstance(other, list) and self._dropped == 0 and self._items == other
+            return self._whole() == other._whole() and self._dropped == other._dropped
+        return isinstance(other, list) and self.dropped == 0 and self._whole() == other
 
     __hash__ = None  # type: ignore[assignment]  # mutable

@@ -79,6 +79,17 @@ def test_held_back_violations_past_the_kept_ones_count_as_whole_ones(listened: b
     assert len(heard) == (76 if listened else 0)
 
 
+def test_a_report_s_first_few_leave_the_repeats_unmade() -> None:
+    """A run of repeats is kept as one part, made whole only when the whole log is read."""
+    held = list(range(2, 1002))
+    log = ViolationLog()
+    log.pull_from(lambda: _held_back(held))
+    whole = [v.at_hit(hit) for hit in range(2, 1002) for v in TEMPLATE]
+    assert len(log) == 2000 and log[:3] == whole[:3] and log[:0] == []
+    assert len(log._parts) == 1  # still the run: nothing made but the three read
+    assert log[1999] == whole[-1] and list(log) == whole and len(log._parts) == 2000
+
+
 def test_the_log_keeps_the_first_and_counts_the_rest() -> None:
     log, seen = ViolationLog(kept=3), list[Violation]()
     log.listeners.append(seen.append)

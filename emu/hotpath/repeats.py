@@ -14,8 +14,8 @@ hit, and Python makes the violations when anything next reads or adds to the log
 
 C keeps one judged hit's evidence (a memo) for each of SLOTS slots, a site's slot chosen by its
 address; two sites that share a slot take turns. Python arms the candidate's slot with a hit it
-judged whose violations are all red-zone ones (arm). The fake kernel writing guest memory, or the
-tracker binding new sites, disarms every slot.
+judged whose violations are all red-zone ones (arm). The fake kernel writing guest code (a mapping
+that can run), or the tracker binding new sites, disarms every slot.
 
 Buffer layout (64-bit words; struct repeats in emu/hotpath_src/verify.h):
   0 the transaction whose evidence the candidate holds   1 its slot   2 hits held back   3 their room
@@ -68,7 +68,7 @@ class RepeatedVerdicts:
 
     def disarm(self) -> None:
         """No slot compares hits any more, and the candidate cannot be armed (the fake kernel calls
-        this on every write into guest memory: cheap while nothing is armed)."""
+        this on every write into guest code: cheap while nothing is armed)."""
         self._words[CANDIDATE_SEQ] = 0
         if self._armed:
             ctypes.memset(self.address + 8 * ARMED, 0, 8 * SLOTS)

@@ -10,7 +10,7 @@ return address slot the ``ret`` just popped (its ``stack`` is rsp - 8 there): th
 is where the program itself was going, whatever the kernel decides.
 
 Hooks: one on the trampoline's first instruction (added when the kernel maps [uprobes]) opens a
-return; one on each return address seen (added once, kept) closes it there, on the same thread with
+return, once the C front (emu/kernel/uprobes/fastpath.py) has handed over the instances it pushed; one on each return address seen (added once, kept) closes it there, on the same thread with
 rsp back where the ``ret`` left it. A return that left every byte of the state as it found it is
 counted and nothing more; the others are judged by the register check. A return still open when its
 frame is gone (a later return on the thread from higher up the stack) or when the run ends never
@@ -104,6 +104,9 @@ class ReturnWatch:
             self.cpu.hooks.raised(exc)
 
     def _start(self) -> None:
+        front = self.cpu.hooks.front
+        if front is not None and front.handle.pending:
+            front.before_python()  # the instances the C front pushed: this return's among them
         raw = self.raw.read()
         rsp = _QWORD.unpack_from(raw, RAW_RSP)[0]
         instances = self._up.return_instances

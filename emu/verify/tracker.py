@@ -11,7 +11,7 @@ import struct
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 
-from emu.abi import RED_ZONE
+from emu.abi import RED_ZONE, Prot
 from emu.cpu import HookHandle, RawState
 from emu.cpu.effects import MAX_PLANS, Prepared
 from emu.cpu.state import RAW_KEPT, RAW_RSP
@@ -395,7 +395,7 @@ class TransactionTracker:
         edges, words, size = self.edges, self._edge_words, len(data)
         if self.log.is_open:
             self.watch.complete()  # the guest's last stores, before the kernel writes over them
-        if edges is not None and edges.repeats is not None:
+        if edges is not None and edges.repeats is not None and self._writes_code(addr):
             edges.repeats.disarm()  # it may be rewriting code a verdict held back names
         if words is not None and not words[STATE]:
             return  # no hit open
@@ -418,6 +418,12 @@ class TransactionTracker:
             if tx.redzone_before is None:
                 tx.redzone_before = self._redzone_at_start(tx)
             tx.redzone_changed = True
+
+    def _writes_code(self, addr: int) -> bool:
+        """A kernel write at ``addr`` may change code: a mapping that can run (a site, the kernel's
+        pages), or none (a write that faults). Its stack writes (sys_uretprobe's) do not."""
+        vma = self.mem.find(addr)
+        return vma is None or bool(vma.prot & Prot.EXEC)
 
     def abandon(self) -> None:
         """No verdict on this hit: it ended (or the kernel is delivering a signal: it will not resume)."""
