@@ -25,7 +25,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-ABI = 13  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
+ABI = 14  # the interface this Python side expects (HOTPATH_ABI in emu/hotpath_src/module.c)
 FORCE_PYTHON_VARIABLE = "UPROBE_EMU_PURE_PYTHON"
 
 

@@ -261,6 +261,21 @@ static PyObject *fastsys_take_returns(FastSys *self, PyObject *unused)
     return out;
 }
 
+/* find_return(stack): (func, orig) of the return instance pushed here whose return address slot is at
+ * stack, the newest first; None if there is none (the watch of returns asks, emu/verify/returns.py) */
+static PyObject *fastsys_find_return(FastSys *self, PyObject *arg)
+{
+    uint64_t stack = PyLong_AsUnsignedLongLong(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    for (int i = self->return_count - 1; i >= 0; i--) {
+        const return_instance *ri = &self->returns[i];
+        if (ri->stack == stack)
+            return Py_BuildValue("(KK)", (unsigned long long)ri->func, (unsigned long long)ri->orig);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *fastsys_get_pending(FastSys *self, void *closure)
 {
     return PyBool_FromLong(self->return_count > 0);
@@ -336,6 +351,8 @@ static PyMethodDef fastsys_methods[] = {
      "set_python_returns(xol, depth, top stack): the XOL page and Python's pending return instances"},
     {"take_returns", (PyCFunction)fastsys_take_returns, METH_NOARGS,
      "the return instances pushed here (func, stack, orig, chained, probe index), oldest first; cleared"},
+    {"find_return", (PyCFunction)fastsys_find_return, METH_O,
+     "find_return(stack): (func, orig) of the return instance pushed here with that return address slot, or None"},
     {"take_stats", (PyCFunction)fastsys_take_stats, METH_NOARGS,
      "the statistics counted since the last call, zeroed: uprobe calls, mmap_locks, copied, sysret, iret, "
      "traps, emulated, uretprobe calls, ret_hits"},

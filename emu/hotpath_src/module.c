@@ -1,7 +1,7 @@
 /* The module emu._hotpath: each part of the hot path registers itself here. */
 #include "hotpath.h"
 
-#define HOTPATH_ABI 13 /* emu/hotpath/__init__.py refuses a module built for another interface */
+#define HOTPATH_ABI 14 /* emu/hotpath/__init__.py refuses a module built for another interface */
 
 static int add_dict(PyObject *module, const char *name)
 {

@@ -10,8 +10,9 @@ return address slot the ``ret`` just popped (its ``stack`` is rsp - 8 there): th
 is where the program itself was going, whatever the kernel decides.
 
 Hooks: one on the trampoline's first instruction (added when the kernel maps [uprobes]) opens a
-return, once the C front (emu/kernel/uprobes/fastpath.py) has handed over the instances it pushed; one on each return address seen (added once, kept) closes it there, on the same thread with
-rsp back where the ``ret`` left it. A return that left every byte of the state as it found it is
+return (its instance Python's, or one the C front pushed: FastPaths.find_return); one on each return
+address seen (added once, kept) closes it there, on the same thread with rsp back where the ``ret``
+left it. A return that left every byte of the state as it found it is
 counted and nothing more; the others are judged by the register check. A return still open when its
 frame is gone (a later return on the thread from higher up the stack) or when the run ends never
 reached its caller: a ``resume`` violation.
@@ -104,26 +105,33 @@ class ReturnWatch:
             self.cpu.hooks.raised(exc)
 
     def _start(self) -> None:
-        front = self.cpu.hooks.front
-        if front is not None and front.handle.pending:
-            front.before_python()  # the instances the C front pushed: this return's among them
         raw = self.raw.read()
         rsp = _QWORD.unpack_from(raw, RAW_RSP)[0]
-        instances = self._up.return_instances
-        returning = instances[-1] if instances and instances[-1].stack == rsp - 8 else next(
-            (ri for ri in reversed(instances) if ri.stack == rsp - 8), None)
+        returning = self._returning(rsp - 8)
         if returning is None:
             return  # no instance popped here (the kernel answers a stray entry with SIGILL)
-        uprobe = self._up.probes.get(returning.func)
+        func, target = returning
+        uprobe = self._up.probes.get(func)
         if uprobe is None:
             return  # unregistered since: nothing names the return
         returns = self._open.setdefault(self._sched.current.tid, [])
         while returns and returns[-1].rsp <= rsp:  # their frames are gone: they never resumed
             self._never_resumed(returns.pop(), "its frame was left before it resumed")
         self._returns += 1
-        target = returning.orig_ret
-        returns.append(OpenReturn(self._returns, returning.func, uprobe, raw, target, rsp))
+        returns.append(OpenReturn(self._returns, func, uprobe, raw, target, rsp))
         self._hook(target)
+
+    def _returning(self, stack: int) -> tuple[int, int] | None:
+        """(probed function, original return address) of the instance whose return address slot is at
+        ``stack``: one the C front pushed (newer than Python's, it pushes over them), else Python's."""
+        fast = self._up.fast
+        found = None if fast is None else fast.find_return(stack)
+        if found is not None:
+            return found
+        instances = self._up.return_instances
+        ri = instances[-1] if instances and instances[-1].stack == stack else next(
+            (ri for ri in reversed(instances) if ri.stack == stack), None)
+        return None if ri is None else (ri.func, ri.orig_ret)
 
     def _hook(self, target: int) -> None:
         if target not in self._hooked:

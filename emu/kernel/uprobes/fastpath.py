@@ -175,6 +175,15 @@ class FastPaths:
             pending.append(ReturnInstance(func, stack, orig, chained, list(self._entries[index])))
         self.returns_moved()
 
+    def find_return(self, stack: int) -> tuple[int, int] | None:
+        """(probed function, original return address) of the return instance the C front pushed with its
+        return address slot at ``stack``, if it holds one (it keeps it: the return is its own to handle)."""
+        front = self._front()
+        if front is None or not front.pending:
+            return None
+        found: tuple[int, int] | None = front.find_return(stack)
+        return found
+
     def fold(self, counts: Counter[int]) -> None:
         """Add what the C front counted since the last fold to the statistics, and its sys_uprobe calls
         to the kernel's syscall ``counts`` (after each run slice, and before the Uprobes is replaced)."""
