@@ -123,7 +123,8 @@ class VerifySession:
 
     @property
     def transactions(self) -> int:
-        return self.tracker.count
+        """Hits that got a verdict, in every process of the run."""
+        return self.tracker.count + sum(child.tracker.count for child in self.children)
 
     def _prepare(self, tx: Transaction | None, at: ProbeSite, start_raw: bytes) -> Prepared | None:
         """The reference of a hit whose instruction is about to run: from ``start_raw``, or ``tx``'s

@@ -114,7 +114,7 @@ def _resume_unchanged(up: Uprobes, plan: UprobePlan, located: tuple[int, list[in
     exit writes the words back as they were and SYSRETs into the trampoline (rax = 0, rcx = ip,
     r11 = flags: its pops and ret do the rest); the others restore the words and leave past the site."""
     vaddr, saved, retaddr = located
-    if plan.exit is Exit.TRAMPOLINE:  # (a design whose handler returns so is called: Handler.problems)
+    if plan.exit is Exit.TRAMPOLINE:  # (entered by a call: Handler.problems refuses this exit without one)
         up.stats.copied += 8 * plan.words  # steps 10-11: written back, unchanged
         up.stats.exits[ExitPath.SYSRET.value] += 1
         up.cpu.write_syscall_return(0, ip, flags)
