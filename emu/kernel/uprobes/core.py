@@ -229,7 +229,7 @@ class Uprobes:
             observer(probe, regs, path, False)
         remove = True
         entries: list[tuple[Consumer, object]] = []
-        path_name = path.value
+        path_name = path._value_  # (not .value: a descriptor call, on every hit)
         for consumer in tuple(probe.consumers):  # (a REMOVE detaches)
             rc = 0
             cookie = None
