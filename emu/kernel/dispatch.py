@@ -14,6 +14,7 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from emu.cpu import Cpu
 from emu.cpumodel import DEFAULT_CPUS, CpuModel
@@ -30,6 +31,9 @@ from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
 from emu.process.memory import Memory, UserFault
 from emu.process.vma import Vma
+
+if TYPE_CHECKING:
+    from emu.kernel.fifo import WaitingOpen
 
 SYSCALL_INSN_LEN = 2
 REALTIME_START_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
@@ -115,6 +119,7 @@ class Kernel:
         self.sid = config.pid  # session (procsig.py): a fork inherits it, setsid makes a new one
         self.nice = 0  # setpriority's value (process.py): a fork inherits it; it changes no scheduling
         self.timers: dict[int, Timer] = {}  # alarm/setitimer and POSIX timers (procsig.py)
+        self.open_waits: dict[int, WaitingOpen] = {}  # tid -> its open of a FIFO that waits for the other end (fifo.py)
         self.prctl: dict[int, int] = {}  # prctl attributes set (process.sys_prctl)
         self.task_names: dict[int, bytes] = {}  # PR_SET_NAME, by tid
 

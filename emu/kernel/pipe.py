@@ -46,11 +46,12 @@ class PipeEnd(OpenFile):
     def __init__(self, pipe: Pipe, writable: bool, ino: int) -> None:
         self.pipe = pipe
         self.writable = writable
+        self.readable = not writable  # (a FIFO opened O_RDWR is both: fifo.py)
         self.guest_path = f"pipe:[{ino}]"
         self.ino = ino
 
     def read(self, size: int) -> bytes:
-        if self.writable:
+        if not self.readable:
             raise SyscallError(errno.EBADF)
         if not self.pipe.buffer and self.pipe.writers:
             raise SyscallError(errno.EAGAIN)  # would block forever: nothing else runs

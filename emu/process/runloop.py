@@ -121,6 +121,7 @@ class RunLoop:
     def end_process(self, ending: Ending, status: int, signal: Signal | None) -> None:
         kernel = self.process.kernel
         self.time.ended()
+        _abandon_open_waits(kernel)
         kernel.files.close_all()
         self.process.family.ended(kernel.ident.pid, wait_status(ending is Ending.EXITED, status, signal))
 
@@ -445,6 +446,7 @@ class RunLoop:
             if not _restarts(kernel, signo, cpu.read(Reg.RAX)):
                 rip += SYSCALL_INSN_LEN
                 cpu.write_syscall_return(-errno.EINTR, rip, cpu.read(Reg.RFLAGS))
+                _abandon_open_waits(kernel, task.tid)
             self._waiting = False
         cpu.write(Reg.RIP, rip)
         deliver_pending(kernel)  # may raise GuestKilled: the caller's loop ends the process
@@ -481,6 +483,14 @@ class RunLoop:
         what = {Access.READ: "read of", Access.WRITE: "write to", Access.FETCH: "execution of"}[bad.access]
         code = SEGV_MAPERR if bad.unmapped else SEGV_ACCERR
         return GuestKilled(Signal.SIGSEGV, rip, f"{what} {state} {bad.address:#x}", code=code, si_addr=bad.address)
+
+
+def _abandon_open_waits(kernel: Kernel, tid: int | None = None) -> None:
+    """FIFO opens that wait and will never complete (emu/kernel/fifo.py: loaded only if there are some)."""
+    if kernel.open_waits:
+        from emu.kernel.fifo import abandon_open_waits
+
+        abandon_open_waits(kernel, tid)
 
 
 def _restarts(kernel: Kernel, signo: int, nr: int) -> bool:

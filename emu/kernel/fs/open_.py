@@ -88,6 +88,15 @@ def open_path(k: Kernel, dirfd: int, path: str, flags: int, mode: int = 0o666) -
     return HostFile(host, guest, is_dir)
 
 
+def _open_fifo(k: Kernel, inode: Inode, guest: str, flags: int) -> OpenFile:
+    """A FIFO the guest made (mknod, mkfifo): emu/kernel/fifo.py (loaded with the first one opened)."""
+    from emu.kernel.fifo import Fifo, open_fifo
+
+    if inode.fifo is None:
+        inode.fifo = Fifo()
+    return open_fifo(k, inode.fifo, flags, guest, inode.stat)
+
+
 def sys_openat(k: Kernel, dirfd: int, path_addr: int, flags: int, mode: int, *_: int) -> int:
     path = getname(k, path_addr)
     flags &= 0xFFFFFFFF
@@ -163,11 +172,13 @@ def open_inode(k: Kernel, guest: str, inode: Inode, flags: int) -> OpenFile:
         return open_dir(k, guest)
     if flags & abi.O_DIRECTORY:
         raise SyscallError(errno.ENOTDIR)
-    if inode.kind is not Kind.REG:
-        raise SyscallError(errno.EACCES)  # fifos and devices stay out of the sandbox, as on the host
+    if inode.kind not in (Kind.REG, Kind.FIFO):
+        raise SyscallError(errno.EACCES)  # devices and sockets stay out of the sandbox, as on the host
     writable = wants_write(flags)
-    require(k, inode.stat(), (MAY_WRITE if writable or flags & abi.O_TRUNC else 0)
+    require(k, inode.stat(), (MAY_WRITE if writable or flags & abi.O_TRUNC and inode.kind is Kind.REG else 0)
              | (0 if (flags & abi.O_ACCMODE) == abi.O_WRONLY else MAY_READ))
+    if inode.kind is Kind.FIFO:
+        return _open_fifo(k, inode, guest, flags)
     file = OverlayFile(inode, guest, writable, ov.now_ns)
     if flags & abi.O_TRUNC and inode.size:
         file.truncate(0)
