@@ -223,3 +223,23 @@ def test_subprocess_bad_option() -> None:
     proc = _emu("--max-insns", "lots", sample("hello_asm"))
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "uprobe-emu: argument --max-insns: not a number: 'lots'\n"
+
+
+@pytest.mark.parametrize("when, shown", [("2030-05-06", "2030-05-06T00:00:00"), ("2030-05-06T07:08:09", "2030-05-06T07:08:09"),
+                                         ("@0", "1970-01-01T00:00:00"), (None, "2026-01-01T00:00:00")])
+def test_clock_sets_the_guest_s_wall_clock_at_start(capfd: pytest.CaptureFixture[str], when: str | None,
+                                                     shown: str) -> None:
+    clock = [] if when is None else ["--clock", when]
+    status, out, _ = run_cli(capfd, *clock, "/bin/date", "-u", "+%FT%T")
+    assert status == 0 and out == shown + "\n"
+
+
+def test_clock_now_is_this_host_s_time(capfd: pytest.CaptureFixture[str]) -> None:
+    before = int(time.time())
+    status, out, _ = run_cli(capfd, "--clock", "now", "/bin/date", "+%s")
+    assert status == 0 and before <= int(out) <= int(time.time()) + 1
+
+
+def test_a_clock_that_is_no_time_is_a_usage_error(capfd: pytest.CaptureFixture[str]) -> None:
+    status, out, err = run_cli(capfd, "--clock", "tomorrow", "/bin/date")
+    assert status == 2 and out == "" and "argument --clock: not now, a date" in one_error_line(err)

@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 from emu.errors import EmuError, UsageError
@@ -69,6 +70,25 @@ def size_arg(text: str) -> int:
     return value
 
 
+def clock_arg(text: str) -> int:
+    """The ``--clock`` argument, as the guest's wall clock at start in ns: ``now`` (this host's time as
+    the command starts, so every run it makes starts the same), a UTC date or date and time, or
+    ``@SECONDS`` since the epoch (as date -d takes it)."""
+    import datetime
+
+    if text == "now":
+        return time.time_ns()
+    if text.startswith("@"):
+        return int_arg(text[1:]) * 10**9
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not now, a date (2026-12-05, 2026-12-05T09:30:00) or @SECONDS: {text!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return int(when.timestamp()) * 10**9 + when.microsecond * 1000
+
+
 def add_process_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rootfs", default="/", metavar="DIR",
                    help="guest root directory (never written: guest writes stay in memory; default /)")
@@ -84,6 +104,9 @@ def add_process_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exe-base", type=int_arg, metavar="ADDR", help="load address of a PIE executable")
     p.add_argument("--interp-base", type=int_arg, metavar="ADDR", help="load address of the interpreter")
     p.add_argument("--seed", type=int_arg, default=0, help="seed for getrandom and AT_RANDOM (default 0)")
+    p.add_argument("--clock", type=clock_arg, metavar="WHEN",
+                   help="the guest's wall clock at start: now, a UTC date (2026-12-05[T09:30:00]) or @SECONDS "
+                        "(default 2026-01-01, the same every run)")
     p.add_argument("--cpus", type=cpu_count, default=None, metavar="N",
                    help="CPUs the guest is told it has: sched_getaffinity, sysconf, /proc/cpuinfo, "
                         "/sys/devices/system/cpu, CPUID (default 1: the emulator runs every thread on one)")
@@ -116,7 +139,9 @@ def run_options(args: argparse.Namespace, **extra: Any) -> RunOptions:
 
     cpus = {} if args.cpus is None else {"cpus": args.cpus}
     limit = default_memory_limit() if args.memory_limit is None else args.memory_limit or None
-    kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed, read_only=args.read_only, memory_limit=limit, **cpus)
+    clock = {} if args.clock is None else {"realtime_start_ns": args.clock}
+    kernel = KernelConfig(rootfs=args.rootfs, seed=args.seed, read_only=args.read_only, memory_limit=limit, **cpus,
+                          **clock)
     return RunOptions(kernel=kernel, exe_base=args.exe_base, interp_base=args.interp_base,
                       max_insns=args.max_insns, timeout_s=args.timeout, aslr=args.aslr, **extra)
 
