@@ -64,12 +64,16 @@ class Entry:
 @contextmanager
 def run_options(entry: Entry) -> Iterator[RunOptions]:
     """How the emulation runs ``entry``: its timeout, in an empty directory of its own (as its native
-    record was made: native.py), which stays empty since the guest's writes stay in memory."""
+    record was made: native.py), which stays empty since the guest's writes stay in memory, with the
+    guest's clock starting at this host's time (as `--clock now`: ``ls -l`` of a host file shows it
+    as natively, not from the future), the same for every run of the entry."""
+    import time
+
     from emu.kernel.dispatch import KernelConfig
     from emu.runtypes import RunOptions
 
     with tempfile.TemporaryDirectory(prefix="uprobe-emu-entry-") as cwd:
-        yield RunOptions(timeout_s=entry.timeout_s, kernel=KernelConfig(cwd=cwd))
+        yield RunOptions(timeout_s=entry.timeout_s, kernel=KernelConfig(cwd=cwd, realtime_start_ns=time.time_ns()))
 
 
 def load_corpus(path: str) -> list[Entry]:
