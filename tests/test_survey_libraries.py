@@ -103,6 +103,18 @@ def test_a_site_left_out_still_counts_as_never_reached(tmp_path: Path) -> None:
     assert (left_out.hits, left_out.refused) == (0, False)
 
 
+def test_a_site_left_out_that_the_design_refuses_is_not_counted(tmp_path: Path) -> None:
+    """A site the run left out was never attached: never reached, unless the design would refuse it
+    (linux-6.18 and a nop10 site), which the static survey knows; then the table leaves it out."""
+    outcome = survey_with_corpus(tmp_path, "survey_corpus", "survey_corpus.toml", [DESIGNS["jmp-slots"]])
+    outcome.runs = [cr for cr in outcome.runs if cr.name == "survey_corpus, all sites"]  # (the other hits rz_never)
+    never = symtab_address(sample("survey_corpus"), "rz_never_site")
+    assert confusion(outcome, DESIGNS["jmp-slots"]).cells["no_hazard"]["not_reached"] == 1  # the control
+    [site] = [s for stored in outcome.results.values() for s in stored.sites if s.address == never]
+    site.verdicts["jmp-slots"] = "refused (-ENOTSUPP)"
+    assert confusion(outcome, DESIGNS["jmp-slots"]).cells["no_hazard"]["not_reached"] == 0
+
+
 def test_an_entry_that_reaches_none_of_its_sites_is_its_unprobed_run(tmp_path: Path) -> None:
     """Every site left out: nothing to attach, so no probed run (check would scan for sites and fail):
     each design's run is ok, with its sites never reached."""

@@ -105,6 +105,8 @@ def confusion(outcome: Outcome, design: Design) -> Confusion:
             result.unsurveyed += 1
             continue
         path, site = found
+        if not got.hits and site.verdicts.get(design.name, "").startswith("refused"):
+            continue  # a site the run left out as never reached, which the design would not even attach
         hazard = site.hazard.get(design.name)
         cells[ROWS[hazard]][got.column] += 1
         result.flagged_only += bool(got.flagged and not got.read_back)
