@@ -12,10 +12,10 @@ is where the program itself was going, whatever the kernel decides.
 Hooks: one on the trampoline's first instruction (added when the kernel maps [uprobes]) opens a
 return (its instance Python's, or one the C front pushed: FastPaths.find_return); one on each return
 address seen (added once, kept) closes it there, on the same thread with rsp back where the ``ret``
-left it. A return that left every byte of the state as it found it is
-counted and nothing more; the others are judged by the register check. A return still open when its
-frame is gone (a later return on the thread from higher up the stack) or when the run ends never
-reached its caller: a ``resume`` violation.
+left it. A return that left every byte of the state as it found it is counted and nothing more; the
+others are judged by the register check. A return still open when its frame is gone (a later return
+on the thread from higher up the stack) or when the run ends never reached its caller: a ``resume``
+violation.
 """
 
 from __future__ import annotations

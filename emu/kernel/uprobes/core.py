@@ -13,6 +13,7 @@ from emu.designs import Design
 from emu.kernel.exits import GuestKilled
 from emu.kernel.uprobes import x86
 from emu.kernel.uprobes.consumers import (
+    RETURN,
     UPROBE_HANDLER_IGNORE,
     UPROBE_HANDLER_REMOVE,
     Consumer,
@@ -358,7 +359,7 @@ class Uprobes:
         for consumer, cookie in ri.entries:
             if consumer.ret_handler is None or not consumer.enabled:
                 continue
-            consumer.count(EntryPath.RETURN.value)
+            consumer.count(RETURN)
             consumer.ret_handler(Hit(regs, ri.func, EntryPath.RETURN, self.mem, func=ri.func, cookie=cookie))
 
 
