@@ -14,7 +14,6 @@ import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from emu.cpu import Cpu
 from emu.cpumodel import DEFAULT_CPUS, CpuModel
@@ -31,9 +30,6 @@ from emu.kernel.tasks import Task
 from emu.kernel.vfs import Vfs
 from emu.process.memory import Memory, UserFault
 from emu.process.vma import Vma
-
-if TYPE_CHECKING:
-    from emu.kernel.fifo import WaitingOpen
 
 SYSCALL_INSN_LEN = 2
 REALTIME_START_NS = 1_767_225_600 * 10**9  # 2026-01-01T00:00:00Z
@@ -119,7 +115,8 @@ class Kernel:
         self.sid = config.pid  # session (procsig.py): a fork inherits it, setsid makes a new one
         self.nice = 0  # setpriority's value (process.py): a fork inherits it; it changes no scheduling
         self.timers: dict[int, Timer] = {}  # alarm/setitimer and POSIX timers (procsig.py)
-        self.open_waits: dict[int, WaitingOpen] = {}  # tid -> its open of a FIFO that waits for the other end (fifo.py)
+        # tid -> what undoes its open that waits (a FIFO's, for the other end: fifo.py) if it never completes
+        self.open_waits: dict[int, Callable[[], None]] = {}
         self.prctl: dict[int, int] = {}  # prctl attributes set (process.sys_prctl)
         self.task_names: dict[int, bytes] = {}  # PR_SET_NAME, by tid
 

@@ -9,12 +9,14 @@ counts it: a partner's open goes through at once and may write before the waiter
 
 A syscall that waits is restarted (blocking.py): the waiting open is remembered for its thread
 (Kernel.open_waits), so that the restarted open takes it up instead of counting itself twice, and
-so that one that never completes (EINTR, the process ending) uncounts itself.
+so that one that never completes (EINTR, the process ending: the run loop calls it) uncounts itself.
+A FIFO's kernel side belongs to its inode in the guest's file system (overlay.py), kept here.
 """
 
 from __future__ import annotations
 
 import errno
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -27,6 +29,7 @@ from emu.kernel.pipe import KernelPipeEnd, Pipe
 
 if TYPE_CHECKING:
     from emu.kernel.dispatch import Kernel
+    from emu.kernel.overlay import Inode
 
 
 @dataclass(eq=False)
@@ -38,13 +41,21 @@ class Fifo:
     opened: dict[str, int] = field(default_factory=lambda: {"r": 0, "w": 0})
 
 
+_FIFOS: weakref.WeakKeyDictionary[Inode, Fifo] = weakref.WeakKeyDictionary()  # each FIFO inode's, once opened
+
+
 @dataclass(frozen=True, slots=True)
 class WaitingOpen:
-    """A thread's open waiting for its partner: the FIFO, its end, and the partner's count then."""
+    """A thread's open waiting for its partner: the FIFO, its end, and the partner's count then;
+    called, it uncounts itself (the open never completes)."""
 
+    k: Kernel
     fifo: Fifo
     end: str
     partner_count: int
+
+    def __call__(self) -> None:
+        _uncount(self.k, self)
 
 
 class FifoEnd(KernelPipeEnd):
@@ -66,8 +77,12 @@ class FifoEnd(KernelPipeEnd):
             self.fifo.pipe = None  # the last opener: free_pipe_info
 
 
-def open_fifo(k: Kernel, fifo: Fifo, flags: int, guest: str, stat: Callable[[], StatInfo]) -> FifoEnd:
+def open_fifo(k: Kernel, inode: Inode, flags: int, guest: str) -> FifoEnd:
     """fifo_open: the end(s) ``flags`` ask for, once the other end is there (or at once: O_NONBLOCK, O_RDWR)."""
+    fifo = _FIFOS.get(inode)
+    if fifo is None:
+        fifo = _FIFOS[inode] = Fifo()
+    stat = inode.stat
     access = flags & abi.O_ACCMODE
     if access == abi.O_RDWR:
         pipe = _pipe(fifo)
@@ -76,27 +91,21 @@ def open_fifo(k: Kernel, fifo: Fifo, flags: int, guest: str, stat: Callable[[], 
         return FifoEnd(fifo, pipe, True, True, guest, stat)
     end, partner = ("r", "w") if access == abi.O_RDONLY else ("w", "r")
     waiting = k.open_waits.pop(k.sched.current.tid, None)
-    if waiting is not None and waiting.fifo is fifo and waiting.end == end and fifo.pipe is not None:
+    if isinstance(waiting, WaitingOpen) and waiting.fifo is fifo and waiting.end == end and fifo.pipe is not None:
         pipe = fifo.pipe  # (counted while it waited: the pipe stayed)
     else:
         if waiting is not None:
-            _uncount(k, waiting)  # another open waited here before (it was interrupted): it goes
+            waiting()  # another open waited here before (it was interrupted): it goes
         pipe = _pipe(fifo)
         if end == "w" and flags & abi.O_NONBLOCK and not pipe.readers:
             _free_if_unused(fifo)
             raise SyscallError(errno.ENXIO)
         _count_in(k, fifo, pipe, end)
-        waiting = WaitingOpen(fifo, end, fifo.opened[partner])
+        waiting = WaitingOpen(k, fifo, end, fifo.opened[partner])
     if not _partner_there(pipe, end) and fifo.opened[partner] == waiting.partner_count and not flags & abi.O_NONBLOCK:
         k.open_waits[k.sched.current.tid] = waiting
         wait(k, None, f"open of the FIFO {guest} for {'reading' if end == 'r' else 'writing'}", (fifo,))
     return FifoEnd(fifo, pipe, end == "r", end == "w", guest, stat)
-
-
-def abandon_open_waits(k: Kernel, tid: int | None = None) -> None:
-    """The waiting opens of thread ``tid`` (every thread's: None) never complete: EINTR, or the process ended."""
-    for waiting_tid in [t for t in k.open_waits if tid is None or t == tid]:
-        _uncount(k, k.open_waits.pop(waiting_tid))
 
 
 def _pipe(fifo: Fifo) -> Pipe:

@@ -27,7 +27,6 @@ from emu.kernel.files import DT_TYPES, StatInfo
 from emu.process.vma import SharedPages
 
 if TYPE_CHECKING:
-    from emu.kernel.fifo import Fifo
     from emu.process.memory import Memory
 
 FIRST_INO = 0x7E00_0000  # far above the inode numbers of the test trees; no clash with a host file
@@ -52,7 +51,7 @@ class SharedMap:
     length: int
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, weakref_slot=True)  # (a FIFO's kernel side is kept by its inode: fifo.py)
 class Inode:
     """A file the guest made or changed. ``mode`` carries the file type bits as st_mode does."""
 
@@ -76,7 +75,6 @@ class Inode:
     # one of them covers maps that host memory, so their stores meet at once (the file's bytes follow
     # at the syscalls that look at them: see _pull).
     pages: list[tuple[int, SharedPages]] = field(default_factory=list)
-    fifo: Fifo | None = None  # FIFO: its pipe and openers (emu/kernel/fifo.py), made at its first open
 
     @property
     def data(self) -> bytearray:

@@ -486,11 +486,10 @@ class RunLoop:
 
 
 def _abandon_open_waits(kernel: Kernel, tid: int | None = None) -> None:
-    """FIFO opens that wait and will never complete (emu/kernel/fifo.py: loaded only if there are some)."""
-    if kernel.open_waits:
-        from emu.kernel.fifo import abandon_open_waits
-
-        abandon_open_waits(kernel, tid)
+    """The opens that wait (a FIFO's: emu/kernel/fifo.py) of thread ``tid`` (every thread's: None) and
+    will never complete (EINTR, the process ending): each undoes what it counted."""
+    for waiting in [t for t in kernel.open_waits if tid is None or t == tid]:
+        kernel.open_waits.pop(waiting)()
 
 
 def _restarts(kernel: Kernel, signo: int, nr: int) -> bool:

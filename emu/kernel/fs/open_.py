@@ -89,12 +89,10 @@ def open_path(k: Kernel, dirfd: int, path: str, flags: int, mode: int = 0o666) -
 
 
 def _open_fifo(k: Kernel, inode: Inode, guest: str, flags: int) -> OpenFile:
-    """A FIFO the guest made (mknod, mkfifo): emu/kernel/fifo.py (loaded with the first one opened)."""
-    from emu.kernel.fifo import Fifo, open_fifo
+    """A FIFO the guest made (mknod, mkfifo): emu/kernel/fifo.py."""
+    from emu.kernel.fifo import open_fifo  # loaded with the first FIFO opened (most runs open none)
 
-    if inode.fifo is None:
-        inode.fifo = Fifo()
-    return open_fifo(k, inode.fifo, flags, guest, inode.stat)
+    return open_fifo(k, inode, flags, guest)
 
 
 def sys_openat(k: Kernel, dirfd: int, path_addr: int, flags: int, mode: int, *_: int) -> int:
