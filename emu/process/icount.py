@@ -310,6 +310,29 @@ hotpath.check_ctypes_layout("icount_state", _State, {"last_pc": "last"})
 _DECODE_CB = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32)
 
 
+class _StateField:
+    """A field of a NativeCounter's C state (``_state``), under the same name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+
+class _StateInt(_StateField):
+    def __get__(self, counter: NativeCounter, owner: type | None = None) -> int:
+        return int(getattr(counter._state, self.name))
+
+    def __set__(self, counter: NativeCounter, value: int) -> None:
+        setattr(counter._state, self.name, value)
+
+
+class _StateBool(_StateField):
+    def __get__(self, counter: NativeCounter, owner: type | None = None) -> bool:
+        return bool(getattr(counter._state, self.name))
+
+    def __set__(self, counter: NativeCounter, value: bool) -> None:
+        setattr(counter._state, self.name, int(value))
+
+
 class NativeCounter(_Counter):
     """The C hooks and table (emu/hotpath_src/icount.c); Python reads and sets the state's fields."""
 
@@ -330,61 +353,14 @@ class NativeCounter(_Counter):
             cpu.hooks.add_native_translation(native.icount_translated, state)
         cpu.hooks.add_native_block(native.icount_block, state)
 
-    @property
-    def total(self) -> int:
-        return int(self._state.total)
-
-    @total.setter
-    def total(self, value: int) -> None:
-        self._state.total = value
-
-    @property
-    def stop_at(self) -> int:
-        return int(self._state.stop_at)
-
-    @stop_at.setter
-    def stop_at(self, value: int) -> None:
-        self._state.stop_at = value
-
-    @property
-    def stopped(self) -> bool:
-        return bool(self._state.stopped)
-
-    @stopped.setter
-    def stopped(self, value: bool) -> None:
-        self._state.stopped = int(value)
-
-    @property
-    def kernel(self) -> int:
-        return int(self._state.kernel)
-
-    @kernel.setter
-    def kernel(self, value: int) -> None:
-        self._state.kernel = value
-
-    @property
-    def entry_cost(self) -> int:
-        return int(self._state.entry_cost)
-
-    @entry_cost.setter
-    def entry_cost(self, value: int) -> None:
-        self._state.entry_cost = value
-
-    @property
-    def alarm_at(self) -> int:
-        return int(self._state.alarm_at)
-
-    @alarm_at.setter
-    def alarm_at(self, value: int) -> None:
-        self._state.alarm_at = value
-
-    @property
-    def alarmed(self) -> bool:
-        return bool(self._state.alarmed)
-
-    @alarmed.setter
-    def alarmed(self, value: bool) -> None:
-        self._state.alarmed = int(value)
+    # the fields _Counter keeps, read and written in the C state its hooks reach
+    total = _StateInt()
+    stop_at = _StateInt()
+    stopped = _StateBool()
+    kernel = _StateInt()
+    entry_cost = _StateInt()
+    alarm_at = _StateInt()
+    alarmed = _StateBool()
 
     def _charge_in_front(self, front: object) -> bool:
         """The C syscall and interrupt front charges this counter's state itself (icount_charge)."""
