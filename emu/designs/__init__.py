@@ -121,8 +121,18 @@ class Patch:
         return found
 
 
+class _Assembled:
+    """A design part with code of its own, assembled on first use."""
+
+    code: Code
+
+    @functools.cached_property
+    def code_bytes(self) -> bytes:
+        return code_bytes(self.code)
+
+
 @dataclass(frozen=True)
-class Trampoline:
+class Trampoline(_Assembled):
     """The code a patched site reaches and how its pages are placed (spec 1.3, 3.4)."""
 
     code: Code
@@ -133,10 +143,6 @@ class Trampoline:
 
     def __post_init__(self) -> None:
         coerce_choices(self, layout=Layout)
-
-    @functools.cached_property
-    def code_bytes(self) -> bytes:
-        return code_bytes(self.code)
 
     @functools.cached_property
     def syscall_return(self) -> int:
@@ -199,7 +205,7 @@ class Handler:
 
 
 @dataclass(frozen=True)
-class ReturnTrampoline:
+class ReturnTrampoline(_Assembled):
     """The uretprobe trampoline at [uprobes] slot 0 (spec 1.4, 2.2, 5.2)."""
 
     code: Code = "int3"
@@ -209,10 +215,6 @@ class ReturnTrampoline:
 
     def __post_init__(self) -> None:
         coerce_choices(self, exit=Exit)
-
-    @functools.cached_property
-    def code_bytes(self) -> bytes:
-        return code_bytes(self.code)
 
     @functools.cached_property
     def syscall_return(self) -> int:
