@@ -17,9 +17,10 @@ from typing import Any, Protocol
 import unicorn
 import unicorn.x86_const as x86
 
+from emu import hotpath
 from emu.abi import PAGE_SIZE, Prot, page_down
 from emu.cpu import binding
-from emu.cpu.hooks import Hooks, native_hot_path
+from emu.cpu.hooks import Hooks
 from emu.cpu.pages import PageTable, install_tlb_fill
 from emu.cpu.regs import (
     CR0_MP,
@@ -112,7 +113,7 @@ class Cpu:
         self._uc.ctl_set_tlb_mode(unicorn.UC_TLB_VIRTUAL)
         self._fault_cb = binding.MEM_CB(self._on_invalid_mem)
         self.pages = PageTable(self._uch, binding.callback_address(self._fault_cb))
-        install_tlb_fill(self.hooks, self.pages, native_hot_path())
+        install_tlb_fill(self.hooks, self.pages, hotpath.native)  # (read now: tests switch it)
         self._one = ctypes.c_uint64()
         self._one_ref = ctypes.byref(self._one)
         self._ret_batch = _RegBatch((Reg.RAX, Reg.RCX, Reg.R11))

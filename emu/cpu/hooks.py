@@ -20,7 +20,6 @@ from typing import Any
 import unicorn
 import unicorn.x86_const as x86
 
-from emu import hotpath
 from emu.cpu import binding
 from emu.cpu.binding import CODE_CB, CPUID_CB, EDGE_CB, INTR_CB, MEM_CB, SYSCALL_CB, callback_address
 from emu.cpu.regs import Reg
@@ -278,9 +277,3 @@ class Hooks:
     def add_native_translation(self, function: int, user_data: int) -> HookHandle:
         """As add_translation, calling ``function(uc, uc_tb *new, uc_tb *previous, user_data)``."""
         return self.add(unicorn.UC_HOOK_EDGE_GENERATED, ctypes.c_void_p(function), *_EVERYWHERE, user_data=user_data)
-
-
-def native_hot_path() -> Any:
-    """The C extension, or None (UPROBE_EMU_PURE_PYTHON, or not built); read at each call, as tests
-    switch it."""
-    return hotpath.native
