@@ -57,6 +57,11 @@ class RepeatedVerdicts:
         """The transaction whose evidence C kept last (0: none)."""
         return self._words[CANDIDATE_SEQ]
 
+    @property
+    def holding(self) -> bool:
+        """A slot may be armed or a candidate waits: what disarm() would clear."""
+        return self._armed or bool(self._words[CANDIDATE_SEQ])
+
     def arm(self) -> int:
         """The candidate's slot takes its evidence: C holds back the hits that repeat it. The slot."""
         slot = self._words[CANDIDATE_SLOT]

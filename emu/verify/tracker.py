@@ -395,8 +395,8 @@ class TransactionTracker:
         edges, words, size = self.edges, self._edge_words, len(data)
         if self.log.is_open:
             self.watch.complete()  # the guest's last stores, before the kernel writes over them
-        if edges is not None and edges.repeats is not None and self._writes_code(addr):
-            edges.repeats.disarm()  # it may be rewriting code a verdict held back names
+        if edges is not None and (repeats := edges.repeats) is not None and repeats.holding and self._writes_code(addr):
+            repeats.disarm()  # it may be rewriting code a verdict held back names
         if words is not None and not words[STATE]:
             return  # no hit open
         tx = self._active
